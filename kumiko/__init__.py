@@ -1,0 +1,13 @@
+"""kumiko: a deep-learning compiler.
+
+Public API (stable): ``Tensor`` (lazy, tinygrad-style), ``Graph``, ``load(path)``,
+``compile(graph, target=...)`` -> ``Executable``; ``exe(**inputs)`` returns outputs by name.
+"""
+from kumiko import dtypes
+from kumiko.compiler import Executable, compile, load
+from kumiko.diagnostics import KumikoError
+from kumiko.frontend.graph import Graph
+from kumiko.tensor import Tensor
+
+__version__ = "0.1.0"
+__all__ = ["Executable", "Graph", "KumikoError", "Tensor", "compile", "dtypes", "load", "__version__"]

@@ -1,0 +1,139 @@
+"""The stable public entry points: ``load``, ``compile`` and the ``Executable`` they produce.
+
+Targets plug in behind ``compile`` by name (``eval`` now; ``cpu``, ``cuda-emu``, ``cuda`` as their
+backends land). Every target takes and returns numpy arrays keyed by signature names, binds symbolic
+sizes from the inputs' shapes, and checks dtypes and shapes with diagnostics.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from kumiko import dtypes
+from kumiko.diagnostics import KumikoError
+from kumiko.frontend.graph import Graph
+from kumiko.symbolic import dim_eval
+from kumiko.tiny.evaluate import bind_symbols, check_inputs, evaluate
+from kumiko.tiny.ir import TinyGraph
+
+#: target name -> factory(tiny graph, options) -> callable(inputs, env) -> outputs
+TARGETS: dict[str, Callable[..., Callable]] = {}
+#: targets that are planned but not built yet, with the issue that brings them
+PLANNED = {"cpu": "the CPU backend", "cuda-emu": "the CUDA backend", "cuda": "the CUDA backend"}
+DEFAULT_TARGET = "eval"
+
+
+def register_target(name: str):
+    def deco(factory):
+        TARGETS[name] = factory
+        return factory
+    return deco
+
+
+@register_target("eval")
+def _eval_target(tiny: TinyGraph, fp64: bool = False, **_):
+    return lambda inputs, env: evaluate(tiny, inputs, env, fp64=fp64)
+
+
+def load(path: str | Path) -> Graph | TinyGraph:
+    """Load a graph file: frontend JSON (seed 001 §2.2) or a dumped Tiny IR (``{"uops": ...}``)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise KumikoError("E1502", at=str(p), why=f"cannot read the file: {e.strerror or e}") from None
+    if p.suffix == ".kumiko":
+        try:
+            from kumiko.frontend.dsl import parse_program
+        except ImportError:
+            raise KumikoError("E1501", at=str(p), why="the graph DSL is not available in this build") from None
+        return parse_program(text, filename=str(p))
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        lines = text.splitlines()
+        line = lines[e.lineno - 1] if 0 < e.lineno <= len(lines) else ""
+        raise KumikoError("E1009", at=f"{p}:{e.lineno}:{e.colno}", why=f"invalid JSON: {e.msg}",
+                          excerpt=f"  {line}\n  {' ' * (e.colno - 1)}^",
+                          suggestion="Fix the JSON syntax at the marked position.") from None
+    return load_json(d, str(p))
+
+
+def load_json(d: object, where: str = "graph") -> Graph | TinyGraph:
+    if isinstance(d, Mapping) and "uops" in d:
+        from kumiko.tiny.build import load as load_tiny
+        return load_tiny(d)
+    return Graph.from_json(d, where)
+
+
+def to_tiny(program: Graph | TinyGraph) -> TinyGraph:
+    if isinstance(program, TinyGraph):
+        return program
+    if isinstance(program, Graph):
+        return program.tiny
+    raise TypeError(f"expected a kumiko Graph or TinyGraph, got {type(program).__name__}")
+
+
+class Executable:
+    """A compiled program: call it with arrays by signature name, get outputs in signature order."""
+
+    def __init__(self, program: Graph | TinyGraph, target: str = DEFAULT_TARGET, **options):
+        if target not in TARGETS:
+            if target in PLANNED:
+                why = f"target {target!r} is not built yet ({PLANNED[target]} brings it)"
+            else:
+                why = f"unknown target {target!r}"
+            raise KumikoError("E1501", at="compile", why=why,
+                              suggestion=f"available targets: {', '.join(sorted(TARGETS))}")
+        self.tiny = to_tiny(program)
+        self.target = target
+        self._run = TARGETS[target](self.tiny, **options)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t for t, _ in self.tiny.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t for t, _ in self.tiny.outputs]
+
+    def bind(self, inputs: Mapping[str, np.ndarray], shapes: Mapping[str, int] | None = None) -> dict[str, int]:
+        env = bind_symbols(self.tiny, inputs, shapes)
+        check_inputs(self.tiny, inputs, env)
+        return env
+
+    def __call__(self, **inputs: np.ndarray) -> dict[str, np.ndarray]:
+        inputs = {k: np.asarray(v) for k, v in inputs.items()}
+        env = self.bind(inputs)
+        out = self._run(inputs, env)
+        return {name: out[name] for name in self.output_names}
+
+    def random_inputs(self, seed: int = 0, shapes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        """Fresh random inputs (never zeros): normal floats, small non-negative ints, random bools."""
+        env = dict(self.tiny.symbols)
+        env.update(shapes or {})
+        rng = np.random.default_rng(seed)
+        out = {}
+        for name, nid in self.tiny.inputs:
+            n = self.tiny.nodes[nid]
+            try:
+                shape = tuple(dim_eval(d, env) for d in n.shape)
+            except KeyError as e:
+                raise KumikoError("E1014", at=f"input {name}", why=f"size symbol {e.args[0]} has no value",
+                                  suggestion=f"give it with --shapes {e.args[0]}=VALUE (or a 'symbols' default "
+                                             "in the graph file)") from None
+            if n.dtype.is_float:
+                out[name] = rng.standard_normal(shape, dtype=np.float32).astype(n.dtype.np)
+            elif n.dtype is dtypes.i32:
+                out[name] = rng.integers(0, 3, size=shape, dtype=np.int32)
+            else:
+                out[name] = rng.random(shape) < 0.5
+        return out
+
+
+def compile(program: Graph | TinyGraph, target: str = DEFAULT_TARGET, **options) -> Executable:  # noqa: A001
+    """Compile a Graph (or a Tiny IR) for a target; see ``TARGETS`` for the names."""
+    return Executable(program, target, **options)

@@ -1,0 +1,287 @@
+"""Frontend IR (seed 001 §2): a graph signature, a tensor table and a list of high-level ops.
+
+A ``Graph`` is checked when it is made: names are defined once and before use, the signature names
+real tensors, every op's shapes and dtypes are inferred (by lowering it to Tiny IR, the one place
+where op semantics live; see ``kumiko.frontend.lower``) and any type the tensor table declares must
+match what was inferred. A Graph that exists is therefore valid, and ``graph.tiny`` is its Tiny IR.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from kumiko import dtypes
+from kumiko.diagnostics import KumikoError
+from kumiko.symbolic import dim_json, dims
+from kumiko.tiny.ir import FrozenDict, TinyGraph
+
+ROLES = ("data", "param", "state")
+MUTABILITY = ("immutable", "mutable")
+STORAGES = (None, "const_pool", "arena", "external")
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dtype: dtypes.DType
+    shape: tuple
+
+    def to_json(self) -> dict:
+        return {"dtype": self.dtype.name, "shape": [dim_json(d) for d in self.shape]}
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(str(d) for d in self.shape)}]"
+
+
+@dataclass(frozen=True)
+class SigInput:
+    tensor: str
+    role: str = "data"
+    mutability: str = "immutable"
+    storage: str | None = None
+
+    def to_json(self) -> dict:
+        d = {"tensor": self.tensor, "role": self.role, "mutability": self.mutability}
+        if self.storage:
+            d["storage"] = self.storage
+        return d
+
+
+@dataclass(frozen=True)
+class OpNode:
+    op: str
+    name: str
+    inputs: tuple            # tensor names, or numeric literals (scalars) for Elementwise
+    outputs: tuple[str, ...]
+    attrs: FrozenDict = field(default_factory=FrozenDict)
+
+    @property
+    def fn(self) -> str | None:
+        return self.attrs.get("fn")
+
+    def to_json(self) -> dict:
+        d: dict = {"op": self.op, "name": self.name}
+        attrs = dict(self.attrs)
+        if "fn" in attrs:
+            d["fn"] = attrs.pop("fn")
+        d["inputs"] = [_lit_json(x) for x in self.inputs]
+        d["outputs"] = list(self.outputs)
+        if attrs:
+            d["attrs"] = {k: _attr_json(v) for k, v in attrs.items()}
+        return d
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.op}{'.' + self.fn if self.fn else ''})"
+
+
+def _lit_json(x: Any) -> Any:
+    if isinstance(x, float) and x != x:
+        return {"const": "nan"}
+    if isinstance(x, float) and x in (float("inf"), float("-inf")):
+        return {"const": "inf" if x > 0 else "-inf"}
+    return x
+
+
+def _attr_json(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return [_attr_json(x) for x in v]
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return _lit_json(v)
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, dict) and set(v) == {"const"}:
+        return float(v["const"])
+    return v
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    inputs: tuple[SigInput, ...]
+    outputs: tuple[str, ...]
+    tensors: Mapping[str, TensorType]      # every tensor: signature inputs, intermediates, outputs
+    nodes: tuple[OpNode, ...]
+    symbols: Mapping[str, int] = field(default_factory=dict)   # default sizes for symbols (for `run`)
+    name: str = "main"
+    tiny: TinyGraph | None = field(default=None, repr=False)
+
+    # construction -----------------------------------------------------------------------------------
+    @staticmethod
+    def make(inputs: Iterable[SigInput], outputs: Iterable[str], tensors: Mapping[str, TensorType],
+             nodes: Iterable[OpNode], symbols: Mapping[str, int] | None = None, name: str = "main") -> "Graph":
+        """Validate, infer every tensor's type and lower to Tiny IR; raises a KumikoError on bad input."""
+        from kumiko.frontend.lower import lower_graph
+        inputs, outputs, nodes = tuple(inputs), tuple(outputs), tuple(nodes)
+        nodes = _check_names(inputs, outputs, tensors, nodes)
+        table, tiny = lower_graph(inputs, outputs, tensors, nodes, dict(symbols or {}), name)
+        return Graph(inputs, outputs, table, nodes, dict(symbols or {}), name, tiny)
+
+    @cached_property
+    def input_types(self) -> dict[str, TensorType]:
+        return {i.tensor: self.tensors[i.tensor] for i in self.inputs}
+
+    @cached_property
+    def output_types(self) -> dict[str, TensorType]:
+        return {o: self.tensors[o] for o in self.outputs}
+
+    def symbol_names(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for i in self.inputs:
+            for d in self.tensors[i.tensor].shape:
+                if not isinstance(d, int):
+                    seen.update(dict.fromkeys(sorted(d.symbols())))
+        return list(seen)
+
+    # JSON -------------------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        d: dict = {"kumiko": "frontend", "version": 1, "name": self.name}
+        if self.symbols:
+            d["symbols"] = dict(self.symbols)
+        d["signature"] = {"inputs": [i.to_json() for i in self.inputs],
+                          "outputs": [{"tensor": o} for o in self.outputs]}
+        d["tensors"] = {k: v.to_json() for k, v in self.tensors.items()}
+        d["graph"] = [n.to_json() for n in self.nodes]
+        return d
+
+    @staticmethod
+    def from_json(d: Any, where: str = "graph") -> "Graph":
+        if not isinstance(d, Mapping):
+            raise KumikoError("E1009", at=where, why="a graph file must hold a JSON object")
+        sig = _need(d, "signature", Mapping, where)
+        tens = _need(d, "tensors", Mapping, where)
+        ops = _need(d, "graph", list, where)
+        inputs = []
+        for k, i in enumerate(_need(sig, "inputs", list, f"{where}.signature")):
+            at = f"{where}.signature.inputs[{k}]"
+            if isinstance(i, str):
+                i = {"tensor": i}
+            if not isinstance(i, Mapping) or not isinstance(i.get("tensor"), str):
+                raise KumikoError("E1009", at=at, why="each signature input needs a 'tensor' name")
+            role, mut, sto = i.get("role", "data"), i.get("mutability", "immutable"), i.get("storage")
+            if role not in ROLES or mut not in MUTABILITY or sto not in STORAGES:
+                raise KumikoError("E1013", at=at, why=f"role must be one of {ROLES}, mutability one of {MUTABILITY},"
+                                  f" storage one of {STORAGES[1:]} (got {role!r}, {mut!r}, {sto!r})")
+            inputs.append(SigInput(i["tensor"], role, mut, sto))
+        outputs = []
+        for k, o in enumerate(_need(sig, "outputs", list, f"{where}.signature")):
+            name = o if isinstance(o, str) else (o.get("tensor") if isinstance(o, Mapping) else None)
+            if not isinstance(name, str):
+                raise KumikoError("E1009", at=f"{where}.signature.outputs[{k}]", why="each output needs a 'tensor'")
+            outputs.append(name)
+        tensors = {}
+        for name, t in tens.items():
+            at = f"{where}.tensors.{name}"
+            if not isinstance(t, Mapping) or "dtype" not in t or not isinstance(t.get("shape"), list):
+                raise KumikoError("E1009", at=at, why="a tensor needs 'dtype' and a 'shape' list")
+            dt = dtypes.lookup(t["dtype"])
+            if dt is None or dt.name not in dtypes.USER:
+                raise KumikoError("E1012", at=at, why=f"dtype {t['dtype']!r} is not supported")
+            try:
+                shape = dims(t["shape"])
+            except (SyntaxError, TypeError, ValueError) as e:
+                raise KumikoError("E1009", at=at, why=f"bad shape {t['shape']!r}: {e}") from None
+            tensors[name] = TensorType(dt, shape)
+        nodes = []
+        for k, n in enumerate(ops):
+            at = f"{where}.graph[{k}]"
+            if not isinstance(n, Mapping) or not isinstance(n.get("op"), str):
+                raise KumikoError("E1009", at=at, why="each op needs an 'op' string")
+            ins, outs = n.get("inputs", []), n.get("outputs", [])
+            if not isinstance(ins, list) or not isinstance(outs, list) or not outs or \
+                    not all(isinstance(o, str) for o in outs):
+                raise KumikoError("E1009", at=at, why="'inputs' must be a list and 'outputs' a non-empty list of names")
+            attrs = dict(n.get("attrs") or {})
+            if not isinstance(n.get("attrs") or {}, Mapping):
+                raise KumikoError("E1009", at=at, why="'attrs' must be an object")
+            if "fn" in n:
+                attrs["fn"] = n["fn"]
+            nodes.append(OpNode(n["op"], str(n.get("name") or f"{n['op'].lower()}_{k}"),
+                                tuple(_freeze(x) for x in ins), tuple(outs),
+                                FrozenDict({a: _freeze(v) for a, v in attrs.items()})))
+        symbols = d.get("symbols") or {}
+        if not isinstance(symbols, Mapping) or not all(isinstance(v, int) for v in symbols.values()):
+            raise KumikoError("E1009", at=f"{where}.symbols", why="'symbols' maps size names to ints")
+        return Graph.make(inputs, outputs, tensors, nodes, dict(symbols), str(d.get("name", "main")))
+
+    def save(self, path: str | Path) -> None:
+        from kumiko.util import atomic_write
+        atomic_write(Path(path), json.dumps(self.to_json(), indent=2) + "\n")
+
+
+def _need(d: Mapping, key: str, typ: type, where: str) -> Any:
+    if key not in d:
+        raise KumikoError("E1009", at=where, why=f"missing '{key}'")
+    if not isinstance(d[key], typ):
+        raise KumikoError("E1009", at=f"{where}.{key}", why=f"'{key}' must be a {typ.__name__}")
+    return d[key]
+
+
+def _check_names(inputs: tuple, outputs: tuple, tensors: Mapping, nodes: tuple) -> tuple:
+    seen: set[str] = set()
+    for i in inputs:
+        if i.tensor in seen:
+            raise KumikoError("E1013", at=f"signature.inputs.{i.tensor}", why=f"input {i.tensor!r} is listed twice")
+        if i.tensor not in tensors:
+            raise KumikoError("E1013", at=f"signature.inputs.{i.tensor}",
+                              why=f"input {i.tensor!r} has no entry in the tensor table (dtype and shape)")
+        seen.add(i.tensor)
+    names: set[str] = set()
+    producer: dict[str, OpNode] = {}
+    for n in nodes:
+        if n.name in names:
+            raise KumikoError("E1016", at=f"op {n.name}", why=f"op name {n.name!r} is used twice")
+        names.add(n.name)
+        for o in n.outputs:
+            if o in seen or o in producer:
+                raise KumikoError("E1016", at=f"op {n.describe()}", why=f"tensor {o!r} is defined twice")
+            producer[o] = n
+    for n in nodes:
+        for x in n.inputs:
+            if isinstance(x, str) and x not in seen and x not in producer:
+                raise KumikoError("E1007", at=f"op {n.describe()}", why=f"input {x!r} is not defined",
+                                  suggestion="Define it as a signature input or as some op's output.")
+    order = _topo(nodes, producer)
+    seen |= set(producer)
+    if not outputs:
+        raise KumikoError("E1013", at="signature.outputs", why="the graph has no outputs")
+    for o in outputs:
+        if o not in seen:
+            raise KumikoError("E1013", at=f"signature.outputs.{o}", why=f"output {o!r} is not produced by any op")
+    if len(set(outputs)) != len(outputs):
+        raise KumikoError("E1013", at="signature.outputs", why="an output is listed twice")
+    return order
+
+
+def _topo(nodes: tuple, producer: Mapping[str, OpNode]) -> tuple:
+    """Ops in dependency order (stable: file order where free); a cycle is E1008."""
+    state: dict[str, int] = {}
+    order: list[OpNode] = []
+    for root in nodes:
+        stack = [(root, False)]
+        while stack:
+            n, done = stack.pop()
+            if done:
+                state[n.name] = 2
+                order.append(n)
+                continue
+            if state.get(n.name) == 2:
+                continue
+            if state.get(n.name) == 1:
+                continue
+            state[n.name] = 1
+            stack.append((n, True))
+            for x in reversed([x for x in n.inputs if isinstance(x, str) and x in producer]):
+                p = producer[x]
+                if state.get(p.name) == 1:
+                    raise KumikoError("E1008", at=f"op {p.describe()}",
+                                      why=f"{p.name!r} and {n.name!r} depend on each other through {x!r}")
+                if state.get(p.name) != 2:
+                    stack.append((p, False))
+    return tuple(order)

@@ -1,0 +1,448 @@
+"""Frontend -> Tiny IR lowering: every high-level op becomes the naive form (movement -> elementwise
+-> REDUCE), exactly as the seeds spell it. This module holds the driver, elementwise ops and
+movement ops; ``lower_nn`` holds contractions, pooling, normalisation and the rest.
+
+Lowering is also the frontend's shape and dtype inference: a node's output type is the type of the
+Tiny value it lowers to. Errors a user is likely to make are checked here first with a message in
+frontend terms; anything Tiny IR rejects later is re-attributed to the frontend op that caused it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from kumiko import dtypes
+from kumiko.diagnostics import KumikoError
+from kumiko.symbolic import Expr, dim, dims, prod
+from kumiko.tiny.build import TinyBuilder
+from kumiko.tiny.ir import TinyGraph
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+
+@dataclass
+class Ctx:
+    """What one op's lowering sees: the builder, the op (for diagnostics) and its attributes."""
+    b: TinyBuilder
+    node: Any
+
+    @property
+    def attrs(self) -> Mapping:
+        return self.node.attrs
+
+    def err(self, code: str, why: str, **kw) -> KumikoError:
+        return KumikoError(code, at=f"op {self.node.describe()}", why=why, **kw)
+
+    def attr(self, key: str, default: Any = None, kind: type | tuple | None = None) -> Any:
+        v = self.node.attrs.get(key, default)
+        if kind is not None and v is not None and not isinstance(v, kind):
+            raise self.err("E1010", f"attribute {key!r} must be {getattr(kind, '__name__', kind)}, got {v!r}")
+        return v
+
+    def shape(self, x: str) -> tuple:
+        return self.b.shape(x)
+
+    def dtype(self, x: str) -> dtypes.DType:
+        return self.b.dtype(x)
+
+    def axis(self, a: Any, rank: int, what: str = "axis") -> int:
+        if not isinstance(a, int) or isinstance(a, bool) or not -rank <= a < rank:
+            raise self.err("E1010", f"{what} {a!r} is out of range for rank {rank}")
+        return a % rank
+
+    def dtype_attr(self, key: str, default: dtypes.DType) -> dtypes.DType:
+        v = self.node.attrs.get(key)
+        if v is None:
+            return default
+        dt = dtypes.lookup(v)
+        if dt is None or dt.name not in dtypes.USER:
+            raise self.err("E1012", f"{key}={v!r} is not a supported dtype")
+        return dt
+
+
+Lowering = Callable[[Ctx, list], "str | list[str]"]
+OPS: dict[str, Lowering] = {}
+
+
+def op(*names: str):
+    def deco(fn: Lowering) -> Lowering:
+        for n in names:
+            OPS[n] = fn
+        return fn
+    return deco
+
+
+# ------------------------------------------------------------------------------------------------
+# driver
+
+def lower_graph(inputs, outputs, tensors, nodes, symbols, name) -> tuple[dict, TinyGraph]:
+    from kumiko.frontend import lower_nn  # noqa: F401  (registers the nn ops)
+    from kumiko.frontend.graph import TensorType
+    b = TinyBuilder(name)
+    env: dict[str, str] = {}
+    table: dict[str, TensorType] = {}
+    for i in inputs:
+        t = tensors[i.tensor]
+        env[i.tensor] = b.add("INPUT", tensor_id=i.tensor, dtype=t.dtype.name,
+                              shape=t.shape, **({"storage": i.storage} if i.storage else {}))
+        table[i.tensor] = t
+    for n in nodes:
+        ctx = Ctx(b, n)
+        key = n.op if n.op in OPS else _ALIASES.get(n.op.lower())
+        if key is None:
+            raise ctx.err("E1006", f"unknown op {n.op!r}", suggestion=f"supported ops: {', '.join(sorted(OPS))}")
+        args = [env[x] if isinstance(x, str) else x for x in n.inputs]
+        try:
+            res = OPS[key](ctx, args)
+        except KumikoError as e:
+            if e.at.startswith("op "):
+                raise
+            raise KumikoError(e.code, at=f"op {n.describe()}", why=e.why, suggestion=e.suggestion,
+                              tiny=e.at, **e.details) from None
+        res = [res] if isinstance(res, str) else list(res)
+        if len(res) != len(n.outputs):
+            raise ctx.err("E1009", f"{n.op} produces {len(res)} outputs, the op lists {len(n.outputs)}")
+        for tname, tid in zip(n.outputs, res):
+            env[tname] = tid
+            got = TensorType(b.dtype(tid), b.shape(tid))
+            want = tensors.get(tname)
+            if want is not None and (want.dtype is not got.dtype or want.shape != got.shape):
+                raise ctx.err("E1011", f"tensor {tname!r} is declared {want} but the op computes {got}")
+            table[tname] = got
+    tiny = b.finish([(i.tensor, env[i.tensor]) for i in inputs], [(o, env[o]) for o in outputs], symbols,
+                    {"inputs": [i.to_json() for i in inputs], "outputs": [{"tensor": o} for o in outputs]})
+    return table, tiny
+
+
+_ALIASES = {"matmul": "MatMul", "gemm": "MatMul", "conv": "Conv2D", "conv2d": "Conv2D"}
+
+
+# ------------------------------------------------------------------------------------------------
+# shared helpers
+
+def broadcast_shapes(ctx: Ctx, *shapes: tuple) -> tuple:
+    """Right-aligned broadcast (E1001 when two sizes > 1 differ)."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for k in range(rank):
+        sizes = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
+        big = [d for d in sizes if d != 1]
+        for d in big[1:]:
+            if d != big[0]:
+                raise ctx.err("E1001", f"cannot broadcast shapes {[[str(d) for d in s] for s in shapes]}: "
+                              f"axis {k - rank} has sizes {big[0]} and {d}",
+                              lhs_shape=list(shapes[0]), rhs_shape=list(shapes[-1]))
+        out.append(big[0] if big else 1)
+    return tuple(out)
+
+
+def same_dtype(ctx: Ctx, xs: list) -> dtypes.DType | None:
+    dts = {ctx.dtype(x) for x in xs if isinstance(x, str)}
+    if len(dts) > 1:
+        raise ctx.err("E1005", f"operand dtypes {sorted(d.name for d in dts)} differ and kumiko never casts "
+                      "implicitly")
+    return dts.pop() if dts else None
+
+
+def ew(ctx: Ctx, uop: str, *xs: Any) -> str:
+    """An elementwise Tiny op over broadcast operands; python scalars stay immediates."""
+    refs = [x for x in xs if isinstance(x, str)]
+    if not refs:
+        raise ctx.err("E1009", f"{uop} needs at least one tensor operand")
+    value_refs = refs if uop != "WHERE" else [x for x in xs[1:] if isinstance(x, str)]
+    if value_refs:
+        same_dtype(ctx, value_refs)
+    shape = broadcast_shapes(ctx, *[ctx.shape(x) for x in refs])
+    xs = tuple(ctx.b.broadcast_to(x, shape) if isinstance(x, str) else _imm(x) for x in xs)
+    return ctx.b.add(uop, xs)
+
+
+def _imm(x: Any) -> Any:
+    if isinstance(x, bool) or isinstance(x, (int, float)):
+        return x
+    if hasattr(x, "item"):
+        return x.item()
+    raise TypeError(f"not a scalar: {x!r}")
+
+
+def to_compute(ctx: Ctx, x: str) -> tuple[str, dtypes.DType]:
+    """Transcendentals on 16-bit floats run in fp32 (and are cast back by the caller)."""
+    dt = ctx.dtype(x)
+    if dt in (dtypes.fp16, dtypes.bf16):
+        return ctx.b.cast(x, dtypes.fp32), dt
+    return x, dt
+
+
+def keepdim(ctx: Ctx, x: str, shape: tuple, axes: tuple) -> str:
+    """Reshape a reduced value back to rank with size-1 axes, then expand to ``shape``."""
+    kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return ctx.b.expand(ctx.b.reshape(x, kept), shape)
+
+
+def count(ctx: Ctx, shape: tuple, axes: tuple) -> Any:
+    """The number of elements over ``axes``: an int immediate, or a REDUCE of ones when symbolic."""
+    n = prod([shape[a] for a in axes])
+    if isinstance(n, int):
+        return float(n)
+    ones = ctx.b.const(1.0, dtypes.fp32, shape)
+    return ctx.b.reduce(ones, "SUM", axes, dtypes.fp32)
+
+
+# ------------------------------------------------------------------------------------------------
+# elementwise
+
+def _exp(ctx: Ctx, x: str) -> str:
+    return ctx.b.add("EXP2", [ew(ctx, "MUL", x, LOG2E)])
+
+
+def _sigmoid(ctx: Ctx, x: str) -> str:
+    e = ctx.b.add("EXP2", [ew(ctx, "MUL", x, -LOG2E)])
+    return ew(ctx, "FDIV", 1.0, ew(ctx, "ADD", e, 1.0))
+
+
+def _tanh(ctx: Ctx, x: str) -> str:
+    return ew(ctx, "SUB", ew(ctx, "MUL", _sigmoid(ctx, ew(ctx, "MUL", x, 2.0)), 2.0), 1.0)
+
+
+def _gelu(ctx: Ctx, x: str) -> str:
+    if ctx.attr("approximate", "none") == "tanh":
+        inner = ew(ctx, "MUL", ew(ctx, "ADD", x, ew(ctx, "MUL", ew(ctx, "MUL", ew(ctx, "MUL", x, x), x), 0.044715)),
+                   math.sqrt(2 / math.pi))
+        return ew(ctx, "MUL", ew(ctx, "MUL", x, 0.5), ew(ctx, "ADD", _tanh(ctx, inner), 1.0))
+    erf = ctx.b.add("ERF", [ew(ctx, "MUL", x, 1 / math.sqrt(2))])
+    return ew(ctx, "MUL", ew(ctx, "MUL", x, 0.5), ew(ctx, "ADD", erf, 1.0))
+
+
+#: fn -> (arity, builder over compute-dtype operands, runs in fp32 for 16-bit floats)
+UNARY_FNS: dict[str, tuple[Callable[[Ctx, str], str], bool]] = {
+    "neg": (lambda c, x: c.b.add("NEG", [x]), False),
+    "relu": (lambda c, x: c.b.add("RELU", [x]), False),
+    "abs": (lambda c, x: ew(c, "MAX", x, c.b.add("NEG", [x])), False),
+    "exp": (_exp, True),
+    "exp2": (lambda c, x: c.b.add("EXP2", [x]), True),
+    "log": (lambda c, x: ew(c, "MUL", c.b.add("LOG2", [x]), LN2), True),
+    "log2": (lambda c, x: c.b.add("LOG2", [x]), True),
+    "sqrt": (lambda c, x: c.b.add("SQRT", [x]), True),
+    "rsqrt": (lambda c, x: c.b.add("RSQRT", [x]), True),
+    "recip": (lambda c, x: ew(c, "FDIV", 1.0, x), True),
+    "sigmoid": (_sigmoid, True),
+    "silu": (lambda c, x: ew(c, "MUL", x, _sigmoid(c, x)), True),
+    "tanh": (_tanh, True),
+    "gelu": (_gelu, True),
+    "erf": (lambda c, x: c.b.add("ERF", [x]), True),
+    "leaky_relu": (lambda c, x: ew(c, "MAX", x, ew(c, "MUL", x, float(c.attr("alpha", 0.01)))), False),
+}
+BINARY_FNS = {"add": "ADD", "sub": "SUB", "mul": "MUL", "div": "FDIV", "max": "MAX", "min": "MIN", "pow": "POW"}
+COMPARE_FNS = {"lt": ("CMPLT", False), "le": ("CMPLE", False), "gt": ("CMPLT", True), "ge": ("CMPLE", True),
+               "eq": ("CMPEQ", False), "ne": ("CMPNE", False)}
+FLOAT_ONLY = {"div", "pow"}
+
+
+@op("Elementwise")
+def lower_elementwise(ctx: Ctx, args: list) -> str:
+    fn = ctx.attr("fn")
+    if not isinstance(fn, str):
+        raise ctx.err("E1009", "Elementwise needs an 'fn'")
+    fn = fn.lower()
+    arity = 1 if fn in UNARY_FNS or fn in ("cast", "clip") else 3 if fn == "where" else 2
+    if fn not in UNARY_FNS and fn not in BINARY_FNS and fn not in COMPARE_FNS and fn not in ("where", "cast", "clip"):
+        known = sorted([*UNARY_FNS, *BINARY_FNS, *COMPARE_FNS, "where", "cast", "clip"])
+        raise ctx.err("E1006", f"unknown elementwise fn {fn!r}", suggestion=f"use one of {', '.join(known)}")
+    if len(args) != arity:
+        raise ctx.err("E1009", f"{fn} takes {arity} inputs, got {len(args)}")
+    if fn == "cast":
+        if not isinstance(args[0], str):
+            raise ctx.err("E1009", "cast needs a tensor input")
+        return ctx.b.cast(args[0], ctx.dtype_attr("to", ctx.dtype(args[0])))
+    if fn in UNARY_FNS:
+        x = args[0]
+        if not isinstance(x, str):
+            raise ctx.err("E1009", f"{fn} needs a tensor input")
+        build, in_fp32 = UNARY_FNS[fn]
+        if not ctx.dtype(x).is_float and fn not in ("neg", "relu", "abs"):
+            raise ctx.err("E1012", f"{fn} needs a float input, got {ctx.dtype(x)}")
+        if in_fp32:
+            xc, dt = to_compute(ctx, x)
+            return ctx.b.cast(build(ctx, xc), dt)
+        return build(ctx, x)
+    if fn == "clip":
+        x = args[0]
+        lo, hi = ctx.attr("min"), ctx.attr("max")
+        if lo is not None:
+            x = ew(ctx, "MAX", x, lo)
+        if hi is not None:
+            x = ew(ctx, "MIN", x, hi)
+        return x
+    if fn == "where":
+        if isinstance(args[0], str) and ctx.dtype(args[0]) is not dtypes.bool_:
+            raise ctx.err("E1005", f"where's condition must be bool, got {ctx.dtype(args[0])}")
+        return ew(ctx, "WHERE", *args)
+    if fn in COMPARE_FNS:
+        uop, swap = COMPARE_FNS[fn]
+        return ew(ctx, uop, *(args[::-1] if swap else args))
+    dt = same_dtype(ctx, args)
+    if fn in FLOAT_ONLY and dt is not None and not dt.is_float:
+        raise ctx.err("E1012", f"{fn} needs float operands, got {dt}")
+    if fn == "pow":
+        xs = [to_compute(ctx, a)[0] if isinstance(a, str) else a for a in args]
+        return ctx.b.cast(ew(ctx, "POW", *xs), dt)
+    return ew(ctx, BINARY_FNS[fn], *args)
+
+
+@op("Cast")
+def lower_cast(ctx: Ctx, args: list) -> str:
+    return ctx.b.cast(_one(ctx, args), ctx.dtype_attr("to", ctx.dtype(args[0])))
+
+
+def _one(ctx: Ctx, args: list) -> str:
+    if len(args) != 1 or not isinstance(args[0], str):
+        raise ctx.err("E1009", f"{ctx.node.op} takes one tensor input")
+    return args[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# movement
+
+@op("Reshape")
+def lower_reshape(ctx: Ctx, args: list) -> str:
+    x = _one(ctx, args)
+    shape = list(ctx.attr("shape", None, (list, tuple)) or [])
+    src = ctx.shape(x)
+    if sum(1 for d in shape if d == -1) > 1:
+        raise ctx.err("E1010", "only one -1 is allowed in a reshape")
+    if -1 in shape:
+        known = prod([d for d in shape if d != -1])
+        rest = Expr.lift(prod(src)).exact_div(known) if known != 0 else None
+        if rest is None:
+            raise ctx.err("E1002", f"cannot infer -1: {prod(src)} elements do not divide by {known}")
+        shape[shape.index(-1)] = dim(rest)
+    shape = dims(shape)
+    if prod(shape) != prod(src):
+        raise ctx.err("E1002", f"reshape {[str(d) for d in src]} -> {[str(d) for d in shape]} changes the element "
+                      f"count ({prod(src)} vs {prod(shape)})")
+    return ctx.b.reshape(x, shape)
+
+
+@op("Permute", "Transpose")
+def lower_permute(ctx: Ctx, args: list) -> str:
+    x = _one(ctx, args)
+    rank = len(ctx.shape(x))
+    perm = ctx.attr("perm", None)
+    perm = tuple(range(rank))[::-1] if perm is None else tuple(perm)
+    if sorted(perm) != list(range(rank)):
+        raise ctx.err("E1003", f"perm {list(perm)} is not a permutation of the {rank} axes")
+    return ctx.b.permute(x, perm)
+
+
+@op("Expand")
+def lower_expand(ctx: Ctx, args: list) -> str:
+    x = _one(ctx, args)
+    want = list(ctx.attr("shape", None, (list, tuple)) or [])
+    src = ctx.shape(x)
+    if len(want) < len(src):
+        raise ctx.err("E1001", f"cannot expand rank {len(src)} to rank {len(want)}")
+    off = len(want) - len(src)
+    want = [src[k - off] if d == -1 and k >= off else d for k, d in enumerate(want)]
+    target = broadcast_shapes(ctx, src, dims(want))
+    if target != dims(want):
+        raise ctx.err("E1001", f"cannot expand {[str(d) for d in src]} to {want}")
+    return ctx.b.broadcast_to(x, target)
+
+
+@op("Pad")
+def lower_pad(ctx: Ctx, args: list) -> str:
+    x = _one(ctx, args)
+    rank = len(ctx.shape(x))
+    pads = ctx.attr("pads", None, (list, tuple))
+    if pads is None or len(pads) != rank or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pads):
+        raise ctx.err("E1010", f"Pad needs 'pads' as {rank} [lo, hi] pairs")
+    value = ctx.attr("value", 0)
+    pos = [(max(dim(lo), 0) if isinstance(dim(lo), int) else dim(lo),
+            max(dim(hi), 0) if isinstance(dim(hi), int) else dim(hi)) for lo, hi in pads]
+    x = ctx.b.pad(x, pos, value)
+    shape = ctx.shape(x)
+    lo = [-dim(a) if isinstance(dim(a), int) and dim(a) < 0 else 0 for a, _ in pads]
+    hi = [d - (-dim(b) if isinstance(dim(b), int) and dim(b) < 0 else 0) for d, (_, b) in zip(shape, pads)]
+    return ctx.b.shrink(x, lo, dims(hi))
+
+
+@op("Slice", "Shrink")
+def lower_slice(ctx: Ctx, args: list) -> str:
+    x = _one(ctx, args)
+    shape = ctx.shape(x)
+    rank = len(shape)
+    if ctx.node.op == "Shrink":
+        bounds = ctx.attr("bounds", None, (list, tuple))
+        if bounds is None or len(bounds) != rank:
+            raise ctx.err("E1010", f"Shrink needs 'bounds' as {rank} [lo, hi] pairs")
+        starts, ends, axes, steps = [b[0] for b in bounds], [b[1] for b in bounds], list(range(rank)), [1] * rank
+    else:
+        starts = list(ctx.attr("starts", [], (list, tuple)))
+        ends = list(ctx.attr("ends", [], (list, tuple)))
+        axes = list(ctx.attr("axes", None) or range(len(starts)))
+        steps = list(ctx.attr("steps", None) or [1] * len(starts))
+        if not (len(starts) == len(ends) == len(axes) == len(steps)):
+            raise ctx.err("E1010", "starts, ends, axes and steps must have the same length")
+    lo, hi, step = [0] * rank, list(shape), [1] * rank
+    flips = []
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = ctx.axis(a, rank)
+        size = shape[a]
+        if not isinstance(st, int) or st == 0:
+            raise ctx.err("E1010", f"slice step must be a non-zero int, got {st!r}")
+        if isinstance(size, int) and isinstance(s, int) and isinstance(e, int):
+            r = range(*slice(s, e, st).indices(size))
+            n = len(r)
+            if st > 0:
+                lo[a], hi[a], step[a] = (r.start, r.start + (n - 1) * st + 1, st) if n else (0, 0, 1)
+            else:
+                flips.append(a)
+                first = size - 1 - r.start
+                lo[a], hi[a], step[a] = (first, first + (n - 1) * -st + 1, -st) if n else (0, 0, 1)
+        else:
+            if st < 0:
+                raise ctx.err("E1010", "negative slice steps need a concrete axis size")
+            s = dim(Expr.lift(size) + s) if isinstance(s, int) and s < 0 else dim(s)
+            e = dim(Expr.lift(size) + e) if isinstance(e, int) and e < 0 else dim(e)
+            lo[a], hi[a], step[a] = s, e, st
+    x = ctx.b.flip(x, flips)
+    return ctx.b.shrink(x, lo, hi, step)
+
+
+@op("Flip")
+def lower_flip(ctx: Ctx, args: list) -> str:
+    x = _one(ctx, args)
+    rank = len(ctx.shape(x))
+    return ctx.b.flip(x, {ctx.axis(a, rank) for a in ctx.attr("axes", [], (list, tuple))})
+
+
+@op("Concat")
+def lower_concat(ctx: Ctx, args: list) -> str:
+    """Concatenation as tinygrad does it: pad every piece to the full extent, then add (OR for bool)."""
+    if not args or not all(isinstance(a, str) for a in args):
+        raise ctx.err("E1009", "Concat takes one or more tensor inputs")
+    same_dtype(ctx, args)
+    rank = len(ctx.shape(args[0]))
+    ax = ctx.axis(ctx.attr("axis", 0), rank)
+    for a in args[1:]:
+        s0, s1 = ctx.shape(args[0]), ctx.shape(a)
+        if len(s1) != rank or any(p != q for k, (p, q) in enumerate(zip(s0, s1)) if k != ax):
+            raise ctx.err("E1011", f"Concat pieces must agree except on axis {ax}: {[str(d) for d in s0]} vs "
+                          f"{[str(d) for d in s1]}")
+    if len(args) == 1:
+        return args[0]
+    total = dim(sum((Expr.lift(ctx.shape(a)[ax]) for a in args), Expr.lift(0)))
+    offset: Any = 0
+    out = None
+    combine = "MAX" if ctx.dtype(args[0]) is dtypes.bool_ else "ADD"
+    for a in args:
+        size = ctx.shape(a)[ax]
+        after = dim(Expr.lift(total) - offset - size)
+        pads = [(0, 0)] * rank
+        pads[ax] = (offset, after)
+        p = ctx.b.pad(a, pads, False if combine == "MAX" else 0)
+        out = p if out is None else ctx.b.add(combine, [out, p])
+        offset = dim(Expr.lift(offset) + size)
+    return out

@@ -1,0 +1,437 @@
+"""Lowering of contractions, windows, normalisation, reductions, gather and cumsum to naive Tiny IR.
+
+Contractions follow tinygrad's dot exactly (reshape -> transpose -> broadcast -> MUL -> REDUCE(SUM)
+over the last axis, seed 000 §0); Conv2D is pad + a sliding-window VIEW + MUL + REDUCE (seed 002
+§5.2); pooling is pad + VIEW + REDUCE; attention is two contractions around the seed's row softmax
+(REDUCE MAX, SUB, MUL log2e, EXP2, REDUCE SUM, FDIV; seed 002 §5.3). A causal mask is a PAD of ones
+seen through an affine VIEW, so later stages see it as the affine predicate ``n <= m``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kumiko import dtypes
+from kumiko.frontend.lower import LOG2E, Ctx, _one, broadcast_shapes, count, ew, keepdim, op, same_dtype
+from kumiko.symbolic import Expr, dim
+
+# ------------------------------------------------------------------------------------------------
+# contractions
+
+
+def dot(ctx: Ctx, x: str, w: str, acc: dtypes.DType, out: dtypes.DType) -> str:
+    """tinygrad's ``Tensor.dot`` (1-D and N-D rules) with the accumulator dtype made explicit."""
+    b = ctx.b
+    xs, ws = ctx.shape(x), ctx.shape(w)
+    dx, dw = len(xs), len(ws)
+    if dx == 0 or dw == 0:
+        raise ctx.err("E1011", f"matmul needs operands of rank >= 1, got ranks {dx} and {dw}")
+    same_dtype(ctx, [x, w])
+    axis_w = -min(dw, 2)
+    if xs[-1] != ws[axis_w]:
+        raise ctx.err("E1011", f"matmul contraction sizes differ: {[str(d) for d in xs]} @ {[str(d) for d in ws]} "
+                      f"({xs[-1]} vs {ws[axis_w]})", suggestion="The last axis of the left operand must equal the "
+                      "second-to-last axis of the right one (the only axis for 1-D).")
+    n1 = min(dx - 1, dw - 1, 1)
+    x = b.reshape(x, xs[:-1] + (1,) * n1 + xs[-1:])
+    w = b.reshape(w, ws[:-2] + (1,) * n1 + ws[axis_w:])
+    rank = len(ctx.shape(w))
+    perm = list(range(rank))
+    perm[-1], perm[axis_w] = perm[axis_w], perm[-1]
+    w = b.permute(w, perm)
+    shape = broadcast_shapes(ctx, ctx.shape(x), ctx.shape(w))
+    p = b.add("MUL", [b.broadcast_to(x, shape), b.broadcast_to(w, shape)])
+    return b.cast(b.reduce(p, "SUM", [len(shape) - 1], acc), out)
+
+
+def _numeric(ctx: Ctx, x: str) -> dtypes.DType:
+    dt = ctx.dtype(x)
+    if dt is dtypes.bool_:
+        raise ctx.err("E1012", f"{ctx.node.op} does not take bool operands")
+    return dt
+
+
+@op("MatMul", "GEMM")
+def lower_matmul(ctx: Ctx, args: list) -> str:
+    if len(args) != 2 or not all(isinstance(a, str) for a in args):
+        raise ctx.err("E1009", "MatMul takes two tensor inputs")
+    a, w = args
+    dt = _numeric(ctx, a)
+    for key, which in (("trans_a", 0), ("trans_b", 1)):
+        if ctx.attr(key, False):
+            t = (a, w)[which]
+            r = len(ctx.shape(t))
+            if r < 2:
+                raise ctx.err("E1010", f"{key} needs a rank >= 2 operand")
+            perm = list(range(r))
+            perm[-1], perm[-2] = perm[-2], perm[-1]
+            t = ctx.b.permute(t, perm)
+            a, w = (t, w) if which == 0 else (a, t)
+    acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
+    return dot(ctx, a, w, acc, ctx.dtype_attr("out_dtype", dt))
+
+
+def _pair(ctx: Ctx, key: str, default: Any, n: int = 2) -> tuple:
+    v = ctx.attr(key, default)
+    v = (v,) * n if isinstance(v, int) else tuple(v)
+    if len(v) != n or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
+        raise ctx.err("E1010", f"{key} must be an int or {n} ints, got {ctx.attr(key)!r}")
+    return v
+
+
+def _padding(ctx: Ctx) -> tuple:
+    """``padding``: int, [ph, pw] or [top, bottom, left, right] -> ((top, bottom), (left, right))."""
+    p = ctx.attr("padding", 0)
+    if isinstance(p, int):
+        p = (p, p, p, p)
+    p = tuple(p)
+    if len(p) == 2:
+        p = (p[0], p[0], p[1], p[1])
+    if len(p) != 4 or not all(isinstance(e, int) and e >= 0 for e in p):
+        raise ctx.err("E1010", f"padding must be an int, [ph, pw] or [top, bottom, left, right] >= 0, got {p!r}")
+    return (p[0], p[1]), (p[2], p[3])
+
+
+def windows(ctx: Ctx, x: str, kernel: tuple, stride: tuple, dilation: tuple, out: tuple) -> str:
+    """The sliding-window VIEW ``[..., H, W] -> [..., Oy, Ox, Kh, Kw]`` (affine: ``s*o + d*k``)."""
+    shape = ctx.shape(x)
+    lead = len(shape) - 2
+    rs = shape[:lead] + tuple(out) + tuple(kernel)
+    i = [Expr.sym(f"i{k}") for k in range(len(rs))]
+    imap = i[:lead] + [stride[0] * i[lead] + dilation[0] * i[lead + 2],
+                       stride[1] * i[lead + 1] + dilation[1] * i[lead + 3]]
+    return ctx.b.add("VIEW", [x], result_shape=rs, index_map=imap)
+
+
+def _out_size(size: Any, lo: int, hi: int, k: Any, s: int, d: int) -> Any:
+    return dim((Expr.lift(size) + lo + hi - d * (Expr.lift(k) - 1) - 1).floordiv(s) + 1)
+
+
+@op("Conv2D")
+def lower_conv2d(ctx: Ctx, args: list) -> str:
+    if len(args) not in (2, 3) or not all(isinstance(a, str) for a in args):
+        raise ctx.err("E1009", "Conv2D takes inputs [x, weight] or [x, weight, bias]")
+    b = ctx.b
+    x, w = args[:2]
+    dt = _numeric(ctx, x)
+    same_dtype(ctx, [x, w])
+    xs, ws = ctx.shape(x), ctx.shape(w)
+    if len(xs) != 4 or len(ws) != 4:
+        raise ctx.err("E1011", f"Conv2D takes x [N, C, H, W] and weight [Cout, Cin/groups, Kh, Kw]; got ranks "
+                      f"{len(xs)} and {len(ws)}")
+    stride, dil = _pair(ctx, "stride", 1), _pair(ctx, "dilation", 1)
+    (pt, pb), (pl, pr) = _padding(ctx)
+    g = ctx.attr("groups", 1, int)
+    n, cin_total, h, wd = xs
+    cout, cin, kh, kw = ws
+    if dim(Expr.lift(cin) * g) != cin_total:
+        raise ctx.err("E1011", f"input channels {cin_total} != groups ({g}) x weight's Cin ({cin})")
+    rcout = Expr.lift(cout).exact_div(g)
+    if rcout is None:
+        raise ctx.err("E1011", f"output channels {cout} are not divisible by groups ({g})")
+    rcout = dim(rcout)
+    oy = _out_size(h, pt, pb, kh, stride[0], dil[0])
+    ox = _out_size(wd, pl, pr, kw, stride[1], dil[1])
+    if any(isinstance(o, int) and o <= 0 for o in (oy, ox)):
+        raise ctx.err("E1011", f"the kernel does not fit: output size would be {oy} x {ox}")
+    xp = b.pad(x, [(0, 0), (0, 0), (pt, pb), (pl, pr)])
+    xw = windows(ctx, xp, (kh, kw), stride, dil, (oy, ox))
+    x1 = b.reshape(xw, (n, g, cin, 1, oy, ox, kh, kw))
+    x2 = b.expand(x1, (n, g, cin, rcout, oy, ox, kh, kw))
+    x3 = b.permute(x2, (0, 1, 3, 4, 5, 2, 6, 7))
+    full = (n, g, rcout, oy, ox, cin, kh, kw)
+    w3 = b.expand(b.reshape(w, (1, g, rcout, 1, 1, cin, kh, kw)), full)
+    acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
+    y = b.reduce(b.add("MUL", [x3, w3]), "SUM", (5, 6, 7), acc)
+    y = b.reshape(y, (n, cout, oy, ox))
+    if len(args) == 3:
+        bias = args[2]
+        if ctx.shape(bias) != (cout,):
+            raise ctx.err("E1011", f"bias must have shape [{cout}], got {[str(d) for d in ctx.shape(bias)]}")
+        y = b.add("ADD", [y, b.expand(b.reshape(b.cast(bias, acc), (1, cout, 1, 1)), (n, cout, oy, ox))])
+    return b.cast(y, ctx.dtype_attr("out_dtype", dt))
+
+
+# ------------------------------------------------------------------------------------------------
+# pooling
+
+
+def _pool_geometry(ctx: Ctx, x: str):
+    shape = ctx.shape(x)
+    if len(shape) < 3:
+        raise ctx.err("E1011", f"{ctx.node.op} needs [..., H, W] with at least one leading axis")
+    kernel = _pair(ctx, "kernel", None) if ctx.attr("kernel") is not None else None
+    if kernel is None:
+        raise ctx.err("E1010", f"{ctx.node.op} needs a 'kernel' size")
+    stride = _pair(ctx, "stride", list(kernel)) if ctx.attr("stride") is not None else kernel
+    dil = _pair(ctx, "dilation", 1)
+    pads = _padding(ctx)
+    ceil = bool(ctx.attr("ceil_mode", False))
+    out, extra = [], []
+    for ax in range(2):
+        size, (lo, hi), k, s, d = shape[-2 + ax], pads[ax], kernel[ax], stride[ax], dil[ax]
+        if ceil:
+            if not isinstance(size, int):
+                raise ctx.err("E1010", "ceil_mode needs concrete spatial sizes")
+            span = size + lo + hi - d * (k - 1) - 1
+            o = -(-span // s) + 1
+            if (o - 1) * s >= size + lo:   # PyTorch: the last window must start inside the input or left pad
+                o -= 1
+            extra.append(max(0, (o - 1) * s + d * (k - 1) + 1 - (size + lo + hi)))
+        else:
+            o = _out_size(size, lo, hi, k, s, d)
+            extra.append(0)
+        if isinstance(o, int) and o <= 0:
+            raise ctx.err("E1011", f"the pooling window does not fit axis {ax - 2} (size {size})")
+        out.append(o)
+    return shape, kernel, stride, dil, pads, extra, tuple(out)
+
+
+@op("MaxPool", "MaxPool2D")
+def lower_maxpool(ctx: Ctx, args: list) -> str:
+    x = _one(ctx, args)
+    dt = _numeric(ctx, x)
+    shape, kernel, stride, dil, pads, extra, out = _pool_geometry(ctx, x)
+    lead = [(0, 0)] * (len(shape) - 2)
+    low = dtypes.neutral("MAX", dt).item()
+    xp = ctx.b.pad(x, lead + [(pads[0][0], pads[0][1] + extra[0]), (pads[1][0], pads[1][1] + extra[1])], low)
+    xw = windows(ctx, xp, kernel, stride, dil, out)
+    r = len(ctx.shape(xw))
+    return ctx.b.reduce(xw, "MAX", (r - 2, r - 1), dt)
+
+
+@op("AvgPool", "AvgPool2D")
+def lower_avgpool(ctx: Ctx, args: list) -> str:
+    """Window sums over the window's element count; the count follows ``count_include_pad`` (default
+    true, as PyTorch and tinygrad) and never includes ceil_mode's overflow (PyTorch semantics)."""
+    x = _one(ctx, args)
+    dt = _numeric(ctx, x)
+    if not dt.is_float:
+        raise ctx.err("E1012", f"AvgPool needs a float input, got {dt}")
+    b = ctx.b
+    shape, kernel, stride, dil, pads, extra, out = _pool_geometry(ctx, x)
+    include = bool(ctx.attr("count_include_pad", True))
+    acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
+    lead = [(0, 0)] * (len(shape) - 2)
+    full = [(pads[0][0], pads[0][1] + extra[0]), (pads[1][0], pads[1][1] + extra[1])]
+    xw = windows(ctx, b.pad(x, lead + full), kernel, stride, dil, out)
+    r = len(ctx.shape(xw))
+    s = b.reduce(xw, "SUM", (r - 2, r - 1), acc)
+    if include and not any(extra) or not any(p for pair in pads for p in pair) and not any(extra):
+        return b.cast(ew(ctx, "FDIV", s, float(kernel[0] * kernel[1])), dt)
+    # the per-window element count, from an indicator of what counts (ones), pooled the same way
+    ones = b.const(1.0, acc, shape[-2:])
+    if include:
+        ones = b.pad(ones, [pads[0], pads[1]], 1.0)
+        ones = b.pad(ones, [(0, extra[0]), (0, extra[1])], 0.0)
+    else:
+        ones = b.pad(ones, full, 0.0)
+    cnt = b.reduce(windows(ctx, ones, kernel, stride, dil, out), "SUM", (2, 3), acc)
+    return b.cast(b.add("FDIV", [s, b.broadcast_to(cnt, ctx.shape(s))]), dt)
+
+
+# ------------------------------------------------------------------------------------------------
+# softmax, layernorm, attention
+
+
+def softmax(ctx: Ctx, x: str, axis: int, log: bool = False) -> str:
+    """Row softmax in the seed's form: max, subtract, exp2(x*log2e), sum, divide (in x's dtype)."""
+    b = ctx.b
+    shape = ctx.shape(x)
+    m = b.reduce(x, "MAX", (axis,), ctx.dtype(x))
+    s0 = b.add("SUB", [x, keepdim(ctx, m, shape, (axis,))])
+    e = b.add("EXP2", [b.add("MUL", [s0, LOG2E])])
+    z = b.reduce(e, "SUM", (axis,), ctx.dtype(x))
+    if log:
+        lz = b.add("MUL", [b.add("LOG2", [z]), math.log(2.0)])
+        return b.add("SUB", [s0, keepdim(ctx, lz, shape, (axis,))])
+    return b.add("FDIV", [e, keepdim(ctx, z, shape, (axis,))])
+
+
+@op("Softmax", "LogSoftmax")
+def lower_softmax(ctx: Ctx, args: list) -> str:
+    x = _one(ctx, args)
+    dt = ctx.dtype(x)
+    if not dt.is_float:
+        raise ctx.err("E1012", f"Softmax needs a float input, got {dt}")
+    axis = ctx.axis(ctx.attr("axis", -1), len(ctx.shape(x)))
+    acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
+    y = softmax(ctx, ctx.b.cast(x, acc), axis, log=ctx.node.op == "LogSoftmax" or bool(ctx.attr("log", False)))
+    return ctx.b.cast(y, dt)
+
+
+@op("LayerNorm", "LayerNormalization")
+def lower_layernorm(ctx: Ctx, args: list) -> str:
+    """``(x - mean) * rsqrt(var + eps) * weight + bias`` over axes ``axis..-1``, in the acc dtype."""
+    if not 1 <= len(args) <= 3 or not all(isinstance(a, str) for a in args):
+        raise ctx.err("E1009", "LayerNorm takes inputs [x], [x, weight] or [x, weight, bias]")
+    b = ctx.b
+    x = args[0]
+    dt = ctx.dtype(x)
+    if not dt.is_float:
+        raise ctx.err("E1012", f"LayerNorm needs a float input, got {dt}")
+    shape = ctx.shape(x)
+    axis = ctx.axis(ctx.attr("axis", -1), len(shape))
+    axes = tuple(range(axis, len(shape)))
+    eps = float(ctx.attr("eps", 1e-5))
+    acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
+    xf = b.cast(x, acc)
+    n = count(ctx, shape, axes)
+    mean = ew(ctx, "FDIV", b.reduce(xf, "SUM", axes, acc), n)
+    xc = b.add("SUB", [xf, keepdim(ctx, mean, shape, axes)])
+    var = ew(ctx, "FDIV", b.reduce(b.add("MUL", [xc, xc]), "SUM", axes, acc), n)
+    inv = b.add("RSQRT", [ew(ctx, "ADD", var, eps)])
+    y = b.add("MUL", [xc, keepdim(ctx, inv, shape, axes)])
+    for extra in args[1:]:
+        if ctx.shape(extra) != shape[axis:]:
+            raise ctx.err("E1011", f"LayerNorm weight/bias must have shape {[str(d) for d in shape[axis:]]}, got "
+                          f"{[str(d) for d in ctx.shape(extra)]}")
+        same_dtype(ctx, [x, extra])
+        y = b.add("MUL" if extra is args[1] else "ADD", [y, b.broadcast_to(b.cast(extra, acc), shape)])
+    return b.cast(y, dt)
+
+
+def causal_mask(ctx: Ctx, m: Any, n: Any) -> str:
+    """bool [M, N], true where ``n <= m``: ones[M] padded on the left by N-1 falses, seen through
+    the affine VIEW ``(m, n) -> m - n + N - 1`` (top-left aligned, as PyTorch's is_causal)."""
+    b = ctx.b
+    ones = b.const(True, dtypes.bool_, (m,))
+    padded = b.pad(ones, [(dim(Expr.lift(n) - 1), 0)], False)
+    i0, i1 = Expr.sym("i0"), Expr.sym("i1")
+    return b.add("VIEW", [padded], result_shape=(m, n), index_map=(i0 - i1 + (Expr.lift(n) - 1),))
+
+
+@op("Attention")
+def lower_attention(ctx: Ctx, args: list) -> str:
+    if len(args) not in (3, 4) or not all(isinstance(a, str) for a in args):
+        raise ctx.err("E1009", "Attention takes inputs [q, k, v] or [q, k, v, mask]")
+    b = ctx.b
+    q, k, v = args[:3]
+    dt = ctx.dtype(q)
+    if not dt.is_float:
+        raise ctx.err("E1012", f"Attention needs float inputs, got {dt}")
+    same_dtype(ctx, [q, k, v])
+    qs, ks, vs = ctx.shape(q), ctx.shape(k), ctx.shape(v)
+    if min(len(qs), len(ks), len(vs)) < 2:
+        raise ctx.err("E1011", "Attention needs q [..., M, D], k [..., N, D], v [..., N, Dv]")
+    if ks[-2] != vs[-2]:
+        raise ctx.err("E1011", f"k and v must have the same sequence length ({ks[-2]} vs {vs[-2]})")
+    scale = ctx.attr("scale")
+    if scale is None:
+        if not isinstance(qs[-1], int):
+            raise ctx.err("E1010", "a symbolic head size needs an explicit 'scale'")
+        scale = 1.0 / math.sqrt(qs[-1])
+    acc = ctx.dtype_attr("acc_dtype", dtypes.fp32 if dt is not dtypes.fp64 else dt)
+    r = len(ks)
+    kt = b.permute(k, list(range(r - 2)) + [r - 1, r - 2])
+    s = dot(ctx, q, kt, acc, acc)
+    s = b.add("MUL", [s, float(scale)])
+    shape = ctx.shape(s)
+    if ctx.attr("causal", False):
+        mask = b.broadcast_to(causal_mask(ctx, shape[-2], shape[-1]), shape)
+        s = b.add("WHERE", [mask, s, float("-inf")])
+    if len(args) == 4:
+        mask = args[3]
+        full = broadcast_shapes(ctx, ctx.shape(mask), shape)
+        if full != shape:
+            raise ctx.err("E1001", f"mask {[str(d) for d in ctx.shape(mask)]} does not broadcast to the scores "
+                          f"{[str(d) for d in shape]}")
+        if ctx.dtype(mask) is dtypes.bool_:
+            s = b.add("WHERE", [b.broadcast_to(mask, shape), s, float("-inf")])
+        else:
+            s = b.add("ADD", [s, b.broadcast_to(b.cast(mask, acc), shape)])
+    p = b.cast(softmax(ctx, s, len(shape) - 1), dt)
+    return dot(ctx, p, v, acc, dt)
+
+
+# ------------------------------------------------------------------------------------------------
+# reductions, gather, cumsum
+
+
+@op("Reduce")
+def lower_reduce(ctx: Ctx, args: list) -> str:
+    x = _one(ctx, args)
+    b = ctx.b
+    fn = str(ctx.attr("fn", "")).lower()
+    if fn not in ("sum", "max", "min", "mean"):
+        raise ctx.err("E1006", f"unknown reduce fn {fn!r}", suggestion="use sum, max, min or mean")
+    dt = ctx.dtype(x)
+    shape = ctx.shape(x)
+    axes_attr = ctx.attr("axes")
+    axes = tuple(range(len(shape))) if axes_attr is None else tuple(sorted({ctx.axis(a, len(shape)) for a in
+                                                                           (axes_attr if isinstance(axes_attr, (list, tuple)) else [axes_attr])}))
+    if fn in ("sum", "mean") and dt is dtypes.bool_:
+        raise ctx.err("E1012", f"{fn} of bool is not supported; cast to i32 first")
+    if fn == "mean" and not dt.is_float:
+        raise ctx.err("E1012", f"mean needs a float input, got {dt}")
+    if fn in ("max", "min"):
+        y = b.reduce(x, fn.upper(), axes, dt)
+    else:
+        acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
+        y = b.reduce(x, "SUM", axes, acc)
+        if fn == "mean":
+            y = ew(ctx, "FDIV", y, count(ctx, shape, axes))
+        y = b.cast(y, dt)
+    if ctx.attr("keepdim", False):
+        y = b.reshape(y, tuple(1 if i in axes else d for i, d in enumerate(shape)))
+    return y
+
+
+@op("Gather")
+def lower_gather(ctx: Ctx, args: list) -> str:
+    """``mode="elements"`` (default) is torch.gather; ``mode="take"`` is numpy.take / ONNX Gather,
+    lowered to the elementwise form by reshaping and expanding data and indices."""
+    if len(args) != 2 or not all(isinstance(a, str) for a in args):
+        raise ctx.err("E1009", "Gather takes inputs [data, indices]")
+    b = ctx.b
+    x, idx = args
+    if ctx.dtype(idx) is not dtypes.i32:
+        raise ctx.err("E1012", f"gather indices must be i32, got {ctx.dtype(idx)}")
+    xs, ins = ctx.shape(x), ctx.shape(idx)
+    axis = ctx.axis(ctx.attr("axis", 0), len(xs))
+    mode = ctx.attr("mode", "elements")
+    if isinstance(xs[axis], int):  # negative indices count from the end
+        idx = b.add("WHERE", [b.add("CMPLT", [idx, 0]), b.add("ADD", [idx, xs[axis]]), idx])
+    if mode == "elements":
+        if len(ins) != len(xs) or any(p != q for k, (p, q) in enumerate(zip(ins, xs)) if k != axis):
+            raise ctx.err("E1011", f"indices {[str(d) for d in ins]} must match data {[str(d) for d in xs]} except "
+                          f"on axis {axis}")
+        return b.add("GATHER", [x, idx], axis=axis)
+    if mode != "take":
+        raise ctx.err("E1010", f"gather mode must be 'elements' or 'take', got {mode!r}")
+    pre, post = xs[:axis], xs[axis + 1:]
+    out = pre + ins + (1,) + post
+    xd = b.expand(b.reshape(x, pre + (1,) * len(ins) + (xs[axis],) + post), pre + ins + (xs[axis],) + post)
+    xi = b.expand(b.reshape(idx, (1,) * len(pre) + ins + (1,) + (1,) * len(post)), out)
+    g = b.add("GATHER", [xd, xi], axis=len(pre) + len(ins))
+    return b.reshape(g, pre + ins + post)
+
+
+@op("CumSum")
+def lower_cumsum(ctx: Ctx, args: list) -> str:
+    """Inclusive prefix sum as tinygrad writes it: pad L-1 zeros in front, take length-L windows
+    with the VIEW ``(i, j) -> i + j`` and sum each window; exclusive shifts by one first."""
+    x = _one(ctx, args)
+    b = ctx.b
+    dt = _numeric(ctx, x)
+    shape = ctx.shape(x)
+    r = len(shape)
+    if r == 0:
+        raise ctx.err("E1011", "CumSum needs a rank >= 1 input")
+    axis = ctx.axis(ctx.attr("axis", -1), r)
+    perm = [k for k in range(r) if k != axis] + [axis]
+    x = b.permute(x, perm)
+    if ctx.attr("reverse", False):
+        x = b.flip(x, [r - 1])
+    s = ctx.shape(x)
+    size = s[-1]
+    if ctx.attr("exclusive", False):
+        x = b.shrink(b.pad(x, [(0, 0)] * (r - 1) + [(1, 0)]), [0] * r, s)
+    xp = b.pad(x, [(0, 0)] * (r - 1) + [(dim(Expr.lift(size) - 1), 0)])
+    i = [Expr.sym(f"i{k}") for k in range(r + 1)]
+    xw = b.add("VIEW", [xp], result_shape=s + (size,), index_map=i[:r - 1] + [i[r - 1] + i[r]])
+    y = b.cast(b.reduce(xw, "SUM", (r,), dtypes.default_acc(dt)), dt)
+    if ctx.attr("reverse", False):
+        y = b.flip(y, [r - 1])
+    inv = [perm.index(k) for k in range(r)]
+    return b.permute(y, inv)

@@ -1,0 +1,39 @@
+"""Every environment knob kumiko reads, in one place (nothing else reads ``os.environ``).
+
+- ``KUMIKO_DEBUG``: graded verbosity, as in tinygrad: 1 stage names, 2 timings, 3 plans, 4 source, 5 IRs.
+- ``KUMIKO_DUMP``: a directory; when set, every compile writes each stage's JSON dump there.
+- ``KUMIKO_CACHE``: the compile cache directory (default ``~/.cache/kumiko``); ``0`` disables the cache.
+- ``KUMIKO_SPEC``: verifier strictness at stage boundaries: 0 off, 1 cheap checks (default), 2 all checks.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        return int(raw) if raw.strip() else default
+    except ValueError:
+        return default
+
+
+def debug() -> int:
+    return _int("KUMIKO_DEBUG", 0)
+
+
+def spec() -> int:
+    return _int("KUMIKO_SPEC", 1)
+
+
+def dump_dir() -> Path | None:
+    raw = os.environ.get("KUMIKO_DUMP", "").strip()
+    return Path(raw) if raw else None
+
+
+def cache_dir() -> Path | None:
+    raw = os.environ.get("KUMIKO_CACHE", "").strip()
+    if raw == "0":
+        return None
+    return Path(raw) if raw else Path.home() / ".cache" / "kumiko"

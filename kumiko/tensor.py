@@ -1,0 +1,1 @@
+from kumiko.frontend.tensor import Tensor  # noqa: F401

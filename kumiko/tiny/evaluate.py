@@ -1,0 +1,221 @@
+"""The reference evaluator: runs a TinyGraph with numpy, node by node, exactly as written.
+
+It is the oracle every later stage is tested against, so it is deliberately simple: each node's
+result is rounded to the node's dtype (fp16/bf16 math is done in fp32 and rounded back, as a GPU
+does per op); REDUCE accumulates in its declared dtype. ``fp64=True`` instead computes every float
+node in float64 (an "ideal" reference for judging rounding error of the other targets).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from kumiko import dtypes
+from kumiko.diagnostics import KumikoError
+from kumiko.symbolic import dim_eval
+from kumiko.tiny.ir import BINARY, COMPARE, UNARY, Node, TinyGraph, is_ref
+
+LOG2E = math.log2(math.e)
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def bind_symbols(g: TinyGraph, inputs: Mapping[str, np.ndarray], given: Mapping[str, int] | None = None,
+                 defaults: bool = False) -> dict[str, int]:
+    """Bind size symbols from the inputs' shapes (plain-symbol dims only; others are checked)."""
+    env: dict[str, int] = dict(given or {})
+    for tensor, nid in g.inputs:
+        n = g.nodes[nid]
+        if tensor not in inputs:
+            continue
+        arr = inputs[tensor]
+        if len(arr.shape) != len(n.shape):
+            raise KumikoError("E1015", at=f"input {tensor}", why=f"expected rank {len(n.shape)} "
+                              f"{[str(d) for d in n.shape]}, got shape {list(arr.shape)}")
+        for d, actual in zip(n.shape, arr.shape):
+            name = d.as_symbol() if not isinstance(d, int) else None
+            if name is not None:
+                if name in env and env[name] != actual:
+                    raise KumikoError("E1015", at=f"input {tensor}", why=f"symbol {name} is {env[name]} elsewhere "
+                                      f"but {actual} here")
+                env[name] = int(actual)
+    if defaults:
+        for k, v in g.symbols.items():
+            env.setdefault(k, int(v))
+    return env
+
+
+def check_inputs(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> None:
+    names = [t for t, _ in g.inputs]
+    missing = [t for t in names if t not in inputs]
+    extra = [t for t in inputs if t not in names]
+    if missing or extra:
+        raise KumikoError("E1015", at="inputs", why=(f"missing {missing} " if missing else "") +
+                          (f"unexpected {extra}" if extra else ""), expected=names)
+    for tensor, nid in g.inputs:
+        n = g.nodes[nid]
+        arr = inputs[tensor]
+        if dtypes.from_numpy(arr.dtype) is not n.dtype:
+            raise KumikoError("E1015", at=f"input {tensor}", why=f"expected dtype {n.dtype}, got {arr.dtype}",
+                              suggestion=f"convert with arr.astype({n.dtype.np.name!r}) or add a Cast to the graph")
+        try:
+            want = tuple(dim_eval(d, env) for d in n.shape)
+        except KeyError as e:
+            raise KumikoError("E1014", at=f"input {tensor}", why=f"size symbol {e.args[0]} has no value") from None
+        if tuple(arr.shape) != want:
+            raise KumikoError("E1015", at=f"input {tensor}", why=f"expected shape {list(want)} "
+                              f"({[str(d) for d in n.shape]}), got {list(arr.shape)}")
+
+
+def evaluate(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[str, int] | None = None,
+             fp64: bool = False, keep: bool = False) -> dict[str, np.ndarray]:
+    """Outputs by signature name (in signature order); ``keep=True`` returns every node's value by id."""
+    env = bind_symbols(g, inputs, env)
+    check_inputs(g, inputs, env)
+    vals: dict[str, np.ndarray] = {}
+    feeds = {nid: t for t, nid in g.inputs}
+    for nid, n in g.nodes.items():
+        if n.uop == "INPUT":
+            v = np.asarray(inputs[feeds[nid]]) if nid in feeds else None
+            if v is None:
+                raise KumikoError("E1015", at=f"tiny:{nid}", why=f"INPUT {n.arg.get('tensor_id')} has no value")
+        else:
+            v = _eval_node(n, [vals[s] if is_ref(s) else s for s in n.src], env, fp64)
+        vals[nid] = _round(v, n.dtype, fp64)
+    if keep:
+        return vals
+    return {t: vals[nid] for t, nid in g.outputs}
+
+
+def _store(dt: dtypes.DType, fp64: bool) -> np.dtype:
+    return np.dtype(np.float64) if fp64 and dt.is_float else dt.np
+
+
+def _compute(dt: dtypes.DType, fp64: bool) -> np.dtype:
+    """Math happens in fp32 for 16-bit floats (rounded back by ``_round``), fp64 in reference mode."""
+    if fp64 and dt.is_float:
+        return np.dtype(np.float64)
+    return np.dtype(np.float32) if dt.is_float else dt.np
+
+
+def _round(v, dt: dtypes.DType, fp64: bool) -> np.ndarray:
+    v = np.asarray(v)
+    want = _store(dt, fp64)
+    return v if v.dtype == want else v.astype(want)
+
+
+def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool) -> np.ndarray:
+    u, a = n.uop, n.arg
+    shape = tuple(dim_eval(d, env) for d in n.shape)
+    if u == "CONST":
+        return np.asarray(a["value"], dtype=_store(n.dtype, fp64))
+    if u in UNARY + BINARY + COMPARE + ("WHERE",):
+        return _elementwise(n, srcs, fp64)
+    x = srcs[0]
+    if u == "CAST":
+        if n.dtype.is_int and x.dtype.kind == "f":
+            with np.errstate(invalid="ignore"):
+                return np.trunc(x).astype(n.dtype.np)   # C semantics: truncate toward zero
+        if n.dtype is dtypes.bool_:
+            return x != 0
+        return x.astype(_store(n.dtype, fp64))
+    if u == "REDUCE":
+        acc = _compute(n.dtype, fp64) if not (fp64 and n.dtype.is_float) else np.dtype(np.float64)
+        xa = x.astype(acc)
+        axes = tuple(a["axes"])
+        if not axes:
+            return xa
+        if a["op"] == "SUM":
+            return np.sum(xa, axis=axes, dtype=acc)
+        if any(x.shape[i] == 0 for i in axes):
+            return np.full(shape, dtypes.neutral(a["op"], n.dtype), dtype=acc)
+        return (np.max if a["op"] == "MAX" else np.min)(xa, axis=axes)
+    if u == "RESHAPE":
+        return x.reshape(shape)
+    if u == "PERMUTE":
+        return np.transpose(x, a["perm"])
+    if u == "EXPAND":
+        return np.broadcast_to(x, shape)
+    if u == "PAD":
+        pads = [(dim_eval(lo, env), dim_eval(hi, env)) for lo, hi in a["pad"]]
+        return np.pad(x, pads, mode="constant", constant_values=np.asarray(a.get("value", 0)).astype(x.dtype))
+    if u == "SHRINK":
+        step = a.get("step") or (1,) * x.ndim
+        return x[tuple(slice(dim_eval(lo, env), dim_eval(hi, env), s) for lo, hi, s in zip(a["lo"], a["hi"], step))]
+    if u == "FLIP":
+        return np.flip(x, axis=tuple(a["axes"]))
+    if u == "VIEW":
+        idx = np.indices(shape, dtype=np.int64, sparse=True) if shape else []
+        ienv = dict(env)
+        ienv.update({f"i{k}": idx[k] for k in range(len(shape))})
+        coords = []
+        for e, size in zip(a["index_map"], x.shape):
+            c = np.broadcast_to(np.asarray(e.evaluate(ienv)), shape)
+            if c.size and (c.min() < 0 or c.max() >= size):
+                raise KumikoError("E1401", at=f"tiny:{n.id} (VIEW)", why=f"index {e} leaves [0, {size})")
+            coords.append(c)
+        return x[tuple(coords)] if coords else np.broadcast_to(x, shape)
+    if u == "GATHER":
+        idx = srcs[1]
+        ax = a["axis"]
+        if idx.size and (idx.min() < 0 or idx.max() >= x.shape[ax]):
+            raise KumikoError("E1401", at=f"tiny:{n.id} (GATHER)", why=f"an index leaves [0, {x.shape[ax]})")
+        return np.take_along_axis(x, idx.astype(np.int64), axis=ax)
+    raise KumikoError("E1006", at=f"tiny:{n.id}", why=f"the evaluator has no rule for {u}")
+
+
+def _elementwise(n: Node, srcs: list, fp64: bool) -> np.ndarray:
+    u = n.uop
+    values = srcs[1:] if u == "WHERE" else srcs
+    ref = next(s for s in values if isinstance(s, np.ndarray)).dtype
+    cdt = np.dtype(np.float64) if ref == np.float64 else _compute(dtypes.from_numpy(ref), fp64)
+
+    def arr(s, dt=cdt):
+        return np.asarray(s, dtype=dt) if not isinstance(s, np.ndarray) else s.astype(dt, copy=False)
+
+    with np.errstate(all="ignore"):
+        if u == "WHERE":
+            c = srcs[0] if isinstance(srcs[0], np.ndarray) else np.asarray(bool(srcs[0]))
+            return np.where(c, arr(srcs[1]), arr(srcs[2]))
+        if u in UNARY:
+            x = arr(srcs[0])
+            if u == "NEG":
+                return -x
+            if u == "EXP2":
+                return np.exp2(x)
+            if u == "LOG2":
+                return np.log2(x)
+            if u == "SQRT":
+                return np.sqrt(x)
+            if u == "RSQRT":
+                return 1 / np.sqrt(x)
+            if u == "RELU":
+                return np.maximum(x, 0)
+            if u == "ERF":
+                return _erf(x.astype(np.float64)).astype(x.dtype) if x.size else x
+        x, y = arr(srcs[0]), arr(srcs[1])
+        if u == "ADD":
+            return x + y
+        if u == "SUB":
+            return x - y
+        if u == "MUL":
+            return x * y
+        if u == "FDIV":
+            return x / y
+        if u == "MAX":
+            return np.maximum(x, y)
+        if u == "MIN":
+            return np.minimum(x, y)
+        if u == "POW":
+            return np.power(x, y)
+        if u == "CMPLT":
+            return x < y
+        if u == "CMPLE":
+            return x <= y
+        if u == "CMPEQ":
+            return x == y
+        if u == "CMPNE":
+            return x != y
+    raise AssertionError(u)
