@@ -7,7 +7,6 @@ that are byte-identical across runs; a dumped stage can be loaded again and comp
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Callable
 
@@ -43,13 +42,21 @@ def stage_json(program: Graph | TinyGraph, stage: str) -> dict:
     return STAGES[stage](program)
 
 
-_FLAT_LIST = re.compile(r"\[\s*((?:[-\w.\"'+*/()% ]+,\s*)*[-\w.\"'+*/()% ]+)\s*\]")
+def _fmt(v, indent: int) -> str:
+    one = json.dumps(v, ensure_ascii=False)
+    if len(one) + indent <= 100 or not isinstance(v, (dict, list)) or not v:
+        return one
+    pad = " " * (indent + 2)
+    if isinstance(v, list):
+        items = [pad + _fmt(x, indent + 2) for x in v]
+        return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
+    items = [pad + json.dumps(k, ensure_ascii=False) + ": " + _fmt(x, indent + 2) for k, x in v.items()]
+    return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
 
 
 def dumps(d: dict) -> str:
-    """Indented JSON with lists of scalars kept on one line (shapes, maps, perms), for reading."""
-    text = json.dumps(d, indent=2, ensure_ascii=False)
-    return _FLAT_LIST.sub(lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text) + "\n"
+    """JSON where anything that fits in 100 columns stays on one line (shapes, maps, axes), for reading."""
+    return _fmt(d, 0) + "\n"
 
 
 def dump(program: Graph | TinyGraph, stages: list[str], out_dir: Path | None) -> dict[str, str]:
@@ -60,3 +67,7 @@ def dump(program: Graph | TinyGraph, stages: list[str], out_dir: Path | None) ->
         for s, text in texts.items():
             atomic_write(Path(out_dir) / f"{name}.{s}.json", text)
     return texts
+
+
+# Stages past Tiny IR register themselves when their package is imported.
+import kumiko.region  # noqa: E402,F401

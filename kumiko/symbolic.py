@@ -50,7 +50,9 @@ class FloorDiv:
         return self.key() < other.key()
 
     def render(self) -> str:
-        return f"floor(({self.num})/{self.den})"
+        inner = str(self.num)
+        simple = self.num.as_symbol() is not None
+        return f"floor({inner}/{self.den})" if simple else f"floor(({inner})/{self.den})"
 
 
 Atom = Union[Sym, FloorDiv]
@@ -346,6 +348,7 @@ def _tokenize(text: str) -> list[str]:
 class _Parser:
     def __init__(self, text: str):
         self.text, self.toks, self.i = text, _tokenize(text), 0
+        self.stop_slash = False   # inside floor(E/q): a top-level '/' ends E
 
     def peek(self) -> str | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
@@ -374,6 +377,8 @@ class _Parser:
     def product(self) -> Expr:
         e = self.unary()
         while self.peek() in ("*", "//", "%", "/"):
+            if self.peek() == "/" and self.stop_slash:
+                break
             op = self.take()
             rhs = self.unary()
             if op == "*":
@@ -405,12 +410,16 @@ class _Parser:
         if tok.isdigit():
             return Expr((), int(tok))
         if tok == "(":
+            saved, self.stop_slash = self.stop_slash, False
             e = self.sum()
+            self.stop_slash = saved
             self.take(")")
             return e
         if tok in ("floor", "ceil") and self.peek() == "(":
             self.take("(")
+            saved, self.stop_slash = self.stop_slash, True
             num = self.sum()
+            self.stop_slash = saved
             self.take("/")
             den = self.unary().as_int()
             self.take(")")

@@ -1,0 +1,334 @@
+"""Region formation: partition a TinyGraph into regions (one region = one kernel) and write each as
+Region Buffer SSA.
+
+A region is grown backwards from a *root* (a materialised value). Everything the root needs is
+*inlined* by index propagation: the iteration point is pushed through movement ops with the
+IndexBook's per-op rules (``kumiko.region.index``), pads become ``Select`` guards, reductions get
+fresh axes. A value is instead made a root of its own and read through a MemRef by one of these
+stated, deterministic rules (each recorded in the region's notes for ``kumiko explain``):
+
+- R-out      graph outputs are materialised (gmem).
+- R-contract a value holding a reduction, read inside another reduction over axes it lacks (a
+             contraction operand: inlining would recompute it per missing axis), is materialised;
+             ``deferred`` when it has a single consumer (seed 001 §6.8.3: attention's P).
+- R-window   a value holding a reduction, read inside a reduction through a map that is not injective
+             over the axes in scope (overlapping windows) is materialised; an injective window is
+             fused, which is Poly Core's compute-at with zero recompute (Conv -> ReLU -> MaxPool 2x2/2).
+- R-gather   the data operand of a GATHER is read through a data-dependent index (non-SCoP): it must
+             be a MemRef.
+- R-fanout   a value that several regions need is recomputed in each when it is cheap (no reduction,
+             no gather below it), else materialised once. Inside one region a value is never
+             recomputed: the same (value, index) is one shared let (seed 001 §6.7.6).
+- R-reshape  a reshape that merges symbolic axes has no affine inverse: its source is materialised and
+             read through its flat row-major offset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kumiko.region.index import injective, move_index
+from kumiko.region.srnf import normalize
+from kumiko.region.ssa import (Axis, Binary, Cast, Const, Gather, Guard, Let, MemRef, Output, Program, Read,
+                               Reduce, Ref, Region, RExpr, Select, Unary, Yield)
+from kumiko.symbolic import Expr
+from kumiko.tiny.ir import MOVEMENT, Node, TinyGraph, is_ref
+
+_UNARY = {"NEG": "neg", "EXP2": "exp2", "LOG2": "log2", "SQRT": "sqrt", "RSQRT": "rsqrt", "RELU": "relu",
+          "ERF": "erf"}
+_BINARY = {"ADD": "add", "SUB": "sub", "MUL": "mul", "FDIV": "div", "MAX": "max", "MIN": "min", "POW": "pow",
+           "CMPLT": "lt", "CMPLE": "le", "CMPEQ": "eq", "CMPNE": "ne"}
+_NEUTRAL = {"SUM": 0.0, "MAX": float("-inf"), "MIN": float("inf")}
+
+
+class NeedsRoot(Exception):
+    """Raised while inlining when a value must be materialised; formation restarts with it as a root."""
+
+    def __init__(self, nid: str, rule: str, why: str, deferred: bool = False):
+        super().__init__(why)
+        self.nid, self.rule, self.why, self.deferred = nid, rule, why, deferred
+
+
+@dataclass
+class _Build:
+    """The state of building one region."""
+    root: str
+    iters: tuple                                    # names of the root's axes
+    sizes: dict = field(default_factory=dict)       # every axis name -> size
+    lets: list = field(default_factory=list)
+    shared: dict = field(default_factory=dict)      # (nid, index) -> let name (top level only)
+    reads: dict = field(default_factory=dict)       # MemRef name -> nid
+    inlined: set = field(default_factory=set)       # compute nodes built into this region
+    n_red: int = 0
+    n_gather: int = 0
+    guarded: int = 0                                # > 0 while inlining under a pad/slice guard
+
+
+def _free(index: tuple) -> set:
+    out: set[str] = set()
+    for e in index:
+        out |= Expr.lift(e).symbols()
+    return out
+
+
+def _top_level(index: tuple, shape: tuple, iters: tuple) -> bool:
+    """Is the index a plain point of the region's iteration space (iter names, 0 on unit axes)? Then the
+    value is a top-level let over those iters, shared by every use at the same point."""
+    return all(Expr.lift(e).as_symbol() in iters or (d == 1 and Expr.lift(e) == 0) for e, d in zip(index, shape))
+
+
+class Former:
+    def __init__(self, g: TinyGraph):
+        self.g = g
+        self.users = self._compute_users()
+        self.out_names: dict[str, list] = {}
+        for t, nid in g.outputs:
+            self.out_names.setdefault(nid, []).append(t)
+        self.roots: dict[str, tuple[str, str, bool]] = {}
+        for t, nid in g.outputs:
+            self.roots.setdefault(nid, ("R-out", f"graph output {t}", False))
+        self._cheap: dict[str, bool] = {}
+
+    def _compute_users(self) -> dict[str, set]:
+        """Compute-node consumers of each node, looking through movement chains."""
+        direct = self.g.consumers()
+        out: dict[str, set] = {}
+        for nid in self.g.nodes:
+            seen, stack, users = set(), list(direct[nid]), set()
+            while stack:
+                u = stack.pop()
+                if u in seen:
+                    continue
+                seen.add(u)
+                if self.g.nodes[u].uop in MOVEMENT:
+                    stack.extend(direct[u])
+                else:
+                    users.add(u)
+            out[nid] = users
+        return out
+
+    def buffer(self, nid: str) -> str:
+        n = self.g.nodes[nid]
+        if n.uop == "INPUT":
+            return n.arg["tensor_id"]
+        return self.out_names[nid][0] if nid in self.out_names else f"t_{nid}"
+
+    def cheap(self, nid: str) -> bool:
+        """No reduction or gather below, down to inputs and roots: recomputing it is cheap."""
+        if nid not in self._cheap:
+            n = self.g.nodes[nid]
+            self._cheap[nid] = n.uop not in ("REDUCE", "GATHER") and all(
+                s in self.roots or self.cheap(s) for s in n.refs)
+        return self._cheap[nid]
+
+    # inlining ------------------------------------------------------------------------------------
+    def inline(self, b: _Build, nid: str, index: tuple, scope: tuple) -> RExpr:
+        n = self.g.nodes[nid]
+        if n.uop == "INPUT" or (nid in self.roots and nid != b.root):
+            b.reads[self.buffer(nid)] = nid
+            return Read(self.buffer(nid), tuple(index))
+        if n.uop == "CONST":
+            return Const(n.arg["value"], n.dtype)
+        if n.uop in MOVEMENT:
+            return self.movement(b, n, index, scope)
+        key = (nid, tuple(index))
+        if key in b.shared:
+            return Ref(b.shared[key])
+        inside = len(scope) > len(b.iters)
+        if inside and nid != b.root and not self.cheap(nid):
+            self.check_fusable(b, nid, index, scope)
+        b.inlined.add(nid)
+        expr = self.compute(b, n, index, scope)
+        # a value valid only under a guard stays in the guarded branch: as a top-level let it would be
+        # evaluated (and read out of bounds) where the guard is false
+        if not inside and not b.guarded and nid != b.root and _top_level(index, n.shape, b.iters):
+            name = f"v_{nid}"
+            b.lets.append(Let(name, expr))
+            b.shared[key] = name
+            return Ref(name)
+        return expr
+
+    def check_fusable(self, b: _Build, nid: str, index: tuple, scope: tuple) -> None:
+        free = _free(index)
+        missing = [a for a in scope if a not in free and b.sizes[a] != 1]
+        if missing:
+            raise NeedsRoot(nid, "R-contract", f"{nid} holds a reduction and is read inside a reduction over "
+                            f"axes it lacks ({', '.join(missing)}): it is a contraction operand",
+                            deferred=len(self.users[nid]) == 1 and nid not in self.out_names)
+        if not injective(index, {a: b.sizes[a] for a in scope}):
+            raise NeedsRoot(nid, "R-window", f"{nid} holds a reduction and is read through an overlapping "
+                            "window; fusing would recompute it")
+
+    def compute(self, b: _Build, n: Node, index: tuple, scope: tuple) -> RExpr:
+        u = n.uop
+        if u == "REDUCE":
+            return self.reduce(b, n, index, scope)
+        if u == "CAST":
+            return Cast(self.inline(b, n.src[0], index, scope), n.dtype)
+        if u in _UNARY:
+            return Unary(_UNARY[u], self.inline(b, n.src[0], index, scope))
+        if u == "GATHER":
+            return self.gather(b, n, index, scope)
+        ops = [self.inline(b, s, index, scope) if is_ref(s) else Const(s) for s in n.src]
+        if u in _BINARY:
+            return Binary(_BINARY[u], ops[0], ops[1])
+        if u == "WHERE":
+            return Select(ops[0], ops[1], ops[2])
+        raise AssertionError(u)
+
+    def reduce(self, b: _Build, n: Node, index: tuple, scope: tuple) -> RExpr:
+        op, src = n.arg["op"].lower(), self.g.nodes[n.src[0]]
+        reused = self.reuse_iter_axes(b, n, index, scope)
+        if reused is not None:
+            axes, body_index = reused
+            return Reduce(op, axes, _NEUTRAL[n.arg["op"]], n.dtype, self.inline(b, n.src[0], body_index, scope))
+        axes, body_index = [], list(index)
+        for a in n.arg["axes"]:
+            name = f"r{b.n_red}"
+            b.n_red += 1
+            axes.append(Axis(name, src.shape[a]))
+            b.sizes[name] = src.shape[a]
+            body_index.insert(a, Expr.sym(name))
+        inner = scope + tuple(a.name for a in axes)
+        return Reduce(op, tuple(axes), _NEUTRAL[n.arg["op"]], n.dtype,
+                      self.inline(b, n.src[0], tuple(body_index), inner))
+
+    def reuse_iter_axes(self, b: _Build, n: Node, index: tuple, scope: tuple):
+        """Seed 001 §6.8.3 form: ``Mrow = reduce(max, [n], S)`` where S is a top-level let over the
+        iters. When the reduction's body, with each reduced axis named by an unused iter of the same
+        size, is a value this region already holds as a let, reduce over those iters instead of
+        recomputing the body under fresh axes (never recompute inside a region)."""
+        if len(scope) != len(b.iters):
+            return None
+        free = _free(index)
+        src = self.g.nodes[n.src[0]]
+        spare = [a for a in b.iters if a not in free]
+        axes, body_index = [], list(index)
+        for a in n.arg["axes"]:
+            pick = next((s for s in spare if b.sizes[s] == src.shape[a]), None)
+            if pick is None:
+                return None
+            spare.remove(pick)
+            axes.append(Axis(pick, src.shape[a]))
+            body_index.insert(a, Expr.sym(pick))
+        nid, idx = n.src[0], tuple(body_index)
+        while self.g.nodes[nid].uop in MOVEMENT:
+            idx, guards = move_index(self.g, self.g.nodes[nid], idx)
+            if idx is None or guards:
+                return None
+            nid = self.g.nodes[nid].src[0]
+        if (nid, tuple(idx)) not in b.shared:
+            return None
+        return tuple(axes), tuple(body_index)
+
+    def movement(self, b: _Build, n: Node, index: tuple, scope: tuple) -> RExpr:
+        src_index, guards = move_index(self.g, n, index)
+        if src_index is None:
+            src = n.src[0]
+            if self.g.nodes[src].uop != "INPUT" and src not in self.roots:
+                raise NeedsRoot(src, "R-reshape", f"reshape {n.id} merges symbolic axes; its source is "
+                                "materialised and read through its flat index")
+            from kumiko.region.index import linear
+            b.reads[self.buffer(src)] = src
+            return Read(self.buffer(src), (linear(tuple(Expr.lift(i) for i in index), n.shape),), flat=True)
+        if not guards:
+            return self.inline(b, n.src[0], src_index, scope)
+        b.guarded += 1
+        inner = self.inline(b, n.src[0], src_index, scope)
+        b.guarded -= 1
+        return Select(Guard(tuple(guards)), inner, Const(n.arg.get("value", 0), n.dtype))
+
+    def gather(self, b: _Build, n: Node, index: tuple, scope: tuple) -> RExpr:
+        """The data operand is pushed through its movement chain with the gathered coordinate as an
+        opaque symbol bound to the index value; the chain must end at a MemRef."""
+        var = f"g{b.n_gather}"
+        b.n_gather += 1
+        by = self.inline(b, n.src[1], index, scope)
+        ax = n.arg["axis"]
+        idx = tuple(Expr.sym(var) if k == ax else Expr.lift(i) for k, i in enumerate(index))
+        nid = n.src[0]
+        while self.g.nodes[nid].uop in MOVEMENT:
+            m = self.g.nodes[nid]
+            nxt, guards = move_index(self.g, m, idx)
+            if nxt is None or guards:
+                raise NeedsRoot(nid, "R-gather", "the data operand of a gather must be a plain view of a MemRef")
+            idx, nid = nxt, m.src[0]
+        if self.g.nodes[nid].uop != "INPUT" and nid not in self.roots:
+            raise NeedsRoot(nid, "R-gather", f"gather {n.id} reads {nid} through a data-dependent index "
+                            "(non-SCoP): it is materialised")
+        b.reads[self.buffer(nid)] = nid
+        return Gather(self.buffer(nid), idx, var, by)
+
+    # regions -------------------------------------------------------------------------------------
+    def build(self, root: str) -> tuple[Region, _Build]:
+        n = self.g.nodes[root]
+        iters = tuple(f"i{k}" for k in range(len(n.shape)))
+        b = _Build(root, iters, dict(zip(iters, n.shape)))
+        index = tuple(Expr.sym(a) for a in iters)
+        cast = None
+        top = root
+        if n.uop == "CAST" and self.g.nodes[n.src[0]].uop not in MOVEMENT + ("INPUT", "CONST"):
+            cast, top = n.dtype, n.src[0]
+            b.root = top
+        expr = self.inline(b, top, index, iters)
+        b.lets.append(Let("out", expr))
+        rule, why, deferred = self.roots[root]
+        names = self.out_names.get(root) or [self.buffer(root)]
+        outs = tuple(Output(nm, MemRef(n.shape, n.dtype), "deferred" if deferred else "gmem") for nm in names)
+        inputs = tuple((buf, MemRef(self.g.nodes[nid].shape, self.g.nodes[nid].dtype))
+                       for buf, nid in sorted(b.reads.items(), key=lambda kv: list(self.g.nodes).index(kv[1])))
+        fused = [f"{nid} {self.g.nodes[nid].uop}" for nid in self.g.nodes if nid in b.inlined or nid == b.root
+                 and self.g.nodes[nid].uop not in MOVEMENT]
+        notes = [f"root {root}: {rule}: {why}", "fuses: " + (", ".join(fused) or "nothing (a copy)")]
+        for buf, nid in sorted(b.reads.items(), key=lambda kv: list(self.g.nodes).index(kv[1])):
+            if self.g.nodes[nid].uop == "INPUT":
+                notes.append(f"reads {buf}: a graph input")
+            else:
+                r_rule, r_why, _ = self.roots[nid]
+                notes.append(f"reads {buf}: materialised by {r_rule} ({r_why})")
+        notes = tuple(notes)
+        region = Region(f"k_{names[0]}", tuple(Axis(a, b.sizes[a]) for a in iters), inputs, outs, tuple(b.lets),
+                        tuple(Yield("out", nm, cast) for nm in names), notes)
+        return normalize(region), b
+
+    def form(self) -> Program:
+        for _ in range(4 * len(self.g.nodes) + 4):
+            try:
+                built = {r: self.build(r) for r in self._order()}
+            except NeedsRoot as e:
+                self.roots[e.nid] = (e.rule, e.why, e.deferred)
+                self._cheap.clear()
+                continue
+            fan = self._fanout(built)
+            if fan is None:
+                return self._program(built)
+            self.roots[fan] = ("R-fanout", f"{fan} holds a reduction and is needed by several kernels: "
+                               "materialised once", False)
+            self._cheap.clear()
+        raise RuntimeError("region formation did not converge")
+
+    def _fanout(self, built) -> str | None:
+        count: dict[str, int] = {}
+        for _, (_, b) in built.items():
+            for nid in b.inlined:
+                if nid != b.root:
+                    count[nid] = count.get(nid, 0) + 1
+        for nid in self.g.nodes:
+            if count.get(nid, 0) > 1 and not self.cheap(nid):
+                return nid
+        return None
+
+    def _order(self) -> list[str]:
+        return [nid for nid in self.g.nodes if nid in self.roots]
+
+    def _program(self, built) -> Program:
+        regions = tuple(built[r][0] for r in self._order())
+        ins = tuple((t, MemRef(self.g.nodes[nid].shape, self.g.nodes[nid].dtype)) for t, nid in self.g.inputs)
+        outs = tuple((t, MemRef(self.g.nodes[nid].shape, self.g.nodes[nid].dtype)) for t, nid in self.g.outputs)
+        bufs = tuple((self.buffer(r), MemRef(self.g.nodes[r].shape, self.g.nodes[r].dtype))
+                     for r in self._order() if r not in self.out_names)
+        return Program(self.g.name, regions, ins, outs, bufs, dict(self.g.symbols))
+
+
+def form_regions(g: TinyGraph) -> Program:
+    """Partition a TinyGraph into regions in execution order (producers before consumers)."""
+    return Former(g).form()

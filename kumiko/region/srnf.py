@@ -1,0 +1,276 @@
+"""SRNF (seed 001 §6.6): small named rewrites that bring reductions to a normal form.
+
+- R0 ``merge_nested``: ``Reduce(op,K1){Reduce(op,K2){E}} -> Reduce(op,K1+K2){E}`` (same op and dtype).
+- R1 ``hoist_invariant``: a factor that does not depend on the reduced axes leaves the reduction:
+  ``sum_K(g*E) -> g*sum_K(E)``, ``max_K(g+E) -> g+max_K(E)`` (and min).
+- R2 ``distribute`` (optional, off by default): ``sum_K(E1+E2) -> sum_K(E1)+sum_K(E2)``; a reassociation,
+  so results move within rounding.
+- R3 ``epilogue``: every top-level reduction is its own accumulator let and the elementwise ops after
+  it are applied to the accumulator (``epilogue(region)`` names them for the Plan).
+- R4 barrier: reductions of different ops never merge (``merge_reduces`` raises E1402).
+- C-CON1 ``check_ccon1``: inside a reduction body operands are read directly (no BroadcastInDim).
+- ``fold_guard_pred``: ``select(select(guard, true, false), a, b) -> select(guard, a, b)`` so a mask made
+  from a PAD (e.g. a causal mask) is an index predicate later stages can use to skip work.
+
+Each pass is a pure function ``Region -> Region``; ``normalize`` runs them in order.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from kumiko.diagnostics import KumikoError
+from kumiko.region.ssa import (Binary, BroadcastInDim, Cast, Const, Gather, Guard, Let, Read, Reduce, Ref, Region,
+                               RExpr, Select, Transpose, Typer, Unary, typecheck)
+from kumiko.symbolic import Expr
+
+
+def _map(e: RExpr, f: Callable[[RExpr], RExpr]) -> RExpr:
+    """Rebuild ``e`` bottom-up, applying ``f`` to every node after its children."""
+    if isinstance(e, Unary):
+        e = Unary(e.fn, _map(e.x, f))
+    elif isinstance(e, Cast):
+        e = Cast(_map(e.x, f), e.to)
+    elif isinstance(e, Binary):
+        e = Binary(e.fn, _map(e.x, f), _map(e.y, f))
+    elif isinstance(e, Select):
+        pred = e.pred if isinstance(e.pred, Guard) else _map(e.pred, f)
+        e = Select(pred, _map(e.then, f), _map(e.other, f))
+    elif isinstance(e, Reduce):
+        e = Reduce(e.op, e.axes, e.init, e.dtype, _map(e.body, f))
+    elif isinstance(e, BroadcastInDim):
+        e = BroadcastInDim(_map(e.operand, f), e.axes)
+    elif isinstance(e, Transpose):
+        e = Transpose(_map(e.operand, f), e.perm)
+    elif isinstance(e, Gather):
+        e = Gather(e.tensor, e.index, e.var, _map(e.by, f))
+    return f(e)
+
+
+def _on_lets(r: Region, f: Callable[[RExpr], RExpr]) -> Region:
+    return replace(r, lets=tuple(Let(x.name, _map(x.expr, f)) for x in r.lets))
+
+
+def free_axes(e: RExpr, r: Region | None = None) -> set[str]:
+    """Axis and let names an expression depends on (let refs are expanded through the region)."""
+    out: set[str] = set()
+    lets = {x.name: x.expr for x in r.lets} if r is not None else {}
+
+    def visit(x: RExpr) -> RExpr:
+        if isinstance(x, (Read, Gather)):
+            for i in x.index:
+                out.update(Expr.lift(i).symbols())
+        elif isinstance(x, Select) and isinstance(x.pred, Guard):
+            for c, _ in x.pred.constraints:
+                out.update(Expr.lift(c).symbols())
+        elif isinstance(x, Ref) and x.name in lets:
+            out.update(free_axes(lets[x.name], r))
+        elif isinstance(x, BroadcastInDim):
+            out.update(x.axes)
+        return x
+    _map(e, visit)
+    return out
+
+
+# R0 / R4 ------------------------------------------------------------------------------------------
+
+def merge_reduces(outer: Reduce, inner: Reduce) -> Reduce:
+    """R0 for one pair; R4: different ops (or accumulators) never merge (NonAssociativeTransform)."""
+    if outer.op != inner.op or outer.dtype is not inner.dtype:
+        raise KumikoError("E1402", at=f"Reduce({outer.op}) over Reduce({inner.op})",
+                          why=f"merging a {outer.op} of a {inner.op} would change the result (R4 barrier)")
+    return Reduce(outer.op, outer.axes + inner.axes, outer.init, outer.dtype, inner.body)
+
+
+def merge_nested(r: Region) -> Region:
+    def f(e: RExpr) -> RExpr:
+        if isinstance(e, Reduce) and isinstance(e.body, Reduce) and e.body.op == e.op and e.body.dtype is e.dtype:
+            return merge_reduces(e, e.body)
+        return e
+    return _on_lets(r, f)
+
+
+# R1 -------------------------------------------------------------------------------------------------
+
+_HOIST = {"sum": "mul", "max": "add", "min": "add"}
+
+
+def hoist_invariant(r: Region) -> Region:
+    ty = _typer(r)
+
+    def f(e: RExpr) -> RExpr:
+        if not isinstance(e, Reduce) or not isinstance(e.body, Binary) or e.body.fn != _HOIST[e.op]:
+            return e
+        names = {a.name for a in e.axes}
+        x, y = e.body.x, e.body.y
+        for g, rest in ((x, y), (y, x)):
+            if free_axes(g, r) & names or isinstance(rest, Const):
+                continue
+            # after hoisting, g meets the accumulator: only when it already has the accumulator's dtype
+            gt = None if isinstance(g, Const) else ty.type_of(g)[1]
+            if gt is None or gt.dtype is e.dtype:
+                return Binary(e.body.fn, g, Reduce(e.op, e.axes, e.init, e.dtype, rest))
+        return e
+    return _on_lets(r, f)
+
+
+def _typer(r: Region) -> Typer:
+    r2, types = typecheck(r)
+    tensors = dict(r.inputs)
+    tensors.update({o.name: o.memref for o in r.outputs})
+    ty = Typer(r.name, r.iters, tensors)
+    ty.lets.update(types)
+    for let in r.lets:
+        _map(let.expr, lambda x: (ty.add_axes(x.axes) if isinstance(x, Reduce) else None) or x)
+    return ty
+
+
+# R2 -------------------------------------------------------------------------------------------------
+
+def distribute(r: Region) -> Region:
+    def f(e: RExpr) -> RExpr:
+        if isinstance(e, Reduce) and e.op == "sum" and isinstance(e.body, Binary) and e.body.fn == "add":
+            return Binary("add", Reduce("sum", e.axes, e.init, e.dtype, e.body.x),
+                          Reduce("sum", e.axes, e.init, e.dtype, e.body.y))
+        return e
+    return _on_lets(r, f)
+
+
+# R3 -------------------------------------------------------------------------------------------------
+
+def hoist_accumulators(r: Region) -> Region:
+    """Give every reduction that sits inside a top-level elementwise expression its own let (SRNF:
+    ``let acc = Reduce(op,K){body}``), so the post-reduce ops are applied to the accumulator."""
+    lets: list[Let] = []
+    counter = [0]
+    for let in r.lets:
+        def lift(e: RExpr, top: bool) -> RExpr:
+            if isinstance(e, Reduce):
+                if top:
+                    return e
+                name = f"acc{counter[0]}"
+                counter[0] += 1
+                lets.append(Let(name, e))
+                return Ref(name)
+            if isinstance(e, Unary):
+                return Unary(e.fn, lift(e.x, False))
+            if isinstance(e, Cast):
+                return Cast(lift(e.x, False), e.to)
+            if isinstance(e, Binary):
+                return Binary(e.fn, lift(e.x, False), lift(e.y, False))
+            if isinstance(e, BroadcastInDim):
+                return BroadcastInDim(lift(e.operand, False), e.axes)
+            return e
+        lets.append(Let(let.name, lift(let.expr, True)))
+    return replace(r, lets=tuple(lets))
+
+
+def epilogue(r: Region) -> list[str]:
+    """The elementwise ops applied to the last top-level accumulator on the way to the yield."""
+    lets = {x.name: x.expr for x in r.lets}
+    accs = [x.name for x in r.lets if isinstance(x.expr, Reduce)]
+    if not accs:
+        return []
+    ops: list[str] = []
+    target = r.yields[0].src
+    seen: set[str] = set()
+
+    def walk(e: RExpr) -> bool:
+        """Collect ops on the path from ``e`` to an accumulator; True if one was reached."""
+        if isinstance(e, Ref):
+            if e.name in accs:
+                return True
+            if e.name in lets and e.name not in seen:
+                seen.add(e.name)
+                return walk(lets[e.name])
+            return False
+        kids = {Unary: lambda x: [x.x], Cast: lambda x: [x.x], Binary: lambda x: [x.x, x.y],
+                BroadcastInDim: lambda x: [x.operand], Select: lambda x: [x.then, x.other]}
+        for t, get in kids.items():
+            if isinstance(e, t):
+                hit = [walk(k) for k in get(e)]
+                if any(hit):
+                    ops.append("cast" if isinstance(e, Cast) else "select" if isinstance(e, Select)
+                               else getattr(e, "fn", "broadcast"))
+                    return True
+        return False
+    walk(lets[target]) if target not in accs else None
+    if r.yields[0].cast is not None:
+        ops.append("cast")
+    return [o for o in ops if o != "broadcast"]
+
+
+# C-CON1 and peepholes ----------------------------------------------------------------------------
+
+def check_ccon1(r: Region) -> None:
+    """Inside a reduction body, operands are read directly: no BroadcastInDim/Transpose wrappers."""
+    def in_body(e: RExpr, inside: bool) -> None:
+        if inside and isinstance(e, (BroadcastInDim, Transpose)):
+            raise KumikoError("E1304", at=f"region {r.name}", why="a reduction body broadcasts an operand "
+                              "instead of reading it with the needed indices (C-CON1)")
+        for k in _children(e):
+            in_body(k, inside or isinstance(e, Reduce))
+    for let in r.lets:
+        in_body(let.expr, False)
+
+
+def _children(e: RExpr) -> list:
+    if isinstance(e, (Unary, Cast)):
+        return [e.x]
+    if isinstance(e, Binary):
+        return [e.x, e.y]
+    if isinstance(e, Select):
+        return ([] if isinstance(e.pred, Guard) else [e.pred]) + [e.then, e.other]
+    if isinstance(e, Reduce):
+        return [e.body]
+    if isinstance(e, (BroadcastInDim, Transpose)):
+        return [e.operand]
+    if isinstance(e, Gather):
+        return [e.by]
+    return []
+
+
+def fold_guard_pred(r: Region) -> Region:
+    lets = {x.name: x.expr for x in r.lets}
+
+    def as_guard(p: RExpr) -> Guard | None:
+        while isinstance(p, (Ref, BroadcastInDim)):
+            p = lets.get(p.name) if isinstance(p, Ref) else p.operand
+        if isinstance(p, Select) and isinstance(p.pred, Guard) and _is_bool(p.then, True) and \
+                _is_bool(p.other, False):
+            return p.pred
+        return None
+
+    def f(e: RExpr) -> RExpr:
+        if isinstance(e, Select) and not isinstance(e.pred, Guard):
+            g = as_guard(e.pred)
+            if g is not None:
+                return Select(g, e.then, e.other)
+        return e
+    return _drop_dead(_on_lets(r, f))
+
+
+def _is_bool(e: RExpr, v: bool) -> bool:
+    return isinstance(e, Const) and isinstance(e.value, bool) and e.value is v
+
+
+def _drop_dead(r: Region) -> Region:
+    used = {y.src for y in r.yields}
+    for let in reversed(r.lets):
+        if let.name in used:
+            _map(let.expr, lambda x: (used.add(x.name) if isinstance(x, Ref) else None) or x)
+    return replace(r, lets=tuple(x for x in r.lets if x.name in used))
+
+
+PASSES: tuple = (("C-CON1 guard fold", fold_guard_pred), ("R0", merge_nested), ("R1", hoist_invariant),
+                 ("R3", hoist_accumulators))
+
+
+def normalize(r: Region, distribute_sums: bool = False) -> Region:
+    for _, p in PASSES:
+        r = p(r)
+    if distribute_sums:
+        r = distribute(r)
+    r, _ = typecheck(r)   # makes every BroadcastInDim explicit (seed 001 §6.4)
+    check_ccon1(r)
+    return r

@@ -1,0 +1,171 @@
+"""Region formation: the kernel boundaries the seeds ask for, and playback equal to the evaluator."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kumiko
+from kumiko import Tensor
+from kumiko.region import form_regions, play_program
+from kumiko.region.serial import program_from_json, program_json
+from kumiko.region.srnf import epilogue
+from kumiko.region.ssa import BroadcastInDim, Read, Reduce, Select
+from kumiko.region.verify import verify
+from kumiko.tiny.evaluate import bind_symbols
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.json"))
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def _check_playback(g, seed=0, shapes=None):
+    exe = kumiko.compile(g)
+    ins = exe.random_inputs(seed, shapes)
+    ref = exe(**ins)
+    p = form_regions(g.tiny)
+    for r in p.regions:
+        verify(r)
+    out = play_program(p, ins, bind_symbols(g.tiny, ins))
+    for k in ref:
+        assert out[k].dtype == ref[k].dtype and out[k].shape == ref[k].shape
+        assert _rel(out[k], ref[k]) < 1e-5, k
+    return p
+
+
+def _walk(e):
+    yield e
+    for k in ("x", "y", "then", "other", "body", "operand", "by"):
+        if hasattr(e, k):
+            yield from _walk(getattr(e, k))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_play_back_like_the_evaluator(path):
+    g = kumiko.load(path)
+    _check_playback(g, seed=1)
+    _check_playback(g, seed=2, shapes={k: v + 3 for k, v in g.symbols.items()})   # not tile-friendly sizes
+
+
+def test_gemm_bias_relu_is_one_region_with_epilogue():
+    p = form_regions(kumiko.load(EXAMPLES[[e.stem for e in EXAMPLES].index("gemm_bias_relu")]).tiny)
+    (r,) = p.regions
+    acc = r.lets[0].expr
+    assert isinstance(acc, Reduce) and acc.op == "sum" and acc.dtype.name == "fp32"
+    # C-CON1: the contraction body reads A[m,k] and B[k,n] directly
+    a, b = acc.body.x, acc.body.y
+    assert isinstance(a, Read) and isinstance(b, Read)
+    assert [str(i) for i in a.index] == ["i0", "r0"] and [str(i) for i in b.index] == ["r0", "i1"]
+    assert epilogue(r) == ["add", "relu"]
+    bias = r.lets[1].expr.y
+    assert isinstance(bias, BroadcastInDim) and isinstance(bias.operand, Read) and bias.operand.tensor == "bias"
+
+
+def test_conv_relu_maxpool_is_one_region_without_intermediate():
+    p = form_regions(kumiko.load(EXAMPLES[[e.stem for e in EXAMPLES].index("conv_relu_maxpool")]).tiny)
+    assert len(p.regions) == 1 and p.buffers == ()
+    (r,) = p.regions
+    assert [o.name for o in r.outputs] == ["Y"] and {n for n, _ in r.inputs} == {"X", "Wt"}
+    out = r.lets[-1].expr
+    assert isinstance(out, Reduce) and out.op == "max"
+    inner = [e for e in _walk(out.body) if isinstance(e, Reduce)]
+    assert inner and inner[0].op == "sum"        # conv computed inside the pooling (compute-at)
+
+
+@pytest.mark.parametrize("stem", ["conv3x3_s2_p1", "conv3x3_s2_p1_silu"])
+def test_conv_is_one_region_with_a_pad_select(stem):
+    p = form_regions(kumiko.load(EXAMPLES[[e.stem for e in EXAMPLES].index(stem)]).tiny)
+    assert len(p.regions) == 1
+    sel = [e for let in p.regions[0].lets for e in _walk(let.expr) if isinstance(e, Select)]
+    assert sel and any(isinstance(s.then, Read) and s.then.tensor == "X" for s in sel)
+    read = next(s.then for s in sel if isinstance(s.then, Read))
+    assert "2*i2" in str(read.index[2]) and "- 1" in str(read.index[2])   # 2*h + kh - 1
+
+
+def test_attention_splits_with_p_deferred():
+    p = form_regions(kumiko.load(EXAMPLES[[e.stem for e in EXAMPLES].index("attention_causal")]).tiny)
+    assert len(p.regions) == 2
+    first, second = p.regions
+    assert first.outputs[0].materialize == "deferred" and second.outputs[0].materialize == "gmem"
+    assert first.outputs[0].name in {n for n, _ in second.inputs}
+    maxes = [e for let in first.lets for e in _walk(let.expr) if isinstance(e, Reduce) and e.op == "max"]
+    sums = [e for let in first.lets for e in _walk(let.expr) if isinstance(e, Reduce) and e.op == "sum"]
+    assert len(maxes) == 1 and len(sums) == 2        # QK^T, row max, row sum: never merged (R4)
+
+
+def test_row_softmax_is_one_region_and_shares_s():
+    p = form_regions(kumiko.load(EXAMPLES[[e.stem for e in EXAMPLES].index("attention_row_softmax")]).tiny)
+    (r,) = p.regions
+    contractions = [e for let in r.lets for e in _walk(let.expr) if isinstance(e, Reduce) and e.op == "sum"
+                    and isinstance(e.body, type(r.lets[0].expr.body))]
+    assert len([x for x in contractions if any(isinstance(k, Read) and k.tensor == "K" for k in _walk(x))]) == 1
+
+
+def test_fanout_of_a_reduction_is_materialised_once():
+    x = Tensor.input("x", (6, 5))
+    w = Tensor.input("w", (5, 4))
+    h = x @ w                       # a reduction used by two different kernels
+    a = (h.sum(axis=0) * 2.0)
+    b = h.max(axis=1)
+    g = build2(a, b)
+    p = _check_playback(g)
+    assert len(p.buffers) == 1 and any("R-fanout" in n or "R-contract" in n for r in p.regions for n in r.notes)
+
+
+def build2(a, b):
+    from kumiko.frontend.tensor import build_graph
+    return build_graph({"a": a, "b": b})
+
+
+def test_cheap_fanout_is_recomputed_not_materialised():
+    x = Tensor.input("x", (8, 3))
+    e = (x * 2.0).exp()             # cheap: elementwise of an input
+    g = build2(e.sum(axis=0), e.max(axis=1))
+    p = _check_playback(g)
+    assert p.buffers == ()
+
+
+def test_overlapping_window_materialises_producer():
+    x = Tensor.input("x", (1, 2, 10, 10))
+    w = Tensor.input("w", (3, 2, 3, 3))
+    y = x.conv2d(w, padding=1).relu().max_pool2d(3, stride=1)   # windows overlap: recompute would be 9x
+    p = _check_playback(y.graph("y"))
+    assert len(p.regions) == 2 and any("R-window" in n for r in p.regions for n in r.notes)
+
+
+def test_gather_data_operand_is_a_memref():
+    x = Tensor.input("x", (4, 5))
+    idx = Tensor.input("idx", (4, 3), "i32")
+    y = (x @ Tensor.input("w", (5, 5))).gather(1, idx)
+    g = y.graph("y")
+    exe = kumiko.compile(g)
+    ins = exe.random_inputs(0)
+    ref = exe(**ins)
+    p = form_regions(g.tiny)
+    assert len(p.regions) == 2 and any("R-gather" in n for r in p.regions for n in r.notes)
+    out = play_program(p, ins, bind_symbols(g.tiny, ins))
+    np.testing.assert_allclose(out["y"], ref["y"], rtol=1e-6)
+
+
+def test_symbolic_reshape_merge_reads_flat():
+    x = Tensor.input("x", ("B", "S", 4))
+    y = (x * 2.0).reshape(-1, 4).sum(axis=1)
+    p = _check_playback(y.graph("y", symbols={"B": 3, "S": 5}))
+    assert any(isinstance(e, Read) and e.flat for r in p.regions for let in r.lets for e in _walk(let.expr))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_region_dump_round_trips_and_resumes(path):
+    g = kumiko.load(path)
+    p = form_regions(g.tiny)
+    d = program_json(p)
+    back = program_from_json(d)
+    assert program_json(back) == d
+    exe = kumiko.compile(g)
+    ins = exe.random_inputs(4)
+    env = bind_symbols(g.tiny, ins)
+    a, b = play_program(p, ins, env), play_program(back, ins, env)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])

@@ -1,0 +1,83 @@
+"""The command line: run/dump/check on examples, --help on each command, diagnostics with exit code 2."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kumiko.cli import main
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+GEMM = str(EXAMPLES / "gemm_bias_relu.json")
+
+
+def test_run_writes_outputs(tmp_path, capsys):
+    out = tmp_path / "y.npz"
+    assert main(["run", GEMM, "--shapes", "M=33,N=17,K=9", "--seed", "4", "--out", str(out)]) == 0
+    with np.load(out) as z:
+        assert z["C2"].shape == (33, 17) and z["C2"].dtype == np.float32
+    assert "C2" in capsys.readouterr().out
+
+
+def test_run_with_given_inputs(tmp_path):
+    rng = np.random.default_rng(0)
+    a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((4, 3), (3, 5), (5,)))
+    ins, out = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(ins, A=a, B=b, bias=bias)
+    assert main(["run", GEMM, "--inputs", str(ins), "--out", str(out)]) == 0
+    with np.load(out) as z:
+        np.testing.assert_allclose(z["C2"], np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-6)
+
+
+def test_run_json(capsys):
+    assert main(["run", GEMM, "--shapes", "M=8,N=8,K=8", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["outputs"]["C2"]["shape"] == [8, 8] and d["target"] == "eval"
+
+
+def test_dump_to_dir_is_deterministic(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        args = ["dump", str(EXAMPLES / "conv_relu_maxpool.json"), "--stage", "frontend,tiny", "--out", str(d)]
+        assert main(args) == 0
+    names = sorted(p.name for p in a.iterdir())
+    assert names == ["conv_relu_maxpool.frontend.json", "conv_relu_maxpool.tiny.json"]
+    for n in names:
+        assert (a / n).read_bytes() == (b / n).read_bytes()
+
+
+def test_check_ok_and_bad(tmp_path, capsys):
+    assert main(["check", GEMM]) == 0
+    bad = json.loads(Path(GEMM).read_text())
+    bad["graph"][1]["inputs"] = ["C0", "nope"]
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(bad))
+    assert main(["check", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "E1007" in err and "nope" in err and "suggestion" in err
+
+
+def test_unknown_target_is_a_diagnostic(capsys):
+    assert main(["run", GEMM, "--target", "tpu"]) == 2
+    assert "E1501" in capsys.readouterr().err
+
+
+def test_bad_shapes_flag(capsys):
+    assert main(["run", GEMM, "--shapes", "M=x"]) == 2
+    assert "E1010" in capsys.readouterr().err
+
+
+def test_missing_file_json(capsys):
+    assert main(["--json", "run", "/no/such/file.json"]) == 2
+    d = json.loads(capsys.readouterr().out)
+    assert d["diagnostics"][0]["code"] == "E1502"
+
+
+@pytest.mark.parametrize("cmd", [[], ["run"], ["dump"], ["check"]])
+def test_help(cmd):
+    r = subprocess.run([sys.executable, "-m", "kumiko.cli", *cmd, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "usage: kumiko" in r.stdout
+    if cmd == ["run"]:
+        assert "--shapes" in r.stdout and "--target" in r.stdout
