@@ -7,7 +7,8 @@ from kumiko import dtypes
 from kumiko.compiler import Executable, compile, load
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
+from kumiko.frontend.onnx_import import from_onnx  # needs the [onnx] extra only when called
 from kumiko.tensor import Tensor
 
 __version__ = "0.1.0"
-__all__ = ["Executable", "Graph", "KumikoError", "Tensor", "compile", "dtypes", "load", "__version__"]
+__all__ = ["Executable", "Graph", "KumikoError", "Tensor", "compile", "dtypes", "from_onnx", "load", "__version__"]

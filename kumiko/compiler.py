@@ -45,6 +45,9 @@ def load(path: str | Path) -> Graph | TinyGraph:
         text = p.read_text()
     except OSError as e:
         raise KumikoError("E1502", at=str(p), why=f"cannot read the file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise KumikoError("E1009", at=str(p), why=f"not a UTF-8 text file ({e.reason} at byte {e.start})",
+                          suggestion="Give a JSON graph file, a Tiny IR dump or a .kumiko program.") from None
     if p.suffix == ".kumiko":
         try:
             from kumiko.frontend.dsl import parse_program
@@ -89,6 +92,8 @@ class Executable:
             raise KumikoError("E1501", at="compile", why=why,
                               suggestion=f"available targets: {', '.join(sorted(TARGETS))}")
         self.tiny = to_tiny(program)
+        #: values for param inputs the caller may leave out (a Graph's ``params``, e.g. ONNX initializers)
+        self.params = dict(program.params) if isinstance(program, Graph) else {}
         self.target = target
         self._run = TARGETS[target](self.tiny, **options)
 
@@ -106,6 +111,7 @@ class Executable:
         return env
 
     def __call__(self, **inputs: np.ndarray) -> dict[str, np.ndarray]:
+        inputs = {**self.params, **inputs}
         inputs = {k: np.asarray(v) for k, v in inputs.items()}
         env = self.bind(inputs)
         out = self._run(inputs, env)

@@ -39,6 +39,15 @@ CODES: dict[str, tuple[str, str]] = {
     "E1501": ("TargetUnavailable", "Use one of the available targets (see `kumiko run --help`)."),
     "E1502": ("FileError", "Check the path and that the file is readable."),
     "E1601": ("ParseError", "Fix the syntax at the marked position."),
+    # Kernel builds and the CUDA emulator (kumiko/runtime/emu.py, docs/emulator.md)
+    "E1701": ("KernelBuildFailed", "Read the compiler log in the diagnostic and fix the source (or the generator "
+                                   "that wrote it)."),
+    "E1702": ("EmulatorFault", "Read the kernel, block, thread and source line in the diagnostic; docs/emulator.md "
+                               "explains each fault kind."),
+    "E1703": ("KernelLaunchInvalid", "Check the kernel name, the grid/block/shared-memory sizes and the arguments "
+                                     "against the kernel's signature."),
+    "E1704": ("KernelFailed", "A compiled kernel reported an internal error (non-zero status): a code generator "
+                              "bug, or sizes the kernel was not built for; report it with the graph and sizes."),
 }
 
 

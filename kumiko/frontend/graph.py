@@ -98,6 +98,9 @@ def _freeze(v: Any) -> Any:
     if isinstance(v, list):
         return tuple(_freeze(x) for x in v)
     if isinstance(v, dict) and set(v) == {"const"}:
+        if v["const"] not in ("nan", "inf", "-inf") and not isinstance(v["const"], (int, float)):
+            raise KumikoError("E1009", at="graph", why=f"a literal {{'const': ...}} holds 'nan', 'inf', '-inf' or a "
+                              f"number, got {v['const']!r}")
         return float(v["const"])
     return v
 
@@ -111,17 +114,24 @@ class Graph:
     symbols: Mapping[str, int] = field(default_factory=dict)   # default sizes for symbols (for `run`)
     name: str = "main"
     tiny: TinyGraph | None = field(default=None, repr=False)
+    #: values of ``param`` inputs known when the graph is made (e.g. ONNX initializers); executables
+    #: fill inputs the caller leaves out from here. Not part of the JSON form (arrays, not text).
+    params: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     # construction -----------------------------------------------------------------------------------
     @staticmethod
     def make(inputs: Iterable[SigInput], outputs: Iterable[str], tensors: Mapping[str, TensorType],
-             nodes: Iterable[OpNode], symbols: Mapping[str, int] | None = None, name: str = "main") -> "Graph":
+             nodes: Iterable[OpNode], symbols: Mapping[str, int] | None = None, name: str = "main",
+             params: Mapping[str, Any] | None = None) -> "Graph":
         """Validate, infer every tensor's type and lower to Tiny IR; raises a KumikoError on bad input."""
         from kumiko.frontend.lower import lower_graph
         inputs, outputs, nodes = tuple(inputs), tuple(outputs), tuple(nodes)
         nodes = _check_names(inputs, outputs, tensors, nodes)
+        for k in params or {}:
+            if k not in {i.tensor for i in inputs}:
+                raise KumikoError("E1013", at=f"params.{k}", why=f"param value {k!r} is not a signature input")
         table, tiny = lower_graph(inputs, outputs, tensors, nodes, dict(symbols or {}), name)
-        return Graph(inputs, outputs, table, nodes, dict(symbols or {}), name, tiny)
+        return Graph(inputs, outputs, table, nodes, dict(symbols or {}), name, tiny, dict(params or {}))
 
     @cached_property
     def input_types(self) -> dict[str, TensorType]:
@@ -187,6 +197,8 @@ class Graph:
                 shape = dims(t["shape"])
             except (SyntaxError, TypeError, ValueError) as e:
                 raise KumikoError("E1009", at=at, why=f"bad shape {t['shape']!r}: {e}") from None
+            if any(isinstance(s, int) and s < 0 for s in shape):
+                raise KumikoError("E1009", at=at, why=f"bad shape {t['shape']!r}: sizes must be >= 0")
             tensors[name] = TensorType(dt, shape)
         nodes = []
         for k, n in enumerate(ops):
@@ -197,9 +209,11 @@ class Graph:
             if not isinstance(ins, list) or not isinstance(outs, list) or not outs or \
                     not all(isinstance(o, str) for o in outs):
                 raise KumikoError("E1009", at=at, why="'inputs' must be a list and 'outputs' a non-empty list of names")
-            attrs = dict(n.get("attrs") or {})
             if not isinstance(n.get("attrs") or {}, Mapping):
                 raise KumikoError("E1009", at=at, why="'attrs' must be an object")
+            attrs = dict(n.get("attrs") or {})
+            if "fn" in n and not isinstance(n["fn"], str):
+                raise KumikoError("E1009", at=at, why=f"'fn' must be a string, got {n['fn']!r}")
             if "fn" in n:
                 attrs["fn"] = n["fn"]
             nodes.append(OpNode(n["op"], str(n.get("name") or f"{n['op'].lower()}_{k}"),

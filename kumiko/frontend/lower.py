@@ -38,7 +38,8 @@ class Ctx:
     def attr(self, key: str, default: Any = None, kind: type | tuple | None = None) -> Any:
         v = self.node.attrs.get(key, default)
         if kind is not None and v is not None and not isinstance(v, kind):
-            raise self.err("E1010", f"attribute {key!r} must be {getattr(kind, '__name__', kind)}, got {v!r}")
+            want = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+            raise self.err("E1010", f"attribute {key!r} must be {want}, got {v!r}")
         return v
 
     def shape(self, x: str) -> tuple:
@@ -101,6 +102,10 @@ def lower_graph(inputs, outputs, tensors, nodes, symbols, name) -> tuple[dict, T
                 raise
             raise KumikoError(e.code, at=f"op {n.describe()}", why=e.why, suggestion=e.suggestion,
                               tiny=e.at, **e.details) from None
+        except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, AttributeError) as e:
+            # an attribute or literal of a kind no check above names: still a diagnostic, never a traceback
+            raise ctx.err("E1010", f"cannot lower {n.op} with these attributes/inputs "
+                          f"({type(e).__name__}: {e})") from e
         res = [res] if isinstance(res, str) else list(res)
         if len(res) != len(n.outputs):
             raise ctx.err("E1009", f"{n.op} produces {len(res)} outputs, the op lists {len(n.outputs)}")
@@ -153,7 +158,13 @@ def ew(ctx: Ctx, uop: str, *xs: Any) -> str:
         raise ctx.err("E1009", f"{uop} needs at least one tensor operand")
     value_refs = refs if uop != "WHERE" else [x for x in xs[1:] if isinstance(x, str)]
     if value_refs:
-        same_dtype(ctx, value_refs)
+        dt = same_dtype(ctx, value_refs)
+        for v in (xs if uop != "WHERE" else xs[1:]):
+            # a literal takes its tensor sibling's dtype; refuse one that would change value doing so
+            if not isinstance(v, str) and not dt.is_float and isinstance(_imm(v), float) and \
+                    not float(v).is_integer():
+                raise ctx.err("E1005", f"the literal {v!r} would be cast to {dt} implicitly and change value",
+                              suggestion=f"Cast the {dt} operand to a float dtype first, or use an integral literal.")
     shape = broadcast_shapes(ctx, *[ctx.shape(x) for x in refs])
     xs = tuple(ctx.b.broadcast_to(x, shape) if isinstance(x, str) else _imm(x) for x in xs)
     return ctx.b.add(uop, xs)
@@ -232,7 +243,8 @@ UNARY_FNS: dict[str, tuple[Callable[[Ctx, str], str], bool]] = {
     "tanh": (_tanh, True),
     "gelu": (_gelu, True),
     "erf": (lambda c, x: c.b.add("ERF", [x]), True),
-    "leaky_relu": (lambda c, x: ew(c, "MAX", x, ew(c, "MUL", x, float(c.attr("alpha", 0.01)))), False),
+    "leaky_relu": (lambda c, x: ew(c, "WHERE", ew(c, "CMPLT", x, 0.0), ew(c, "MUL", x, float(c.attr("alpha", 0.01))),
+                                   x), False),
 }
 BINARY_FNS = {"add": "ADD", "sub": "SUB", "mul": "MUL", "div": "FDIV", "max": "MAX", "min": "MIN", "pow": "POW"}
 COMPARE_FNS = {"lt": ("CMPLT", False), "le": ("CMPLE", False), "gt": ("CMPLT", True), "ge": ("CMPLE", True),
@@ -261,8 +273,9 @@ def lower_elementwise(ctx: Ctx, args: list) -> str:
         if not isinstance(x, str):
             raise ctx.err("E1009", f"{fn} needs a tensor input")
         build, in_fp32 = UNARY_FNS[fn]
-        if not ctx.dtype(x).is_float and fn not in ("neg", "relu", "abs"):
-            raise ctx.err("E1012", f"{fn} needs a float input, got {ctx.dtype(x)}")
+        if not ctx.dtype(x).is_float and (fn not in ("neg", "relu", "abs") or ctx.dtype(x) is dtypes.bool_):
+            raise ctx.err("E1012", f"{fn} needs a {'numeric' if fn in ('neg', 'relu', 'abs') else 'float'} input, "
+                          f"got {ctx.dtype(x)}")
         if in_fp32:
             xc, dt = to_compute(ctx, x)
             return ctx.b.cast(build(ctx, xc), dt)
@@ -278,6 +291,12 @@ def lower_elementwise(ctx: Ctx, args: list) -> str:
     if fn == "where":
         if isinstance(args[0], str) and ctx.dtype(args[0]) is not dtypes.bool_:
             raise ctx.err("E1005", f"where's condition must be bool, got {ctx.dtype(args[0])}")
+        if isinstance(args[0], str) and not any(isinstance(a, str) for a in args[1:]):
+            # both values are literals: the result dtype is fp32 if either is a float, else i32 (bool if both are)
+            lits = [_imm(a) for a in args[1:]]
+            dt = dtypes.fp32 if any(isinstance(v, float) for v in lits) else \
+                dtypes.bool_ if all(isinstance(v, bool) for v in lits) else dtypes.i32
+            args = [args[0], ctx.b.const(lits[0], dt, ctx.shape(args[0])), lits[1]]
         return ew(ctx, "WHERE", *args)
     if fn in COMPARE_FNS:
         uop, swap = COMPARE_FNS[fn]
@@ -405,6 +424,8 @@ def lower_slice(ctx: Ctx, args: list) -> str:
             if st < 0:
                 raise ctx.err("E1010", "negative slice steps need a concrete axis size")
             s = dim(Expr.lift(size) + s) if isinstance(s, int) and s < 0 else dim(s)
+            if isinstance(e, int) and e >= 2 ** 31 - 1:   # INT_MAX-style "to the end" (ONNX, x[a:])
+                e = size
             e = dim(Expr.lift(size) + e) if isinstance(e, int) and e < 0 else dim(e)
             lo[a], hi[a], step[a] = s, e, st
     x = ctx.b.flip(x, flips)

@@ -358,8 +358,11 @@ def lower_reduce(ctx: Ctx, args: list) -> str:
     dt = ctx.dtype(x)
     shape = ctx.shape(x)
     axes_attr = ctx.attr("axes")
-    axes = tuple(range(len(shape))) if axes_attr is None else tuple(sorted({ctx.axis(a, len(shape)) for a in
-                                                                           (axes_attr if isinstance(axes_attr, (list, tuple)) else [axes_attr])}))
+    if axes_attr is None:
+        axes = tuple(range(len(shape)))
+    else:
+        listed = axes_attr if isinstance(axes_attr, (list, tuple)) else [axes_attr]
+        axes = tuple(sorted({ctx.axis(a, len(shape)) for a in listed}))
     if fn in ("sum", "mean") and dt is dtypes.bool_:
         raise ctx.err("E1012", f"{fn} of bool is not supported; cast to i32 first")
     if fn == "mean" and not dt.is_float:

@@ -79,6 +79,8 @@ class Tensor:
     @staticmethod
     def _record(op: str, srcs: Sequence[Any], **attrs: Any) -> "Tensor":
         attrs = {k: v for k, v in attrs.items() if v is not None}
+        # a numpy array operand (``arr @ t``, ``arr + t``) becomes a data leaf, not an immediate
+        srcs = tuple(Tensor(s) if isinstance(s, np.ndarray) else s for s in srcs)
         t = Tensor.__new__(Tensor)
         t.op, t.srcs, t.attrs = op, tuple(srcs), attrs
         t.type = _infer(op, srcs, attrs)
@@ -276,7 +278,8 @@ class Tensor:
                 if isinstance(size, int) and not -size <= i < size:
                     raise IndexError(f"index {i} is out of range for axis {k} of size {size}")
                 i = i % size if isinstance(size, int) else i
-                starts.append(i), ends.append(i + 1), axes.append(k), steps.append(1), drop.append(k)
+                end = size if i == -1 else i + 1   # x[-1] on a symbolic axis ends at the axis end, not at 0
+                starts.append(i), ends.append(end), axes.append(k), steps.append(1), drop.append(k)
             elif isinstance(i, slice):
                 if i == slice(None):
                     continue

@@ -2,12 +2,13 @@
 exists is well-typed. ``load`` additionally checks ids (unique, defined, acyclic) of a dumped graph."""
 from __future__ import annotations
 
+import numbers
 from typing import Any, Iterable, Mapping
 
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import Expr, dim, dims
-from kumiko.tiny.ir import (FrozenDict, Node, TinyGraph, _imm_load, arg_from_json, infer, is_ref)
+from kumiko.tiny.ir import Node, TinyGraph, _imm_load, arg_from_json, infer, is_ref
 
 
 class TinyBuilder:
@@ -22,6 +23,9 @@ class TinyBuilder:
     def add(self, uop: str, src: Iterable = (), tag: str | None = None, nid: str | None = None, **arg: Any) -> str:
         src = tuple(src)
         for s in src:
+            if not is_ref(s) and not isinstance(s, numbers.Real):
+                raise KumikoError("E1009", at=f"tiny:{nid or 'new'} ({uop})", why=f"source {s!r} is neither a "
+                                  "node id nor a scalar immediate")
             if is_ref(s) and s not in self.nodes:
                 raise KumikoError("E1007", at=f"tiny:{nid or 'new'} ({uop})", why=f"source {s!r} is not defined")
         if nid is None:
@@ -123,8 +127,20 @@ def _live(nodes: Mapping[str, Node], roots: Iterable[str]) -> set[str]:
 
 # ------------------------------------------------------------------------------------------------
 
+_MALFORMED = (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError)
+
+
 def load(d: Mapping) -> TinyGraph:
-    """A TinyGraph from its JSON dump (or a hand-written seed-002 style ``{"uops": [...]}``)."""
+    """A TinyGraph from its JSON dump (or a hand-written seed-002 style ``{"uops": [...]}``).
+
+    Whatever the dump holds, a bad one is a diagnostic (never a Python traceback)."""
+    try:
+        return _load(d)
+    except _MALFORMED as e:
+        raise KumikoError("E1009", at="tiny", why=f"malformed Tiny IR ({type(e).__name__}: {e})") from e
+
+
+def _load(d: Mapping) -> TinyGraph:
     if not isinstance(d, Mapping) or not isinstance(d.get("uops"), list):
         raise KumikoError("E1009", at="tiny", why="a Tiny IR file needs a 'uops' list")
     raw: dict[str, Mapping] = {}
@@ -143,7 +159,11 @@ def load(d: Mapping) -> TinyGraph:
     b = TinyBuilder(d.get("name", "main"))
     for nid in order:
         u = raw[nid]
-        b.add(u["uop"], srcs[nid], tag=u.get("tag"), nid=nid, **dict(u.get("arg") or {}))
+        try:
+            b.add(u["uop"], srcs[nid], tag=u.get("tag"), nid=nid, **dict(u.get("arg") or {}))
+        except _MALFORMED as e:
+            raise KumikoError("E1010", at=f"tiny:{nid} ({u['uop']})", why=f"bad arg or src "
+                              f"({type(e).__name__}: {e})") from e
         n = b.node(nid)
         if "dtype" in u and dtypes.lookup(u["dtype"]) is not n.dtype:
             raise KumikoError("E1011", at=f"tiny:{nid} ({n.uop})", why=f"declared dtype {u['dtype']} but the node "
@@ -160,7 +180,10 @@ def load(d: Mapping) -> TinyGraph:
         inputs = [(o["tensor"], o["node"]) for o in d["inputs"]]
     else:
         inputs = [(n.arg["tensor_id"], nid) for nid, n in b.nodes.items() if n.uop == "INPUT"]
-    for _, nid in list(outputs) + list(inputs):
+    for t, nid in list(outputs) + list(inputs):
+        if not isinstance(t, str) or not isinstance(nid, str):
+            raise KumikoError("E1009", at="tiny:outputs", why=f"input/output entries map a tensor name to a node id "
+                              f"(strings), got {t!r} -> {nid!r}")
         if nid not in b.nodes:
             raise KumikoError("E1007", at="tiny:outputs", why=f"output/input node {nid!r} is not defined")
     b._next = len(b.nodes)

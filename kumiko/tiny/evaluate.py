@@ -83,6 +83,12 @@ def evaluate(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[str, i
                 raise KumikoError("E1015", at=f"tiny:{nid}", why=f"INPUT {n.arg.get('tensor_id')} has no value")
         else:
             v = _eval_node(n, [vals[s] if is_ref(s) else s for s in n.src], env, fp64)
+            want = tuple(dim_eval(d, env) for d in n.shape)
+            if np.shape(v) != want:   # the bound sizes break an assumption the graph made (e.g. a slice end)
+                raise KumikoError("E1015", at=f"tiny:{nid} ({n.uop})", why=f"with sizes {dict(env)} this node's "
+                                  f"shape {[str(d) for d in n.shape]} is {list(want)}, but the computation gives "
+                                  f"{list(np.shape(v))}", suggestion="Pass inputs whose sizes the graph's slices, "
+                                  "pads and views fit.")
         vals[nid] = _round(v, n.dtype, fp64)
     if keep:
         return vals
@@ -108,7 +114,13 @@ def _round(v, dt: dtypes.DType, fp64: bool) -> np.ndarray:
 
 def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool) -> np.ndarray:
     u, a = n.uop, n.arg
-    shape = tuple(dim_eval(d, env) for d in n.shape)
+    try:
+        shape = tuple(dim_eval(d, env) for d in n.shape)
+        for e in a.get("index_map", ()) if u == "VIEW" else ():
+            e.subs({f"i{k}": 0 for k in range(len(shape))}).evaluate(env)
+    except KeyError as e:   # a size symbol that no input's shape binds
+        raise KumikoError("E1014", at=f"tiny:{n.id} ({u})", why=f"size symbol {e.args[0]} has no value",
+                          suggestion="Bind it through an input's shape (or give it with --shapes).") from None
     if u == "CONST":
         return np.asarray(a["value"], dtype=_store(n.dtype, fp64))
     if u in UNARY + BINARY + COMPARE + ("WHERE",):
@@ -124,7 +136,7 @@ def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool) -> np.nd
     if u == "REDUCE":
         acc = _compute(n.dtype, fp64) if not (fp64 and n.dtype.is_float) else np.dtype(np.float64)
         xa = x.astype(acc)
-        axes = tuple(a["axes"])
+        axes = tuple(a.get("axes", ()))
         if not axes:
             return xa
         if a["op"] == "SUM":

@@ -14,6 +14,7 @@ the IndexBook marks it non_scop). There is no CONTRACT: contractions stay MUL ->
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -120,6 +121,18 @@ def _norm_axes(axes, rank: int, nid: str, uop: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def _is_imm(v: Any) -> bool:
+    return isinstance(v, numbers.Real)   # python and numpy ints, floats and bools
+
+
+def _sizes(nid: str, uop: str, shape: Iterable) -> tuple:
+    """A result shape: sizes are ints >= 0 or symbolic expressions."""
+    out = tuple(dim(d) for d in shape)
+    if any(isinstance(d, int) and d < 0 for d in out):
+        raise _err("E1010", nid, uop, f"shape {_shape_str(out)} has a negative size")
+    return out
+
+
 def infer(nid: str, uop: str, srcs: list, arg: Mapping) -> tuple[dtypes.DType, tuple]:
     """Return (dtype, shape) of a node; ``srcs`` holds Nodes for refs and raw scalars for immediates."""
     if uop not in UOPS:
@@ -133,11 +146,13 @@ def infer(nid: str, uop: str, srcs: list, arg: Mapping) -> tuple[dtypes.DType, t
         dt = dtypes.lookup(arg.get("dtype"))
         if dt is None or dt.name not in dtypes.USER:
             raise _err("E1012", nid, uop, f"input dtype {arg.get('dtype')!r} is not supported")
-        return dt, tuple(dim(d) for d in arg["shape"])
+        return dt, _sizes(nid, uop, arg["shape"])
     if uop == "CONST":
         dt = dtypes.lookup(arg.get("dtype"))
         if dt is None:
             raise _err("E1012", nid, uop, f"const dtype {arg.get('dtype')!r} is not supported")
+        if not _is_imm(arg.get("value")):
+            raise _err("E1010", nid, uop, f"CONST needs a scalar 'value', got {arg.get('value')!r}")
         return dt, ()
     if uop in BINARY + COMPARE + ("WHERE",):
         return _infer_elementwise(nid, uop, srcs)
@@ -145,8 +160,9 @@ def infer(nid: str, uop: str, srcs: list, arg: Mapping) -> tuple[dtypes.DType, t
         raise _err("E1009", nid, uop, f"{uop} needs node sources, not immediates")
     x = nodes[0]
     if uop in UNARY:
-        if not x.dtype.is_float and uop != "NEG":
-            raise _err("E1012", nid, uop, f"{uop} needs a float operand, got {x.dtype}")
+        if not x.dtype.is_float and (uop not in ("NEG", "RELU") or x.dtype is dtypes.bool_):
+            raise _err("E1012", nid, uop, f"{uop} needs a {'numeric' if uop in ('NEG', 'RELU') else 'float'} "
+                       f"operand, got {x.dtype}")
         return x.dtype, x.shape
     if uop == "CAST":
         to = dtypes.lookup(arg.get("to"))
@@ -209,18 +225,19 @@ def _infer_elementwise(nid: str, uop: str, srcs: list) -> tuple[dtypes.DType, tu
 def _infer_movement(nid: str, uop: str, x: Node, arg: Mapping) -> tuple:
     rank = len(x.shape)
     if uop == "RESHAPE":
-        new = tuple(dim(d) for d in arg["result_shape"])
+        new = _sizes(nid, uop, arg["result_shape"])
         if prod(new) != prod(x.shape):
             raise _err("E1002", nid, uop, f"reshape {_shape_str(x.shape)} -> {_shape_str(new)} changes the "
                        f"element count ({prod(x.shape)} vs {prod(new)})")
         return new
     if uop == "PERMUTE":
         perm = tuple(arg["perm"])
-        if sorted(perm) != list(range(rank)):
+        if not all(isinstance(p, int) and not isinstance(p, bool) for p in perm) or \
+                sorted(perm) != list(range(rank)):
             raise _err("E1003", nid, uop, f"{list(perm)} is not a permutation of {list(range(rank))}")
         return tuple(x.shape[p] for p in perm)
     if uop == "EXPAND":
-        new = tuple(dim(d) for d in arg["result_shape"])
+        new = _sizes(nid, uop, arg["result_shape"])
         if len(new) != rank:
             raise _err("E1001", nid, uop, f"EXPAND keeps the rank ({rank}); reshape first to add axes",
                        lhs_shape=list(x.shape), rhs_shape=list(new))
@@ -236,6 +253,8 @@ def _infer_movement(nid: str, uop: str, x: Node, arg: Mapping) -> tuple:
         for lo, hi in pads:
             if any(isinstance(v, int) and v < 0 for v in (dim(lo), dim(hi))):
                 raise _err("E1010", nid, uop, "negative padding; use SHRINK to cut")
+        if not _is_imm(arg.get("value", 0)):
+            raise _err("E1010", nid, uop, f"PAD needs a scalar 'value', got {arg.get('value')!r}")
         return tuple(dim(Expr.lift(d) + lo + hi) for d, (lo, hi) in zip(x.shape, pads))
     if uop == "SHRINK":
         lo, hi = arg["lo"], arg["hi"]
@@ -257,7 +276,7 @@ def _infer_movement(nid: str, uop: str, x: Node, arg: Mapping) -> tuple:
         _norm_axes(arg["axes"], rank, nid, uop)
         return x.shape
     if uop == "VIEW":
-        new = tuple(dim(d) for d in arg["result_shape"])
+        new = _sizes(nid, uop, arg["result_shape"])
         imap = arg["index_map"]
         if len(imap) != rank:
             raise _err("E1010", nid, uop, f"index_map has {len(imap)} expressions for an input of rank {rank}")
