@@ -1,0 +1,536 @@
+"""The graph DSL (seed 004, "Subgraph"): text -> one validated frontend ``Graph``.
+
+    graph<M=256, N=128, K=64> main(A: f32[M, K], B: f32[K, N], bias: param const_pool f32[N])
+        -> (C: f32[M, N]) {
+        C = relu(A @ B + bias)      // newlines or ';' end statements
+        return C
+    }
+
+A file holds ``graph`` definitions; ``graph main`` is the entry point and every other graph is a
+subgraph. Calls of subgraphs are inlined while the program is elaborated (recursion nests at most 10
+deep), so the result is one flat Graph, the same one the JSON format or the Tensor API would give.
+The grammar is in ``docs/dsl.md``; this module holds the tokenizer and the parser of the syntax tree
+(``dsl_ast``); ``dsl_elab`` turns the tree into a Graph (names, inlining, typing), with ``dsl_vocab`` (the op
+vocabulary, derived from the lowering tables) and ``dsl_consts`` (sizes and attribute values).
+
+Every error points at ``file:line:col`` with the source line, a caret under the culprit and a
+suggestion. Syntax and naming errors are E1601 (ParseError); shape and dtype errors found while an
+op is typed keep the lowering's code (E1011, E1005, ...) but are located the same way.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kumiko.diagnostics import KumikoError
+from kumiko.frontend.dsl_ast import (
+    Assign,
+    Binary,
+    Call,
+    GraphDef,
+    ListLit,
+    Name,
+    Num,
+    Param,
+    Pos,
+    Program,
+    Return,
+    Str,
+    SymbolDecl,
+    TupleLit,
+    TypeAst,
+    Unary,
+)
+
+#: seed 004's reserved words: syntax keywords, the fused-op syntax, boolean literals
+RESERVED = ("graph", "return", "fused", "fused_reduce", "fused_cumulative", "true", "false")
+FUSED = ("fused", "fused_reduce", "fused_cumulative")
+#: literal words (not reserved by the seed, but they always mean the literal; use `inf` to name a value)
+LITERALS = {"true": True, "false": False, "inf": float("inf"), "nan": float("nan")}
+#: DSL dtype names -> kumiko dtype names (kumiko's own names are accepted too)
+DTYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "i32": "i32", "bool": "bool"}
+DSL_DTYPE = {v: k for k, v in DTYPES.items()}
+#: words that may precede a main input's type: role, mutability, storage (see SigInput)
+QUALIFIERS = {"data": "role", "param": "role", "state": "role", "immutable": "mutability",
+              "mutable": "mutability", "const_pool": "storage", "arena": "storage", "external": "storage"}
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+# ------------------------------------------------------------------------------------------------
+# source positions and located errors
+
+
+class Source:
+    """The program text and its file name; makes located diagnostics."""
+
+    def __init__(self, text: str, filename: str | None = None):
+        self.text = text
+        self.filename = filename or "<string>"
+        self.lines = text.split("\n")
+
+    def where(self, pos: Pos) -> str:
+        return f"{self.filename}:{pos.line}:{pos.col}"
+
+    def excerpt(self, pos: Pos) -> str:
+        line = self.lines[pos.line - 1] if 0 < pos.line <= len(self.lines) else ""
+        gutter = f"{pos.line:>5} | "
+        lead = "".join(c if c == "\t" else " " for c in line[:pos.col - 1])
+        width = max(1, min(pos.width, max(1, len(line) - pos.col + 1)))
+        return f"{gutter}{line.rstrip()}\n{' ' * (len(gutter) - 2)}| {lead}{'^' * width}"
+
+    def error(self, pos: Pos, why: str, suggestion: str | None = None, code: str = "E1601",
+              **details: Any) -> KumikoError:
+        return KumikoError(code, at=self.where(pos), why=why, suggestion=suggestion, **details,
+                           excerpt=self.excerpt(pos))
+
+
+# ------------------------------------------------------------------------------------------------
+# tokens
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str          # ident, name (backticked), num, str, op, nl, eof
+    text: str
+    value: Any
+    pos: Pos
+
+
+_TOKEN = re.compile(r"""
+    (?P<ws>[ \t\r\f]+)
+  | (?P<comment>//[^\n]*)
+  | (?P<nl>\n)
+  | (?P<num>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<name>`[^`\n]+`)
+  | (?P<str>"(?:[^"\\\n]|\\.)*")
+  | (?P<op>->|\*\*|<=|>=|==|!=|[-+*/@%<>=,:;()\[\]{}])
+""", re.X)
+_CLOSE = {")": "(", "]": "[", "}": "{"}
+
+
+def tokenize(src: Source) -> list[Token]:
+    """Tokens with positions. Newlines end statements only outside ( ) and [ ]; brackets must match."""
+    text, out, pos, line, line_start = src.text, [], 0, 1, 0
+    stack: list[Token] = []
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        col = pos - line_start + 1
+        if m is None:
+            ch = text[pos]
+            if ch in "\"`":
+                what = "string" if ch == '"' else "quoted name"
+                raise src.error(Pos(line, col), f"unterminated {what}: the closing {ch} is missing on this line",
+                                suggestion=f"close the {what} with {ch} before the end of the line")
+            raise src.error(Pos(line, col), f"unexpected character {ch!r}",
+                            suggestion="Names are letters, digits and '_'; operators are + - * / ** @ and "
+                            "comparisons; comments start with //.")
+        kind, s = m.lastgroup, m.group()
+        p = Pos(line, col, len(s))
+        if kind == "nl":
+            if not stack or stack[-1].text == "{":
+                out.append(Token("nl", s, None, p))
+            line, line_start = line + 1, m.end()
+        elif kind == "num":
+            value = float(s) if any(c in s for c in ".eE") else int(s)
+            out.append(Token(kind, s, value, p))
+        elif kind == "str":
+            out.append(Token(kind, s, json.loads(s), p))
+        elif kind == "name":
+            out.append(Token(kind, s, s[1:-1], p))
+        elif kind in ("ident", "op"):
+            tok = Token(kind, s, s, p)
+            if s in "([{" and kind == "op":
+                stack.append(tok)
+            elif s in _CLOSE and kind == "op":
+                if all(o.text != _CLOSE[s] for o in stack):
+                    raise src.error(p, f"unmatched {s!r}: no {_CLOSE[s]!r} is open here",
+                                    suggestion=f"remove this {s!r} or add the matching {_CLOSE[s]!r} before it")
+                if stack[-1].text != _CLOSE[s]:
+                    raise _unclosed(src, stack[-1], found=tok)
+                stack.pop()
+            out.append(tok)
+        pos = m.end()
+    if stack:
+        raise _unclosed(src, stack[-1])
+    end = Pos(line, pos - line_start + 1)
+    out.append(Token("nl", "", None, end))
+    out.append(Token("eof", "", None, end))
+    return out
+
+
+def _unclosed(src: Source, opener: Token, found: Token | None = None) -> KumikoError:
+    close = {v: k for k, v in _CLOSE.items()}[opener.text]
+    seen = f" (found {found.text!r} at {found.pos.line}:{found.pos.col})" if found else " before the end of the file"
+    if opener.text == "{":
+        return src.error(opener.pos, f"unterminated graph body: this '{{' is never closed{seen}",
+                         suggestion="end the graph with '}' after its return statement")
+    return src.error(opener.pos, f"this {opener.text!r} is never closed{seen}",
+                     suggestion=f"add the missing {close!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# parser
+
+CMP_OPS = ("<", "<=", ">", ">=", "==", "!=")
+
+
+class Parser:
+    def __init__(self, src: Source):
+        self.src = src
+        self.toks = tokenize(src)
+        self.i = 0
+
+    # token helpers ----------------------------------------------------------------------------
+    def peek(self, k: int = 0) -> Token:
+        return self.toks[min(self.i + k, len(self.toks) - 1)]
+
+    def take(self) -> Token:
+        t = self.peek()
+        self.i += 1
+        return t
+
+    def at(self, text: str, k: int = 0) -> bool:
+        t = self.peek(k)
+        return t.kind in ("op", "ident") and t.text == text
+
+    def skip_nl(self) -> None:
+        while self.peek().kind == "nl":
+            self.i += 1
+
+    def err(self, tok: Token, why: str, suggestion: str | None = None) -> KumikoError:
+        return self.src.error(tok.pos, why, suggestion)
+
+    def expect(self, text: str, context: str, suggestion: str | None = None) -> Token:
+        if self.at(text):
+            return self.take()
+        t = self.peek()
+        raise self.err(t, f"expected {text!r} {context}, found {_describe(t)}",
+                       suggestion or f"insert {text!r} here")
+
+    def ident(self, what: str, binding: bool = True) -> tuple[str, Pos]:
+        """A name being defined (graph, parameter, symbol, variable); reserved words are refused."""
+        t = self.peek()
+        if t.kind == "name":
+            self.take()
+            return t.value, t.pos
+        if t.kind != "ident":
+            raise self.err(t, f"expected {what}, found {_describe(t)}",
+                           suggestion=f"write {what} here (letters, digits and '_', or `any text` in backticks)")
+        if binding and t.text in RESERVED:
+            raise self.reserved(t, what)
+        if binding and t.text in LITERALS:
+            raise self.err(t, f"{t.text!r} is a literal word and cannot be used as {what}",
+                           suggestion=f"pick another name, or write `{t.text}` in backticks")
+        self.take()
+        return t.text, t.pos
+
+    def reserved(self, t: Token, what: str) -> KumikoError:
+        role = "the fused-op syntax" if t.text in FUSED else "a boolean literal" if t.text in ("true", "false") \
+            else "a syntax keyword"
+        return self.err(t, f"{t.text!r} is a reserved word ({role}) and cannot be used as {what}",
+                        suggestion=f"pick another name, e.g. {t.text}_, or write `{t.text}` in backticks")
+
+    # program ------------------------------------------------------------------------------------
+    def program(self) -> Program:
+        graphs = []
+        self.skip_nl()
+        while self.peek().kind != "eof":
+            t = self.peek()
+            if not self.at("graph"):
+                raise self.err(t, f"expected a graph definition, found {_describe(t)}",
+                               suggestion="a file holds only graphs: graph main(x: f32[N]) -> (y: f32[N]) { ... }")
+            graphs.append(self.graph())
+            self.skip_nl()
+        return Program(tuple(graphs), self.src)
+
+    def graph(self) -> GraphDef:
+        self.take()                                  # 'graph'
+        symbols = []
+        if self.at("<"):
+            self.take()
+            while not self.at(">"):
+                name, pos = self.ident("a size name")
+                default = None
+                if self.at("="):
+                    self.take()
+                    t = self.take()
+                    if t.kind != "num" or not isinstance(t.value, int):
+                        raise self.err(t, f"the default of size {name!r} must be a non-negative integer, found "
+                                       f"{_describe(t)}", suggestion=f"write {name}=128")
+                    default = t.value
+                symbols.append(SymbolDecl(name, default, pos))
+                if not self.at(">"):
+                    self.expect(",", "between size declarations", "separate sizes with ',': graph<M=64, N=32>")
+            self.take()
+        name, pos = self.ident("a graph name")
+        open_paren = self.expect("(", f"after the graph name {name!r}", "write the inputs in parentheses: "
+                                 f"graph {name}(x: f32[N]) -> (y: f32[N]) {{ ... }}")
+        params = self.params(main_like=True)
+        self.expect(")", "after the inputs", f"close the input list opened at {open_paren.pos.line}:"
+                    f"{open_paren.pos.col}")
+        self.skip_nl()
+        self.expect("->", "before the outputs", "declare the outputs: -> (y: f32[N])")
+        self.skip_nl()
+        self.expect("(", "around the outputs", "outputs are named and parenthesised: -> (y: f32[N], z: f32[N])")
+        results = self.params(main_like=False)
+        if not results:
+            raise self.err(self.peek(), f"graph {name!r} declares no outputs",
+                           suggestion="declare at least one: -> (y: f32[N])")
+        self.expect(")", "after the outputs")
+        self.skip_nl()
+        open_pos = self.expect("{", "to open the graph body", "the body is a block: { ... return y }").pos
+        body = self.body(name)
+        close_pos = self.take().pos                  # '}' (brackets are matched by the tokenizer)
+        return GraphDef(name, pos, tuple(symbols), tuple(params), tuple(results), tuple(body), open_pos, close_pos)
+
+    def params(self, main_like: bool) -> list[Param]:
+        out: list[Param] = []
+        while not self.at(")"):
+            name, pos = self.ident("an input name" if main_like else "an output name")
+            self.expect(":", f"after {name!r}", f"give its type: {name}: f32[N]")
+            quals = []
+            while self.peek().kind == "ident" and self.peek().text in QUALIFIERS:
+                if not main_like:
+                    raise self.err(self.peek(), f"outputs take no qualifiers ({self.peek().text!r})",
+                                   suggestion="qualifiers (param, state, const_pool, ...) describe inputs")
+                t = self.take()
+                quals.append((t.text, t.pos))
+            out.append(Param(name, pos, self.type(), tuple(quals)))
+            if not self.at(")"):
+                self.expect(",", "between declarations", "separate declarations with ','")
+        return out
+
+    def type(self) -> TypeAst:
+        t = self.peek()
+        if t.kind != "ident":
+            raise self.err(t, f"expected a type like f32[N, K], found {_describe(t)}",
+                           suggestion=f"types are a dtype ({', '.join(DTYPES)}) and a shape in brackets")
+        from kumiko import dtypes
+        dt = dtypes.lookup(DTYPES.get(t.text, t.text))
+        if dt is None or dt.name not in dtypes.USER or t.text not in (*DTYPES, *DTYPES.values()):
+            if dt is dtypes.fp64:
+                why = f"{t.text!r} is not a graph dtype (kumiko keeps fp64 for reference evaluation only)"
+            else:
+                near = _close(t.text, list(DTYPES))
+                why = f"unknown dtype {t.text!r}" + (f"; did you mean {near!r}?" if near else "")
+            raise self.err(t, why, suggestion=f"use one of {', '.join(DTYPES)}")
+        self.take()
+        self.expect("[", f"after the dtype {t.text!r}", f"write the shape in brackets: {t.text}[N, K] "
+                    f"(a scalar is {t.text}[])")
+        dims = []
+        while not self.at("]"):
+            dims.append(self.expr())
+            if not self.at("]"):
+                self.expect(",", "between sizes")
+        self.take()
+        return TypeAst(dt.name, tuple(dims), t.pos)
+
+    def body(self, graph: str) -> list:
+        stmts: list = []
+        while self.at(";") or self.peek().kind == "nl":
+            self.take()
+        while not self.at("}"):
+            t = self.peek()
+            if stmts and isinstance(stmts[-1], Return):
+                raise self.err(t, "statements after return are unreachable",
+                               suggestion="return must be the last statement of a graph")
+            if self.at("graph"):
+                raise self.err(t, "a graph cannot be defined inside another graph",
+                               suggestion="close the previous graph with '}' first")
+            stmts.append(self.statement())
+            if not (self.at("}") or self.at(";") or self.peek().kind == "nl"):
+                u = self.peek()
+                raise self.err(u, f"expected the end of the statement, found {_describe(u)}",
+                               suggestion="put one statement per line, or separate statements with ';'")
+            while self.at(";") or self.peek().kind == "nl":
+                self.take()
+        if not stmts or not isinstance(stmts[-1], Return):
+            raise self.err(self.peek(), f"graph {graph!r} has no return statement",
+                           suggestion="end the body with: return NAME (or return A, B for several outputs)")
+        return stmts
+
+    def statement(self):
+        t = self.peek()
+        if self.at("return"):
+            self.take()
+            values = [self.expr()]
+            while self.at(","):
+                self.take()
+                values.append(self.expr())
+            if len(values) == 1 and isinstance(values[0], TupleLit):
+                values = list(values[0].items)
+            return Return(tuple(values), t.pos)
+        lhs = [self.expr()]
+        while self.at(","):
+            self.take()
+            lhs.append(self.expr())
+        if not self.at("="):
+            u = self.peek()
+            if len(lhs) == 1 and isinstance(lhs[0], Call):
+                raise self.err(t, "the result of this call is not assigned",
+                               suggestion=f"assign it to a name: y = {lhs[0].func}(...)")
+            raise self.err(u, f"expected '=' after the assignment target, found {_describe(u)}",
+                           suggestion="statements are assignments (y = relu(x)) or return NAME")
+        eq = self.take()
+        if len(lhs) == 1 and isinstance(lhs[0], TupleLit):
+            lhs = list(lhs[0].items)
+        targets = []
+        for x in lhs:
+            if not isinstance(x, Name):
+                raise self.src.error(_pos_of(x), "only names can be assigned to",
+                                     suggestion="write NAME = expression, or (a, b) = f(x) for several results")
+            self._check_target(x)
+            targets.append((x.name, x.pos))
+        if self.at("return"):
+            raise self.err(self.peek(), "return must start its own statement")
+        return Assign(tuple(targets), self.expr(), eq.pos)
+
+    def _check_target(self, x: Name) -> None:
+        if x.quoted:
+            return
+        if x.name in RESERVED:
+            raise self.reserved(Token("ident", x.name, x.name, x.pos), "a variable name")
+
+    # expressions --------------------------------------------------------------------------------
+    def expr(self):
+        lhs = self.additive()
+        if self.peek().kind == "op" and self.peek().text in CMP_OPS:
+            op = self.take()
+            rhs = self.additive()
+            if self.peek().kind == "op" and self.peek().text in CMP_OPS:
+                raise self.err(self.peek(), "comparisons do not chain",
+                               suggestion="compare two values at a time, e.g. (a < b) and then combine")
+            return Binary(op.text, lhs, rhs, op.pos)
+        return lhs
+
+    def additive(self):
+        e = self.multiplicative()
+        while self.peek().kind == "op" and self.peek().text in ("+", "-"):
+            op = self.take()
+            e = Binary(op.text, e, self.multiplicative(), op.pos)
+        return e
+
+    def multiplicative(self):
+        e = self.unary()
+        while self.peek().kind == "op" and self.peek().text in ("*", "/", "@", "%"):
+            op = self.take()
+            e = Binary(op.text, e, self.unary(), op.pos)
+        return e
+
+    def unary(self):
+        if self.peek().kind == "op" and self.peek().text in ("-", "+"):
+            op = self.take()
+            operand = self.unary()
+            return operand if op.text == "+" else Unary("-", operand, op.pos)
+        return self.power()
+
+    def power(self):
+        base = self.primary()
+        if self.at("**"):
+            op = self.take()
+            return Binary("**", base, self.unary(), op.pos)
+        return base
+
+    def primary(self):
+        t = self.peek()
+        if t.kind == "num":
+            self.take()
+            return Num(t.value, t.pos)
+        if t.kind == "str":
+            self.take()
+            return Str(t.value, t.pos)
+        if t.kind == "name":
+            self.take()
+            return Name(t.value, t.pos, quoted=True)
+        if t.kind == "ident":
+            if t.text in ("graph", "return"):
+                raise self.err(t, f"{t.text!r} is a keyword and cannot appear inside an expression",
+                               suggestion="return starts a statement; graph starts a definition")
+            self.take()
+            if t.text in LITERALS:
+                return Num(LITERALS[t.text], t.pos)
+            if self.at("("):
+                return self.call(t)
+            return Name(t.text, t.pos)
+        if self.at("("):
+            open_ = self.take()
+            items = [self.expr()]
+            while self.at(","):
+                self.take()
+                if self.at(")"):
+                    break
+                items.append(self.expr())
+            self.take()                               # ')' (matched by the tokenizer)
+            return items[0] if len(items) == 1 else TupleLit(tuple(items), open_.pos)
+        if self.at("["):
+            open_ = self.take()
+            items = []
+            while not self.at("]"):
+                items.append(self.expr())
+                if not self.at("]"):
+                    self.expect(",", "between list items")
+            self.take()
+            return ListLit(tuple(items), open_.pos)
+        raise self.err(t, f"expected a value, found {_describe(t)}",
+                       suggestion="a value is a name, a number, a call like relu(x) or a parenthesised expression")
+
+    def call(self, name: Token) -> Call:
+        self.take()                                   # '('
+        args, kwargs = [], []
+        while not self.at(")"):
+            t = self.peek()
+            if t.kind in ("ident", "name") and self.at("=", 1):
+                key = self.take()
+                self.take()
+                if any(k == key.value for k, _, _ in kwargs):
+                    raise self.err(key, f"attribute {key.value!r} is given twice")
+                kwargs.append((key.value, self.expr(), key.pos))
+            else:
+                if kwargs:
+                    raise self.err(t, "an input follows an attribute",
+                                   suggestion="write the inputs first, then the attributes: f(x, w, stride=2)")
+                args.append(self.expr())
+            if not self.at(")"):
+                self.expect(",", f"between the arguments of {name.text}")
+        self.take()
+        if name.text in FUSED:
+            raise self.err(name, f"{name.text!r} is reserved for the fused-op syntax, which the DSL does not "
+                           "support yet", suggestion="write the ops one by one; kumiko fuses them itself")
+        return Call(name.text, tuple(args), tuple(kwargs), name.pos)
+
+
+def _describe(t: Token) -> str:
+    if t.kind == "eof":
+        return "the end of the file"
+    if t.kind == "nl":
+        return "the end of the line"
+    return repr(t.text)
+
+
+def _pos_of(x: Any) -> Pos:
+    return x.pos
+
+
+def _close(word: str, options: list[str]) -> str | None:
+    import difflib
+    hits = difflib.get_close_matches(word, sorted(set(options)), n=1, cutoff=0.6)
+    return hits[0] if hits else None
+
+
+def parse_ast(text: str, filename: str | None = None) -> Program:
+    """The syntax tree of a DSL file (no name resolution or typing yet)."""
+    return Parser(Source(text, filename)).program()
+
+
+def parse_program(text: str, filename: str | None = None, name: str | None = None):
+    """Parse, resolve, inline and type a DSL program; returns its ``main`` as a validated ``Graph``.
+
+    The Graph is named ``name``, else the file's stem, else ``main``."""
+    from kumiko.frontend.dsl_elab import elaborate
+    program = parse_ast(text, filename)
+    gname = name or (Path(filename).stem if filename else "main")
+    return elaborate(program, gname)
