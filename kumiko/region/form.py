@@ -28,8 +28,26 @@ from dataclasses import dataclass, field
 
 from kumiko.region.index import injective, move_index
 from kumiko.region.srnf import normalize
-from kumiko.region.ssa import (Axis, Binary, Cast, Const, Gather, Guard, Let, MemRef, Output, Program, Read,
-                               Reduce, Ref, Region, RExpr, Select, Unary, Yield)
+from kumiko.region.ssa import (
+    Axis,
+    Binary,
+    Cast,
+    Const,
+    Gather,
+    Guard,
+    Let,
+    MemRef,
+    Output,
+    Program,
+    Read,
+    Reduce,
+    Ref,
+    Region,
+    RExpr,
+    Select,
+    Unary,
+    Yield,
+)
 from kumiko.symbolic import Expr
 from kumiko.tiny.ir import MOVEMENT, Node, TinyGraph, is_ref
 

@@ -13,8 +13,24 @@ import numpy as np
 
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
-from kumiko.region.ssa import (Binary, BroadcastInDim, Cast, Const, Gather, Guard, Program, Read, Reduce, Ref,
-                               Region, RExpr, Select, Transpose, Unary, typecheck)
+from kumiko.region.ssa import (
+    Binary,
+    BroadcastInDim,
+    Cast,
+    Const,
+    Gather,
+    Guard,
+    Program,
+    Read,
+    Reduce,
+    Ref,
+    Region,
+    RExpr,
+    Select,
+    Transpose,
+    Unary,
+    typecheck,
+)
 from kumiko.symbolic import Expr, dim_eval
 from kumiko.tiny.evaluate import _erf
 

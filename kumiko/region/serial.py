@@ -14,9 +14,31 @@ from typing import Any, Mapping
 
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
-from kumiko.region.ssa import (Axis, Binary, BroadcastInDim, Cast, Const, Gather, Guard, Layout, Let, MemRef,
-                               Output, Program, Read, Reduce, Ref, Region, RExpr, Select, Transpose, Typer, Unary,
-                               Yield, typecheck)
+from kumiko.region.ssa import (
+    Axis,
+    Binary,
+    BroadcastInDim,
+    Cast,
+    Const,
+    Gather,
+    Guard,
+    Layout,
+    Let,
+    MemRef,
+    Output,
+    Program,
+    Read,
+    Reduce,
+    Ref,
+    Region,
+    RExpr,
+    Select,
+    Transpose,
+    Typer,
+    Unary,
+    Yield,
+    typecheck,
+)
 from kumiko.symbolic import Expr, dim, dim_json, parse_expr
 
 

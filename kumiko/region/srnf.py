@@ -20,8 +20,25 @@ from dataclasses import replace
 from typing import Callable
 
 from kumiko.diagnostics import KumikoError
-from kumiko.region.ssa import (Binary, BroadcastInDim, Cast, Const, Gather, Guard, Let, Read, Reduce, Ref, Region,
-                               RExpr, Select, Transpose, Typer, Unary, typecheck)
+from kumiko.region.ssa import (
+    Binary,
+    BroadcastInDim,
+    Cast,
+    Const,
+    Gather,
+    Guard,
+    Let,
+    Read,
+    Reduce,
+    Ref,
+    Region,
+    RExpr,
+    Select,
+    Transpose,
+    Typer,
+    Unary,
+    typecheck,
+)
 from kumiko.symbolic import Expr
 
 

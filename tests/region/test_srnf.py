@@ -4,10 +4,26 @@ import pytest
 
 from kumiko import Tensor, dtypes
 from kumiko.diagnostics import KumikoError
-from kumiko.region import form_regions, play_region
-from kumiko.region import srnf
-from kumiko.region.ssa import (Axis, Binary, BroadcastInDim, Cast, Const, Guard, Let, MemRef, Output, Read, Reduce,
-                               Ref, Region, Select, Unary, Yield, typecheck)
+from kumiko.region import form_regions, play_region, srnf
+from kumiko.region.ssa import (
+    Axis,
+    Binary,
+    BroadcastInDim,
+    Cast,
+    Const,
+    Guard,
+    Let,
+    MemRef,
+    Output,
+    Read,
+    Reduce,
+    Ref,
+    Region,
+    Select,
+    Unary,
+    Yield,
+    typecheck,
+)
 from kumiko.region.verify import verify
 from kumiko.symbolic import Expr
 
