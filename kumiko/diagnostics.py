@@ -39,6 +39,7 @@ CODES: dict[str, tuple[str, str]] = {
     "E1501": ("TargetUnavailable", "Use one of the available targets (see `kumiko run --help`)."),
     "E1502": ("FileError", "Check the path and that the file is readable."),
     "E1601": ("ParseError", "Fix the syntax at the marked position."),
+    "E1801": ("PlanMismatch", "Let kumiko choose the plan, or fix the plan's fields for this region and machine."),
     # Kernel builds and the CUDA emulator (kumiko/runtime/emu.py, docs/emulator.md)
     "E1701": ("KernelBuildFailed", "Read the compiler log in the diagnostic and fix the source (or the generator "
                                    "that wrote it)."),

@@ -1,0 +1,72 @@
+"""Emulator semantics: cp.async groups and zero-fill, per-block poisoned shared memory, fp16/bf16.
+
+These pin down the behaviour the bug-catching relies on: in deferred mode a cp.async lands exactly
+at the wait_group that covers it (earlier reads see the 0xFF poison), in eager mode at issue; every
+block starts with all shared memory poisoned; conversions round like CUDA's.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kumiko.runtime.emu import EmuConfig
+
+from .conftest import needs_gxx
+
+pytestmark = needs_gxx
+POISON32 = 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("mode", ["deferred", "eager"])
+def test_cp_async_groups_and_zero_fill(emu_module, mode):
+    mod = emu_module("semantics", EmuConfig(cp_async=mode))
+    g = np.random.default_rng(0).standard_normal(192).astype(np.float32)
+    gbits = g.view(np.uint32).reshape(-1, 16, 4)  # [region][thread][word]
+    out = np.zeros((5, 16, 4), np.uint32)
+    mod.launch("cp_async_groups", 1, 16, args=[g, out])
+    deferred = mode == "deferred"
+    # region 0 before any wait: poison when deferred, data when eager
+    np.testing.assert_array_equal(out[0], np.full((16, 4), POISON32) if deferred else gbits[0])
+    np.testing.assert_array_equal(out[1], gbits[0])  # wait<1>: the older group has landed
+    # 6-byte copy of group 1: word 0 whole, word 1 keeps its low 2 bytes, the rest zero-filled
+    landed = np.zeros((16, 4), np.uint32)
+    landed[:, 0] = gbits[1][:, 0]
+    landed[:, 1] = gbits[1][:, 1] & 0xFFFF
+    np.testing.assert_array_equal(out[2], np.full((16, 4), POISON32) if deferred else landed)
+    np.testing.assert_array_equal(out[3], landed)
+    np.testing.assert_array_equal(out[4], 0)  # src_bytes = 0: sixteen zero bytes
+
+
+def test_shared_memory_poisoned_for_every_block(emu_module):
+    mod = emu_module("semantics")
+    out = np.zeros((3, 2, 32), np.uint32)  # [block][static, dynamic][thread]
+    mod.launch("smem_poison", 3, 32, args=[out], smem=32 * 4)
+    np.testing.assert_array_equal(out, POISON32)
+
+
+def test_fp16_bf16_conversions(emu_module):
+    mod = emu_module("semantics")
+    rng = np.random.default_rng(5)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.99, 65520.0, 65536.0, 1e-8, 2.0**-24,
+                         2.0**-25, 1.5 * 2.0**-25, 2.0**-14, 2.0**-14 * (1 - 2.0**-11), 1 + 2.0**-11,
+                         1 + 3 * 2.0**-11, 3.0e38, -3.4e38, 1e-40], np.float32)
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    near_half = (rng.standard_normal(200_000) * 100).astype(np.float32)
+    x = np.concatenate([specials, bits, near_half])
+    n = x.size
+    h = np.zeros(n, np.uint16)
+    bf = np.zeros(n, np.uint16)
+    hf = np.zeros(n, np.float32)
+    bff = np.zeros(n, np.float32)
+    mod.launch("convert", 64, 256, args=[x, h, bf, hf, bff, n])
+    nan = np.isnan(x)
+    # fp32 -> fp16 / bf16: round to nearest even like numpy / ml_dtypes; NaN -> canonical 0x7FFF (CUDA)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(h[~nan], x[~nan].astype(np.float16).view(np.uint16))
+    np.testing.assert_array_equal(bf[~nan], x[~nan].astype(ml_dtypes.bfloat16).view(np.uint16))
+    assert np.all(h[nan] == 0x7FFF) and np.all(bf[nan] == 0x7FFF)
+    # fp16 / bf16 -> fp32 for every bit pattern (index i converts pattern i & 0xFFFF)
+    pat = (np.arange(n) & 0xFFFF).astype(np.uint16)
+    np.testing.assert_array_equal(hf.view(np.uint32), pat.view(np.float16).astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal(bff.view(np.uint32), pat.astype(np.uint32) << 16)
