@@ -70,4 +70,6 @@ def dump(program: Graph | TinyGraph, stages: list[str], out_dir: Path | None) ->
 
 
 # Stages past Tiny IR register themselves when their package is imported.
+import kumiko.indexbook  # noqa: E402,F401
+import kumiko.poly  # noqa: E402,F401
 import kumiko.region  # noqa: E402,F401
