@@ -23,6 +23,7 @@ examples:
   kumiko run examples/gemm_bias_relu.json --shapes M=128,N=64,K=32 --seed 1 --out y.npz
   kumiko dump examples/conv3x3_s2_p1.json --stage frontend,tiny --out dumps/
   kumiko check my_graph.json --json
+  kumiko bench examples/gemm_bias_relu.json --shapes M=512,N=512,K=512 --reps 10
 
 Graph files are frontend JSON (see docs/frontend.md), a dumped Tiny IR (a file with "uops"),
 or the graph DSL (.kumiko). Errors print as diagnostics and exit with status 2.
@@ -60,15 +61,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                 inputs = {k: z[k] for k in z.files}
         except (OSError, ValueError) as e:
             raise KumikoError("E1502", at=args.inputs, why=f"cannot read the inputs: {e}",
-                              suggestion="give an .npz written by numpy.savez with arrays keyed by input name") from None
+                              suggestion="give an .npz written by numpy.savez, arrays keyed by input name") from None
     else:
         inputs = exe.random_inputs(args.seed, _shapes(args.shapes))
     t0 = time.perf_counter()
     outputs = exe(**inputs)
     t_run = time.perf_counter() - t0
     if args.out:
-        from kumiko.util import atomic_write
         import io
+
+        from kumiko.util import atomic_write
         buf = io.BytesIO()
         np.savez(buf, **outputs)
         atomic_write(Path(args.out), buf.getvalue())
@@ -99,6 +101,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
     program = _load(args.file)
     stages = [s.strip() for s in args.stage.split(",") if s.strip()]
     out_dir = Path(args.out) if args.out else None
+    if args.format != "json":
+        return _dump_pictures(program, stages, args.format, out_dir)
     texts = dump(program, stages, out_dir)
     if out_dir is None:
         if len(texts) == 1:
@@ -111,6 +115,20 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dump_pictures(program, stages: list[str], fmt: str, out_dir: Path | None) -> int:
+    from kumiko.frontend.visualize import draw_stages
+    if fmt == "svg" and out_dir is None and len(stages) > 1:
+        raise KumikoError("E1010", at="dump --format svg", why="several SVG pictures cannot share stdout",
+                          suggestion="pick one stage (--stage frontend) or write files with --out DIR")
+    texts = draw_stages(program, stages, fmt, out_dir)
+    if out_dir is None:
+        sys.stdout.write("".join(texts.values()))
+    else:
+        for s in texts:
+            print(f"wrote {out_dir / f'{program.name}.{s}.{fmt}'}")
+    return 0
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from kumiko.compiler import to_tiny
     program = _load(args.file)
@@ -120,6 +138,94 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         print(f"{args.file}: ok ({len(tiny.nodes)} Tiny IR nodes; inputs {[t for t, _ in tiny.inputs]}, "
               f"outputs {[t for t, _ in tiny.outputs]})")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from kumiko.compiler import compile as kcompile
+    from kumiko.pipeline import dump
+    program = _load(args.file)
+    opts = {"tune": bool(args.tune), "shapes": _shapes(args.shapes)}
+    t0 = time.perf_counter()
+    exe = kcompile(program, target=args.target, **opts)
+    took = time.perf_counter() - t0
+    built = exe._run
+    stages = [s.strip() for s in (args.dump or "").split(",") if s.strip()]
+    out_dir = Path(args.out) if args.out else None
+    if stages:
+        dump(program, [s for s in stages if s not in ("plan", "c")], out_dir)
+    if out_dir is not None and hasattr(built, "source"):
+        from kumiko.util import atomic_write
+        if "c" in stages:
+            atomic_write(out_dir / f"{program.name}.c", built.source)
+        if "plan" in stages:
+            atomic_write(out_dir / f"{program.name}.plan.json",
+                         json.dumps({n: p.to_json() for n, p in built.plans.items()}, indent=2) + "\n")
+    if args.json:
+        plans = {n: p.to_json() for n, p in getattr(built, "plans", {}).items()}
+        print(json.dumps({"target": exe.target, "compile_s": round(took, 4), "plans": plans}, indent=2))
+        return 0
+    print(f"{Path(args.file).name}: compiled for {exe.target} in {took * 1e3:.1f} ms")
+    for name, p in getattr(built, "plans", {}).items():
+        extra = f" micro {p.micro[0]}x{p.micro[1]} blocks {list(p.tile)}" if p.algo == "packed" else ""
+        print(f"  {name}: {p.algo} ({p.arch}, vector width {p.vector_width}){extra}")
+    if out_dir is not None and stages:
+        print(f"  dumps in {out_dir}")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from kumiko.compiler import to_tiny
+    from kumiko.region import form_regions
+    from kumiko.region.srnf import epilogue
+    program = _load(args.file)
+    p = form_regions(to_tiny(program))
+    if args.json:
+        print(json.dumps({"regions": [{"name": r.name, "outputs": [o.name for o in r.outputs],
+                                       "materialize": [o.materialize for o in r.outputs],
+                                       "epilogue": epilogue(r), "notes": list(r.notes)} for r in p.regions]},
+                         indent=2))
+        return 0
+    print(f"{program.name}: {len(p.regions)} kernel(s), in execution order")
+    for k, r in enumerate(p.regions):
+        outs = ", ".join(f"{o.name} ({o.materialize})" for o in r.outputs)
+        iters = ", ".join(f"{a.name}<{a.size}" for a in r.iters)
+        print(f"\n[{k}] {r.name}: writes {outs}; iterates {iters}")
+        for note in r.notes:
+            print(f"    {note}")
+        ep = epilogue(r)
+        if ep:
+            print(f"    epilogue on the accumulator: {' -> '.join(ep)}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Time a compiled graph on fresh random inputs: median and min of --reps runs after --warmup runs."""
+    from kumiko.compiler import compile as kcompile
+    from kumiko.runtime.flops import count_flops, gflops, measure
+    if args.reps < 1 or args.warmup < 0:
+        raise KumikoError("E1010", at="bench", why=f"--reps {args.reps} / --warmup {args.warmup}",
+                          suggestion="give --reps >= 1 and --warmup >= 0")
+    program = _load(args.file)
+    t0 = time.perf_counter()
+    exe = kcompile(program, target=args.target)
+    t_compile = time.perf_counter() - t0
+    shapes = _shapes(args.shapes)
+    inputs = exe.random_inputs(args.seed, shapes)
+    env = exe.bind(inputs, shapes)
+    r = measure(lambda: exe(**inputs), reps=args.reps, warmup=args.warmup)
+    flops = count_flops(exe.tiny, env)
+    rate = gflops(flops, r["median_s"])
+    res = {"file": args.file, "target": exe.target, "sizes": env, "compile_s": round(t_compile, 6),
+           "median_ms": r["median_s"] * 1e3, "min_ms": r["min_s"] * 1e3, "mean_ms": r["mean_s"] * 1e3,
+           "reps": r["reps"], "warmup": r["warmup"], "flops": flops, "gflops": rate}
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    sizes = ",".join(f"{k}={v}" for k, v in sorted(env.items()))
+    print(f"{Path(args.file).name}: target {exe.target}, sizes {sizes or '-'}, compiled in {t_compile * 1e3:.1f} ms")
+    print(f"  median {res['median_ms']:.3f} ms  min {res['min_ms']:.3f} ms  ({r['reps']} runs after "
+          f"{r['warmup']} warm-up)" + (f"  {rate:.2f} GFLOP/s ({flops} FLOPs)" if rate is not None else ""))
     return 0
 
 
@@ -150,9 +256,32 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("file", help="graph file")
     d.add_argument("--stage", default="frontend,tiny", help=f"comma-separated stages: {', '.join(STAGES)} "
                    "(default frontend,tiny)")
-    d.add_argument("--out", help="directory to write <name>.<stage>.json into (default: print to stdout)")
+    d.add_argument("--out", help="directory to write <name>.<stage>.<format> into (default: print to stdout)")
+    d.add_argument("--format", choices=("json", "dot", "svg"), default="json",
+                   help="json (default): the stage's dump; dot or svg: a picture of the graph (frontend, tiny); "
+                   "svg needs graphviz's dot")
     d.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     d.set_defaults(fn=cmd_dump)
+
+    k = sub.add_parser("compile", help="compile a graph for a target; optionally autotune and write stage dumps",
+                       description="Compile FILE (regions, plans, generated code, build). --tune times the "
+                       "candidate plans of each kernel and caches the winners; --dump writes stage dumps "
+                       "(frontend, tiny, indexbook, poly_view, region, plan, c) into --out.")
+    k.add_argument("file", help="graph file")
+    k.add_argument("--target", default=DEFAULT_TARGET, help=f"target (default {DEFAULT_TARGET}; {targets})")
+    k.add_argument("--tune", action="store_true", help="autotune: build and time candidate plans, cache the best")
+    k.add_argument("--shapes", help="sizes to tune for, e.g. M=1024,N=1024,K=1024 (default: the file's symbols)")
+    k.add_argument("--dump", help="comma-separated stages to write (needs --out)")
+    k.add_argument("--out", help="directory for dumps")
+    k.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    k.set_defaults(fn=cmd_compile)
+
+    x = sub.add_parser("explain", help="show the kernels (regions) a graph becomes and why each boundary is there",
+                       description="Form the regions of FILE (one region = one kernel) and print, for each, what "
+                       "it fuses, what it reads, which rule made each boundary, and its epilogue.")
+    x.add_argument("file", help="graph file")
+    x.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    x.set_defaults(fn=cmd_explain)
 
     c = sub.add_parser("check", help="verify a graph file (shapes, dtypes, names) without running it",
                        description="Load and verify FILE: the frontend checks and the Tiny IR verifier. "
@@ -160,6 +289,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("file", help="graph file")
     c.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     c.set_defaults(fn=cmd_check)
+
+    b = sub.add_parser("bench", help="time a compiled graph on random inputs (median, min, GFLOP/s)",
+                       description="Compile FILE for a target, make fresh random inputs (never zeros), run "
+                       "--warmup untimed and --reps timed runs, and print the median and min time and GFLOP/s "
+                       "(FLOPs counted on the Tiny IR: 2 per multiply-accumulate). bench/bench.py compares peers.")
+    b.add_argument("file", help="graph file")
+    b.add_argument("--target", default=DEFAULT_TARGET, help=f"where to run (default {DEFAULT_TARGET}; {targets})")
+    b.add_argument("--shapes", help="sizes for symbolic dims, e.g. M=1024,N=1024,K=1024")
+    b.add_argument("--reps", type=int, default=10, help="timed runs (default 10)")
+    b.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
+    b.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    b.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    b.set_defaults(fn=cmd_bench)
     return p
 
 

@@ -16,14 +16,14 @@ from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
 from kumiko.symbolic import dim_eval
-from kumiko.tiny.evaluate import bind_symbols, check_inputs, evaluate
+from kumiko.tiny.evaluate import bind_symbols, check_inputs, check_sizes, evaluate
 from kumiko.tiny.ir import TinyGraph
 
 #: target name -> factory(tiny graph, options) -> callable(inputs, env) -> outputs
 TARGETS: dict[str, Callable[..., Callable]] = {}
 #: targets that are planned but not built yet, with the issue that brings them
-PLANNED = {"cpu": "the CPU backend", "cuda-emu": "the CUDA backend", "cuda": "the CUDA backend"}
-DEFAULT_TARGET = "eval"
+PLANNED = {"cuda": "the CUDA backend (a real GPU through cuda-bindings)"}
+DEFAULT_TARGET = "cpu"
 
 
 def register_target(name: str):
@@ -108,6 +108,8 @@ class Executable:
     def bind(self, inputs: Mapping[str, np.ndarray], shapes: Mapping[str, int] | None = None) -> dict[str, int]:
         env = bind_symbols(self.tiny, inputs, shapes)
         check_inputs(self.tiny, inputs, env)
+        if self.target != "eval":
+            check_sizes(self.tiny, env)      # compiled kernels trust these; the evaluator checks as it runs
         return env
 
     def __call__(self, **inputs: np.ndarray) -> dict[str, np.ndarray]:
@@ -115,7 +117,8 @@ class Executable:
         inputs = {k: np.asarray(v) for k, v in inputs.items()}
         env = self.bind(inputs)
         out = self._run(inputs, env)
-        return {name: out[name] for name in self.output_names}
+        # an output that is an input of the same name is not computed by any kernel: return a copy
+        return {name: out[name] if name in out else np.array(inputs[name], copy=True) for name in self.output_names}
 
     def random_inputs(self, seed: int = 0, shapes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         """Fresh random inputs (never zeros): normal floats, small non-negative ints, random bools."""
@@ -143,3 +146,8 @@ class Executable:
 def compile(program: Graph | TinyGraph, target: str = DEFAULT_TARGET, **options) -> Executable:  # noqa: A001
     """Compile a Graph (or a Tiny IR) for a target; see ``TARGETS`` for the names."""
     return Executable(program, target, **options)
+
+
+# targets past the evaluator register themselves on import
+import kumiko.runtime.target_cpu  # noqa: E402,F401
+import kumiko.runtime.target_cuda  # noqa: E402,F401

@@ -11,9 +11,11 @@ stated, deterministic rules (each recorded in the region's notes for ``kumiko ex
 - R-contract a value holding a reduction, read inside another reduction over axes it lacks (a
              contraction operand: inlining would recompute it per missing axis), is materialised;
              ``deferred`` when it has a single consumer (seed 001 §6.8.3: attention's P).
-- R-window   a value holding a reduction, read inside a reduction through a map that is not injective
-             over the axes in scope (overlapping windows) is materialised; an injective window is
-             fused, which is Poly Core's compute-at with zero recompute (Conv -> ReLU -> MaxPool 2x2/2).
+- R-window   a value holding a reduction, read inside another reduction with all of its axes, is fused
+             (computed at the consumer) when Poly Core's compute-at report says it is legal and needs
+             no recompute (buffer class ``reg``: Conv -> ReLU -> MaxPool 2x2/2); otherwise (overlapping
+             windows) it is materialised. Where Poly Core cannot analyse the pair (non-SCoP), the same
+             criterion is applied to the index map directly (injective over the consumer's box).
 - R-gather   the data operand of a GATHER is read through a data-dependent index (non-SCoP): it must
              be a MemRef.
 - R-fanout   a value that several regions need is recomputed in each when it is cheap (no reduction,
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kumiko import dtypes
 from kumiko.region.index import injective, move_index
 from kumiko.region.srnf import normalize
 from kumiko.region.ssa import (
@@ -55,7 +58,11 @@ _UNARY = {"NEG": "neg", "EXP2": "exp2", "LOG2": "log2", "SQRT": "sqrt", "RSQRT":
           "ERF": "erf"}
 _BINARY = {"ADD": "add", "SUB": "sub", "MUL": "mul", "FDIV": "div", "MAX": "max", "MIN": "min", "POW": "pow",
            "CMPLT": "lt", "CMPLE": "le", "CMPEQ": "eq", "CMPNE": "ne"}
-_NEUTRAL = {"SUM": 0.0, "MAX": float("-inf"), "MIN": float("inf")}
+
+
+def _neutral(op: str, dt) -> object:
+    """The reduction's identity in its accumulator dtype (-inf for a float max, INT_MIN for i32, False for bool)."""
+    return dtypes.neutral(op, dt).item()
 
 
 class NeedsRoot(Exception):
@@ -79,6 +86,7 @@ class _Build:
     n_red: int = 0
     n_gather: int = 0
     guarded: int = 0                                # > 0 while inlining under a pad/slice guard
+    consumers: list = field(default_factory=list)   # the reductions being built, innermost last
 
 
 def _free(index: tuple) -> set:
@@ -99,12 +107,18 @@ class Former:
         self.g = g
         self.users = self._compute_users()
         self.out_names: dict[str, list] = {}
-        for t, nid in g.outputs:
+        # an output that *is* the input of the same name needs no kernel (the executable returns the input)
+        self.outputs = tuple((t, nid) for t, nid in g.outputs
+                             if not (g.nodes[nid].uop == "INPUT" and g.nodes[nid].arg["tensor_id"] == t))
+        for t, nid in self.outputs:
             self.out_names.setdefault(nid, []).append(t)
         self.roots: dict[str, tuple[str, str, bool]] = {}
-        for t, nid in g.outputs:
+        for t, nid in self.outputs:
             self.roots.setdefault(nid, ("R-out", f"graph output {t}", False))
         self._cheap: dict[str, bool] = {}
+        self._poly: dict = {}
+        self._view = None
+        self.fused_by_poly: list[str] = []
 
     def _compute_users(self) -> dict[str, set]:
         """Compute-node consumers of each node, looking through movement chains."""
@@ -172,9 +186,45 @@ class Former:
             raise NeedsRoot(nid, "R-contract", f"{nid} holds a reduction and is read inside a reduction over "
                             f"axes it lacks ({', '.join(missing)}): it is a contraction operand",
                             deferred=len(self.users[nid]) == 1 and nid not in self.out_names)
-        if not injective(index, {a: b.sizes[a] for a in scope}):
+        consumer = b.consumers[-1] if b.consumers else None
+        verdict = self.poly_verdict(nid, consumer) if consumer is not None else None
+        if verdict is not None:
+            ok, why = verdict
+            if not ok:
+                raise NeedsRoot(nid, "R-window", f"Poly Core: {nid} cannot be computed at {consumer}: {why}")
+            self.fused_by_poly.append(f"compute-at {nid} in {consumer}: Poly Core says legal, {why}")
+        elif not injective(index, {a: b.sizes[a] for a in scope}):
             raise NeedsRoot(nid, "R-window", f"{nid} holds a reduction and is read through an overlapping "
                             "window; fusing would recompute it")
+
+    def poly_verdict(self, producer: str, consumer: str) -> tuple[bool, str] | None:
+        """Poly Core's compute-at report: legal and no recompute (buffer class ``reg``: each producer
+        element used by one consumer point). None when Poly Core cannot analyse the pair (non-SCoP)."""
+        key = (producer, consumer)
+        if key not in self._poly:
+            try:
+                if self._view is None:
+                    from kumiko.indexbook import build_indexbook
+                    from kumiko.poly import poly_view
+                    self._view = poly_view(build_indexbook(self.g))
+                from kumiko.poly import compute_at
+                pb = self._view.blocks.get(producer) or self._view.block_of_value(producer)
+                cb = self._view.blocks.get(consumer) or self._view.block_of_value(consumer)
+                if pb is None or cb is None or pb.name == cb.name:
+                    raise LookupError("not two statements")   # part of the consumer's own statement
+                ca = compute_at(self._view, producer, consumer, all_footprints=False)
+            except Exception:    # noqa: BLE001 - a value outside the SCoP: fall back to the index check
+                self._poly[key] = None
+            else:
+                buf = dict(ca.min_buffer).get("buffer") if ca.min_buffer else None
+                if not ca.ok:
+                    self._poly[key] = (False, ca.diagnostic.why if ca.diagnostic else "illegal")
+                elif buf != "reg":
+                    self._poly[key] = (False, f"minimum buffer {buf}: " +
+                                       str(dict(ca.min_buffer).get("why", "producer elements are reused")))
+                else:
+                    self._poly[key] = (True, str(dict(ca.min_buffer).get("why", "no recompute")))
+        return self._poly[key]
 
     def compute(self, b: _Build, n: Node, index: tuple, scope: tuple) -> RExpr:
         u = n.uop
@@ -198,7 +248,8 @@ class Former:
         reused = self.reuse_iter_axes(b, n, index, scope)
         if reused is not None:
             axes, body_index = reused
-            return Reduce(op, axes, _NEUTRAL[n.arg["op"]], n.dtype, self.inline(b, n.src[0], body_index, scope))
+            body = self.inline(b, n.src[0], body_index, scope)
+            return Reduce(op, axes, _neutral(n.arg["op"], n.dtype), n.dtype, body)
         axes, body_index = [], list(index)
         for a in n.arg["axes"]:
             name = f"r{b.n_red}"
@@ -207,8 +258,10 @@ class Former:
             b.sizes[name] = src.shape[a]
             body_index.insert(a, Expr.sym(name))
         inner = scope + tuple(a.name for a in axes)
-        return Reduce(op, tuple(axes), _NEUTRAL[n.arg["op"]], n.dtype,
-                      self.inline(b, n.src[0], tuple(body_index), inner))
+        b.consumers.append(n.id)
+        body = self.inline(b, n.src[0], tuple(body_index), inner)
+        b.consumers.pop()
+        return Reduce(op, tuple(axes), _neutral(n.arg["op"], n.dtype), n.dtype, body)
 
     def reuse_iter_axes(self, b: _Build, n: Node, index: tuple, scope: tuple):
         """Seed 001 §6.8.3 form: ``Mrow = reduce(max, [n], S)`` where S is a top-level let over the
@@ -297,6 +350,7 @@ class Former:
         fused = [f"{nid} {self.g.nodes[nid].uop}" for nid in self.g.nodes if nid in b.inlined or nid == b.root
                  and self.g.nodes[nid].uop not in MOVEMENT]
         notes = [f"root {root}: {rule}: {why}", "fuses: " + (", ".join(fused) or "nothing (a copy)")]
+        notes += [n for n in self.fused_by_poly if n.split(" in ")[0].split()[-1] in b.inlined]
         for buf, nid in sorted(b.reads.items(), key=lambda kv: list(self.g.nodes).index(kv[1])):
             if self.g.nodes[nid].uop == "INPUT":
                 notes.append(f"reads {buf}: a graph input")
@@ -341,7 +395,7 @@ class Former:
     def _program(self, built) -> Program:
         regions = tuple(built[r][0] for r in self._order())
         ins = tuple((t, MemRef(self.g.nodes[nid].shape, self.g.nodes[nid].dtype)) for t, nid in self.g.inputs)
-        outs = tuple((t, MemRef(self.g.nodes[nid].shape, self.g.nodes[nid].dtype)) for t, nid in self.g.outputs)
+        outs = tuple((t, MemRef(self.g.nodes[nid].shape, self.g.nodes[nid].dtype)) for t, nid in self.outputs)
         bufs = tuple((self.buffer(r), MemRef(self.g.nodes[r].shape, self.g.nodes[r].dtype))
                      for r in self._order() if r not in self.out_names)
         return Program(self.g.name, regions, ins, outs, bufs, dict(self.g.symbols))

@@ -3,16 +3,13 @@ static bounds check of every Read with ISL (E1401 UnguardedAccess): the set of i
 satisfy the guards in scope yet index outside the MemRef must be empty, for all sizes >= 1."""
 from __future__ import annotations
 
-import math
-
 import islpy as isl
 
+from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.region.srnf import _children, check_ccon1
 from kumiko.region.ssa import Guard, Read, Reduce, Region, RExpr, Select, typecheck
 from kumiko.symbolic import Expr
-
-NEUTRALS = {"sum": 0.0, "max": -math.inf, "min": math.inf}
 
 
 def verify(r: Region) -> Region:
@@ -27,9 +24,10 @@ def verify(r: Region) -> Region:
 
 def _walk(r: Region, e: RExpr, axes: dict, guards: tuple, memrefs: dict) -> None:
     if isinstance(e, Reduce):
-        if float(e.init) != NEUTRALS[e.op]:
+        want = dtypes.neutral(e.op.upper(), e.dtype).item()
+        if e.init != want:
             raise KumikoError("E1403", at=f"region {r.name}", why=f"Reduce({e.op}) starts from {e.init}, not its "
-                              f"neutral {NEUTRALS[e.op]}")
+                              f"neutral {want} in {e.dtype}")
         axes = {**axes, **{a.name: a.size for a in e.axes}}
         _walk(r, e.body, axes, guards, memrefs)
         return

@@ -187,7 +187,11 @@ def _load(d: Mapping) -> TinyGraph:
         if nid not in b.nodes:
             raise KumikoError("E1007", at="tiny:outputs", why=f"output/input node {nid!r} is not defined")
     b._next = len(b.nodes)
-    return b.finish(inputs, outputs, d.get("symbols"), d.get("signature"))
+    symbols = d.get("symbols") or {}
+    if not isinstance(symbols, Mapping) or not all(isinstance(k, str) and isinstance(v, int) and
+                                                   not isinstance(v, bool) for k, v in symbols.items()):
+        raise KumikoError("E1009", at="tiny.symbols", why="'symbols' must map size names to ints")
+    return b.finish(inputs, outputs, symbols, d.get("signature"))
 
 
 def _topo(srcs: Mapping[str, list]) -> list[str]:

@@ -231,3 +231,62 @@ def _elementwise(n: Node, srcs: list, fp64: bool) -> np.ndarray:
         if u == "CMPNE":
             return x != y
     raise AssertionError(u)
+
+
+def _interval(e, box: Mapping[str, tuple], env: Mapping[str, int]) -> tuple[int, int]:
+    """Bounds of an affine + floordiv expression over a box of axis values (interval arithmetic)."""
+    from kumiko.symbolic import Expr, FloorDiv, Sym
+    e = Expr.lift(e)
+    lo = hi = e.const
+    for mono, c in e.terms:
+        if len(mono) != 1:
+            v = int(Expr((((mono, c),)), 0).evaluate({**env, **{k: b[1] for k, b in box.items()}}))
+            lo, hi = lo + min(0, v), hi + max(0, v)
+            continue
+        a = mono[0]
+        if isinstance(a, Sym):
+            if a.name in box:
+                r = box[a.name]
+            else:
+                r = (env[a.name], env[a.name]) if a.name in env else (0, 0)
+        else:
+            assert isinstance(a, FloorDiv)
+            n_lo, n_hi = _interval(a.num, box, env)
+            r = (n_lo // a.den, n_hi // a.den)
+        lo, hi = lo + min(c * r[0], c * r[1]), hi + max(c * r[0], c * r[1])
+    return lo, hi
+
+
+def check_sizes(g: TinyGraph, env: Mapping[str, int]) -> None:
+    """Concrete sizes a compiled kernel relies on without checking: no negative extent, slices inside
+    their source, non-negative pads, VIEW windows inside their source (E1015 when the bound sizes break
+    one; the evaluator finds the same through numpy, compiled code would read out of bounds)."""
+    for nid, n in g.nodes.items():
+        at = f"tiny:{nid} ({n.uop})"
+        try:
+            shape = [dim_eval(d, env) for d in n.shape]
+        except KeyError as e:
+            raise KumikoError("E1014", at=at, why=f"size symbol {e.args[0]} has no value") from None
+        if any(d < 0 for d in shape):
+            raise KumikoError("E1015", at=at, why=f"these input sizes make a negative extent {shape}")
+        if n.uop not in ("SHRINK", "PAD", "VIEW"):
+            continue
+        src = [dim_eval(d, env) for d in g.nodes[n.src[0]].shape]
+        if n.uop == "SHRINK":
+            for k, (lo, hi) in enumerate(zip(n.arg["lo"], n.arg["hi"])):
+                lo, hi = dim_eval(lo, env), dim_eval(hi, env)
+                if not 0 <= lo <= hi <= src[k]:
+                    sym = g.nodes[n.src[0]].shape[k]
+                    raise KumikoError("E1015", at=at, why=f"slice [{lo}, {hi}) of axis {k} ([{n.arg['lo'][k]}, "
+                                      f"{n.arg['hi'][k]})) leaves its size {src[k]} ({sym})",
+                                      suggestion="Pass inputs large enough for the graph's slices.")
+        elif n.uop == "PAD":
+            if any(dim_eval(a, env) < 0 or dim_eval(b, env) < 0 for a, b in n.arg["pad"]):
+                raise KumikoError("E1015", at=at, why="these input sizes make a negative padding")
+        elif n.uop == "VIEW" and all(d > 0 for d in shape):
+            box = {f"i{k}": (0, d - 1) for k, d in enumerate(shape)}
+            for k, e in enumerate(n.arg["index_map"]):
+                lo, hi = _interval(e, box, env)
+                if lo < 0 or hi >= src[k]:
+                    raise KumikoError("E1015", at=at, why=f"the view reads axis {k} at [{lo}, {hi}] beyond size "
+                                      f"{src[k]}", suggestion="Pass inputs large enough for the graph's windows.")

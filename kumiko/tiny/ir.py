@@ -143,6 +143,8 @@ def infer(nid: str, uop: str, srcs: list, arg: Mapping) -> tuple[dtypes.DType, t
     if len(srcs) != arity:
         raise _err("E1009", nid, uop, f"{uop} takes {arity} sources, got {len(srcs)}")
     if uop == "INPUT":
+        if not isinstance(arg.get("tensor_id"), str):
+            raise _err("E1009", nid, uop, "INPUT needs a 'tensor_id' naming its signature tensor")
         dt = dtypes.lookup(arg.get("dtype"))
         if dt is None or dt.name not in dtypes.USER:
             raise _err("E1012", nid, uop, f"input dtype {arg.get('dtype')!r} is not supported")

@@ -61,7 +61,7 @@ def graph_json(op: str, ins: list, attrs: dict | None = None, fn: str | None = N
 def run_json(op: str, ins: list, attrs: dict | None = None, fn: str | None = None) -> np.ndarray:
     d, arrays = graph_json(op, ins, attrs, fn)
     g = Graph.from_json(d)
-    return kumiko.compile(g)(**arrays)["y"]
+    return kumiko.compile(g, "eval")(**arrays)["y"]   # frontend semantics: the evaluator (cpu: other tests)
 
 
 def tensors(ins: list) -> list:
@@ -1069,12 +1069,12 @@ def test_multi_op_json_graph_with_declared_types():
         ],
     }
     g = Graph.from_json(d)
-    out = kumiko.compile(g)(x=x, w=w, b=b)
+    out = kumiko.compile(g, "eval")(x=x, w=w, b=b)
     assert list(out) == ["p", "h"]
     h = np.tanh(np.matmul(*f64(x, w)) + b)
     assert_rel(out["h"], h, dtype=np.float32)
     assert_rel(out["p"], softmax_ref(h, 0), dtype=np.float32)
     # the graph round-trips through its own JSON
     g2 = Graph.from_json(json.loads(json.dumps(g.to_json())))
-    out2 = kumiko.compile(g2)(x=x, w=w, b=b)
+    out2 = kumiko.compile(g2, "eval")(x=x, w=w, b=b)
     assert_exact(out2["p"], out["p"])

@@ -72,6 +72,7 @@ def test_conv_relu_maxpool_is_one_region_without_intermediate():
     assert isinstance(out, Reduce) and out.op == "max"
     inner = [e for e in _walk(out.body) if isinstance(e, Reduce)]
     assert inner and inner[0].op == "sum"        # conv computed inside the pooling (compute-at)
+    assert any("Poly Core says legal" in n for n in r.notes)   # the decision came from Poly Core
 
 
 @pytest.mark.parametrize("stem", ["conv3x3_s2_p1", "conv3x3_s2_p1_silu"])
@@ -132,7 +133,7 @@ def test_overlapping_window_materialises_producer():
     w = Tensor.input("w", (3, 2, 3, 3))
     y = x.conv2d(w, padding=1).relu().max_pool2d(3, stride=1)   # windows overlap: recompute would be 9x
     p = _check_playback(y.graph("y"))
-    assert len(p.regions) == 2 and any("R-window" in n for r in p.regions for n in r.notes)
+    assert len(p.regions) == 2 and any("R-window" in n and "Poly Core" in n for r in p.regions for n in r.notes)
 
 
 def test_gather_data_operand_is_a_memref():

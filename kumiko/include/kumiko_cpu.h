@@ -1,0 +1,343 @@
+/* kumiko_cpu.h: the one header generated CPU kernels include.
+ *
+ * Why a header and not inline code in every kernel: generated C stays short and readable (it says
+ * `kv_fma(a, b, acc)`, not an ISA-specific intrinsic), and each helper here is tested once
+ * (tests/runtime/test_cpu_header.py) instead of trusted in every generated kernel.
+ *
+ * Contents
+ *   macros       KUMIKO_RESTRICT, KUMIKO_INLINE, KUMIKO_ALIGN(n), KUMIKO_BUF_ALIGN, KUMIKO_ASSUME_ALIGNED(p, n),
+ *                KUMIKO_LIKELY/UNLIKELY, KUMIKO_KERNEL (the exported `int NAME(void**, const long long*)` ABI)
+ *   integers     kumiko_floordiv, kumiko_ceildiv, kumiko_mod (floor semantics for negative numerators),
+ *                kumiko_min_ll, kumiko_max_ll
+ *   16-bit float kumiko_f16_to_f32, kumiko_f32_to_f16, kumiko_bf16_to_f32, kumiko_f32_to_bf16
+ *                (round to nearest even; inf and NaN kept, NaN quieted)
+ *   scalar math  kumiko_exp2 (the same polynomial as kv_exp2, so vector body and scalar tail agree bit for bit)
+ *   vectors      kv_t (KUMIKO_VW floats), kvi_t (KUMIKO_VW int32): GCC vector extensions, so + - * / and
+ *                comparisons (giving kvi_t masks of 0 / -1) are plain operators
+ *                kv_load, kv_store, kv_loadu_partial, kv_store_partial, kv_tail_mask, kv_select,
+ *                kv_zero, kv_broadcast, kv_fma, kv_max, kv_min, kv_sqrt, kv_hsum, kv_hmax, kv_hmin,
+ *                kv_exp2, kv_map (lane-wise scalar fallback, e.g. for log2f/erff),
+ *                kv_load_f16, kv_store_f16, kv_load_bf16, kv_store_bf16 (full vectors of 16-bit storage)
+ *
+ * The vector width follows what the compiler targets (-march=native on the build machine):
+ * AVX-512F -> 16 floats, AVX/AVX2 -> 8, otherwise 4 (SSE, NEON, or GCC's generic lowering).
+ * Buffers passed to kernels are 64-byte aligned (KUMIKO_BUF_ALIGN), but loads and stores here are
+ * unaligned-safe because tiles rarely start on a vector boundary.
+ */
+#ifndef KUMIKO_CPU_H
+#define KUMIKO_CPU_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* macros                                                                                          */
+
+#ifdef __cplusplus
+#define KUMIKO_RESTRICT __restrict__
+#define KUMIKO_EXTERN_C extern "C"
+#else
+#define KUMIKO_RESTRICT restrict
+#define KUMIKO_EXTERN_C
+#endif
+#define KUMIKO_INLINE static inline __attribute__((always_inline))
+#define KUMIKO_ALIGN(n) __attribute__((aligned(n)))
+#define KUMIKO_BUF_ALIGN 64 /* every buffer the runtime passes is aligned to this many bytes */
+#define KUMIKO_ASSUME_ALIGNED(p, n) __builtin_assume_aligned((p), (n))
+#define KUMIKO_LIKELY(x) __builtin_expect(!!(x), 1)
+#define KUMIKO_UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* A kernel entry point: `KUMIKO_KERNEL my_region(void** bufs, const long long* syms) { ... return 0; }`.
+ * Visible even under -fvisibility=hidden, unmangled if the file is compiled as C++. */
+#define KUMIKO_KERNEL KUMIKO_EXTERN_C __attribute__((visibility("default"))) int
+
+/* ---------------------------------------------------------------------------------------------- */
+/* integer helpers: index expressions use floor division (seed 001 §4.3), C's `/` truncates        */
+
+KUMIKO_INLINE long long kumiko_floordiv(long long a, long long q) { /* q > 0 */
+    long long d = a / q;
+    return d - ((a % q) < 0);
+}
+KUMIKO_INLINE long long kumiko_mod(long long a, long long q) { /* q > 0; result in [0, q) */
+    long long r = a % q;
+    return r < 0 ? r + q : r;
+}
+KUMIKO_INLINE long long kumiko_ceildiv(long long a, long long q) { return -kumiko_floordiv(-a, q); }
+KUMIKO_INLINE long long kumiko_min_ll(long long a, long long b) { return a < b ? a : b; }
+KUMIKO_INLINE long long kumiko_max_ll(long long a, long long b) { return a > b ? a : b; }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* fp16 / bf16 <-> fp32 (storage is uint16_t). Bit-exact with numpy and ml_dtypes, tested over all  */
+/* 65536 halves and around every rounding boundary.                                                */
+
+KUMIKO_INLINE uint32_t kumiko_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+KUMIKO_INLINE float kumiko_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+KUMIKO_INLINE float kumiko_f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return kumiko_bits_f32(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0)); /* inf, NaN */
+    if (e == 0) {
+        if (m == 0) return kumiko_bits_f32(sign);
+        e = 113; /* subnormal: normalise; 2^-24 * m */
+        while (!(m & 0x400u)) { m <<= 1; e--; }
+        return kumiko_bits_f32(sign | (e << 23) | ((m & 0x3ffu) << 13));
+    }
+    return kumiko_bits_f32(sign | ((e + 112) << 23) | (m << 13));
+#endif
+}
+
+KUMIKO_INLINE uint16_t kumiko_f32_to_f16(float f) {
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, 0); /* 0 = round to nearest even */
+#else
+    uint32_t x = kumiko_f32_bits(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a >= 0x7f800000u) /* inf stays inf; NaN keeps its top payload bits and is quieted */
+        return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+    if (a < 0x38800000u) { /* below 2^-14: a half subnormal (or zero) */
+        if (a < 0x33000000u) return (uint16_t)sign; /* < 2^-25: rounds to zero */
+        uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126 - (a >> 23);
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        r += (rem > half) || (rem == half && (r & 1u));
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = (a - 0x38000000u) >> 13, rem = a & 0x1fffu; /* rebias 127 -> 15 */
+    r += (rem > 0x1000u) || (rem == 0x1000u && (r & 1u)); /* a carry into the exponent is right */
+    return (uint16_t)(sign | r);
+#endif
+}
+
+KUMIKO_INLINE float kumiko_bf16_to_f32(uint16_t b) { return kumiko_bits_f32((uint32_t)b << 16); }
+
+KUMIKO_INLINE uint16_t kumiko_f32_to_bf16(float f) {
+    uint32_t x = kumiko_f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* NaN: quiet, keep sign */
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);                /* RNE; overflow -> inf */
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* exp2: x = n + f with n = rint(x) (exact in fp32: the Cody-Waite split of exp2 needs no second   */
+/* constant), 2^f on [-1/2, 1/2] by a degree-6 minimax polynomial (Cephes exp2f), then 2^n applied  */
+/* in two halves so results in the subnormal range and at 2^128 (inf) come out right. Max error     */
+/* about 2 ulp (tested). NaN in -> NaN out; +inf -> inf; -inf -> 0.                                 */
+
+/* fmaf only where it is one instruction, so the scalar and vector forms round alike on every ISA */
+#if defined(__FP_FAST_FMAF)
+#define KUMIKO_FMAF(a, b, c) fmaf((a), (b), (c))
+#else
+#define KUMIKO_FMAF(a, b, c) ((a) * (b) + (c))
+#endif
+#define KUMIKO_EXP2_P6 1.535336188319500e-4f
+#define KUMIKO_EXP2_P5 1.339887440266574e-3f
+#define KUMIKO_EXP2_P4 9.618437357674640e-3f
+#define KUMIKO_EXP2_P3 5.550332471162809e-2f
+#define KUMIKO_EXP2_P2 2.402264791363012e-1f
+#define KUMIKO_EXP2_P1 6.931472028550421e-1f
+
+KUMIKO_INLINE float kumiko_exp2(float x) {
+    if (x != x) return x;
+    x = x < -151.0f ? -151.0f : (x > 129.0f ? 129.0f : x);
+    float n = (x + 12582912.0f) - 12582912.0f; /* rint for |x| < 2^22 (0x1.8p23 trick) */
+    float f = x - n;
+    float p = KUMIKO_FMAF(KUMIKO_EXP2_P6, f, KUMIKO_EXP2_P5);
+    p = KUMIKO_FMAF(p, f, KUMIKO_EXP2_P4);
+    p = KUMIKO_FMAF(p, f, KUMIKO_EXP2_P3);
+    p = KUMIKO_FMAF(p, f, KUMIKO_EXP2_P2);
+    p = KUMIKO_FMAF(p, f, KUMIKO_EXP2_P1);
+    p = KUMIKO_FMAF(p, f, 1.0f);
+    int32_t k = (int32_t)n, k1 = k / 2, k2 = k - k1;
+    return p * kumiko_bits_f32((uint32_t)(k1 + 127) << 23) * kumiko_bits_f32((uint32_t)(k2 + 127) << 23);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* vectors                                                                                          */
+
+#if defined(__AVX512F__)
+#define KUMIKO_VW 16
+#elif defined(__AVX__)
+#define KUMIKO_VW 8
+#else
+#define KUMIKO_VW 4
+#endif
+
+typedef float kv_t __attribute__((vector_size(KUMIKO_VW * 4)));
+typedef int32_t kvi_t __attribute__((vector_size(KUMIKO_VW * 4)));
+typedef uint32_t kvu_t __attribute__((vector_size(KUMIKO_VW * 4))); /* bit manipulation without signed overflow */
+typedef uint16_t kvh_t __attribute__((vector_size(KUMIKO_VW * 2))); /* a vector of fp16/bf16 storage */
+
+KUMIKO_INLINE kv_t kv_zero(void) { kv_t z = {0}; return z; }
+
+KUMIKO_INLINE kv_t kv_broadcast(float x) {
+    kv_t v;
+    for (int i = 0; i < KUMIKO_VW; i++) v[i] = x; /* a broadcast instruction; keeps -0.0 (0 + x would not) */
+    return v;
+}
+
+/* Full-vector loads and stores; any alignment. */
+KUMIKO_INLINE kv_t kv_load(const float* p) { kv_t v; memcpy(&v, p, sizeof v); return v; }
+KUMIKO_INLINE void kv_store(float* p, kv_t v) { memcpy(p, &v, sizeof v); }
+
+/* Lane mask for a tail of n lanes (0 <= n <= KUMIKO_VW): lanes < n are -1, the rest 0. */
+KUMIKO_INLINE kvi_t kv_tail_mask(int n) {
+    kvi_t iota;
+    for (int i = 0; i < KUMIKO_VW; i++) iota[i] = i;
+    return iota < n;
+}
+
+/* Lane-wise mask ? a : b, with masks as comparisons produce (0 or -1 per lane). */
+KUMIKO_INLINE kv_t kv_select(kvi_t mask, kv_t a, kv_t b) { return (kv_t)((mask & (kvi_t)a) | (~mask & (kvi_t)b)); }
+
+/* Tail load and store of n < KUMIKO_VW lanes: never touch memory past p[n-1]; unloaded lanes are 0.
+ * For another fill (e.g. -inf before a max), kv_select(kv_tail_mask(n), v, kv_broadcast(fill)). */
+KUMIKO_INLINE kv_t kv_loadu_partial(const float* p, int n) {
+#if defined(__AVX512F__)
+    return (kv_t)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+#elif KUMIKO_VW == 8
+    return (kv_t)_mm256_maskload_ps(p, (__m256i)kv_tail_mask(n));
+#else
+    kv_t v = kv_zero();
+    memcpy(&v, p, (size_t)n * 4);
+    return v;
+#endif
+}
+
+KUMIKO_INLINE void kv_store_partial(float* p, kv_t v, int n) {
+#if defined(__AVX512F__)
+    _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), (__m512)v);
+#elif KUMIKO_VW == 8
+    _mm256_maskstore_ps(p, (__m256i)kv_tail_mask(n), (__m256)v);
+#else
+    memcpy(p, &v, (size_t)n * 4);
+#endif
+}
+
+/* a * b + c, fused (one rounding) on every ISA that has FMA. */
+KUMIKO_INLINE kv_t kv_fma(kv_t a, kv_t b, kv_t c) {
+#if defined(__AVX512F__)
+    return (kv_t)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__) && KUMIKO_VW == 8
+    return (kv_t)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return a * b + c; /* contracted to an FMA under -ffp-contract=fast where the ISA has one */
+#endif
+}
+
+/* kv_max(a, b) = a > b ? a : b, kv_min(a, b) = a < b ? a : b, lane-wise: x86 maxps/minps semantics on
+ * every ISA, so when either lane is NaN the result is b. Put the value whose NaN must propagate second:
+ * ReLU is kv_max(kv_zero(), x). */
+KUMIKO_INLINE kv_t kv_max(kv_t a, kv_t b) {
+#if defined(__AVX512F__)
+    return (kv_t)_mm512_max_ps((__m512)a, (__m512)b);
+#elif KUMIKO_VW == 8
+    return (kv_t)_mm256_max_ps((__m256)a, (__m256)b);
+#else
+    return kv_select(a > b, a, b);
+#endif
+}
+
+KUMIKO_INLINE kv_t kv_min(kv_t a, kv_t b) {
+#if defined(__AVX512F__)
+    return (kv_t)_mm512_min_ps((__m512)a, (__m512)b);
+#elif KUMIKO_VW == 8
+    return (kv_t)_mm256_min_ps((__m256)a, (__m256)b);
+#else
+    return kv_select(a < b, a, b);
+#endif
+}
+
+KUMIKO_INLINE kv_t kv_sqrt(kv_t a) {
+#if defined(__AVX512F__)
+    return (kv_t)_mm512_sqrt_ps((__m512)a);
+#elif KUMIKO_VW == 8
+    return (kv_t)_mm256_sqrt_ps((__m256)a);
+#else
+    kv_t r;
+    for (int i = 0; i < KUMIKO_VW; i++) r[i] = sqrtf(a[i]);
+    return r;
+#endif
+}
+
+/* Lane-wise scalar function (a fallback for what has no vector form here: log2f, erff, ...). */
+#define kv_map(fn, v) __extension__({ kv_t _kv_in = (v), _kv_out; \
+    for (int _kv_i = 0; _kv_i < KUMIKO_VW; _kv_i++) { _kv_out[_kv_i] = fn(_kv_in[_kv_i]); } _kv_out; })
+
+/* Horizontal reductions by halving (a fixed tree: the summation order does not depend on the data). */
+#define KUMIKO_HREDUCE(NAME, OP)                                                                       \
+    KUMIKO_INLINE float NAME(kv_t v) {                                                                 \
+        float t[KUMIKO_VW];                                                                            \
+        memcpy(t, &v, sizeof t);                                                                       \
+        for (int w = KUMIKO_VW / 2; w > 0; w /= 2)                                                     \
+            for (int i = 0; i < w; i++) t[i] = OP(t[i], t[i + w]);                                     \
+        return t[0];                                                                                   \
+    }
+#define KUMIKO_OP_ADD(a, b) ((a) + (b))
+#define KUMIKO_OP_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define KUMIKO_OP_MIN(a, b) ((a) < (b) ? (a) : (b))
+KUMIKO_HREDUCE(kv_hsum, KUMIKO_OP_ADD)
+KUMIKO_HREDUCE(kv_hmax, KUMIKO_OP_MAX)
+KUMIKO_HREDUCE(kv_hmin, KUMIKO_OP_MIN)
+
+/* Vector exp2: the same steps and constants as kumiko_exp2 above, lane-wise. */
+KUMIKO_INLINE kv_t kv_exp2(kv_t x) {
+    kvi_t nan = x != x;
+    x = kv_max(kv_broadcast(-151.0f), kv_min(kv_broadcast(129.0f), x));
+    kv_t magic = kv_broadcast(12582912.0f);
+    kv_t n = (x + magic) - magic;
+    kv_t f = x - n;
+    kv_t p = kv_fma(kv_broadcast(KUMIKO_EXP2_P6), f, kv_broadcast(KUMIKO_EXP2_P5));
+    p = kv_fma(p, f, kv_broadcast(KUMIKO_EXP2_P4));
+    p = kv_fma(p, f, kv_broadcast(KUMIKO_EXP2_P3));
+    p = kv_fma(p, f, kv_broadcast(KUMIKO_EXP2_P2));
+    p = kv_fma(p, f, kv_broadcast(KUMIKO_EXP2_P1));
+    p = kv_fma(p, f, kv_broadcast(1.0f));
+    kvi_t k = __builtin_convertvector(kv_select(nan, kv_zero(), n), kvi_t), k1 = k / 2, k2 = k - k1;
+    kv_t r = p * (kv_t)((k1 + 127) << 23) * (kv_t)((k2 + 127) << 23);
+    return kv_select(nan, x, r);
+}
+
+/* Full vectors of fp16 / bf16 storage (KUMIKO_VW elements) to and from fp32 lanes. */
+KUMIKO_INLINE kv_t kv_load_f16(const uint16_t* p) {
+#if defined(__AVX512F__)
+    return (kv_t)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+#elif defined(__F16C__) && KUMIKO_VW == 8
+    return (kv_t)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+#else
+    kv_t r;
+    for (int i = 0; i < KUMIKO_VW; i++) r[i] = kumiko_f16_to_f32(p[i]);
+    return r;
+#endif
+}
+
+KUMIKO_INLINE void kv_store_f16(uint16_t* p, kv_t v) {
+#if defined(__AVX512F__)
+    _mm256_storeu_si256((__m256i*)p, _mm512_cvtps_ph((__m512)v, 0));
+#elif defined(__F16C__) && KUMIKO_VW == 8
+    _mm_storeu_si128((__m128i*)p, _mm256_cvtps_ph((__m256)v, 0));
+#else
+    for (int i = 0; i < KUMIKO_VW; i++) p[i] = kumiko_f32_to_f16(v[i]);
+#endif
+}
+
+KUMIKO_INLINE kv_t kv_load_bf16(const uint16_t* p) {
+    kvh_t h;
+    memcpy(&h, p, sizeof h);
+    return (kv_t)(__builtin_convertvector(h, kvu_t) << 16);
+}
+
+KUMIKO_INLINE void kv_store_bf16(uint16_t* p, kv_t v) {
+    kvu_t x = (kvu_t)v, lsb = (x >> 16) & 1u;
+    kvu_t rne = (x + 0x7fffu + lsb) >> 16;
+    kvu_t nan = (kvu_t)((x & 0x7fffffffu) > 0x7f800000u);
+    kvu_t r = (nan & ((x >> 16) | 0x40u)) | (~nan & rne);
+    kvh_t h = __builtin_convertvector(r, kvh_t);
+    memcpy(p, &h, sizeof h);
+}
+
+#endif /* KUMIKO_CPU_H */

@@ -1,0 +1,249 @@
+"""The GPU dialect IR (seed 001 §9): the one MMA skeleton with explicit async tokens, and the SIMT kernel.
+
+An ``MmaKernel`` is the SM80 skeleton ``cp.async -> commit/wait -> ldmatrix -> mma.sync -> epilogue ->
+st.global`` written as data: a prologue that fills the shared-memory ring, a K loop whose body waits for
+a tile's load token, computes on it and refills the stage it released, and an epilogue on the
+accumulator with predicated stores. Every knob the Plan injects (tile, stages, warp tile, operand layouts,
+tail predicates, the epilogue) is a field here, so the verifier (``gpu_verify``) checks the schedule as
+written and the bug-injection tests mutate these records, never the renderer or the emulator.
+
+Tokens (seed 001 §9.2): a ``LoadTile`` produces a ``TokLoad`` for the tile it issues, ``CommitGroup``
+closes a cp.async group, ``WaitGroup(pending=n)`` consumes the tokens of every group but the n newest,
+``Compute`` consumes the tile's ``TokLoad`` tokens and produces ``TokCompute``, the ``Epilogue`` consumes
+``TokCompute`` and produces ``TokEpilogue``, which the ``StGlobal`` consumes. Tile references are relative
+to the K-loop variable (``TileRef(offset, in_loop)``): tile ``kt + offset`` inside the loop, tile ``offset``
+in the prologue; a tile always lives in stage ``tile % stages``.
+
+Element computations (an operand gathered through its index map and pad Select, the region's epilogue)
+are CPU loop-IR statements (``kumiko.kernel.loops``) built by the region expression emitter; the CUDA
+renderer prints them unchanged inside the skeleton.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+TOKEN_KINDS = ("TokLoad", "TokCompute", "TokEpilogue")
+
+
+@dataclass(frozen=True)
+class Token:
+    name: str
+    kind: str                       # one of TOKEN_KINDS
+
+
+@dataclass(frozen=True)
+class TileRef:
+    """K tile ``kt + offset`` inside the K loop, or tile ``offset`` outside it (the prologue)."""
+    offset: int
+    in_loop: bool = True
+
+    def at(self, kt: int) -> int:
+        return kt + self.offset if self.in_loop else self.offset
+
+    def c(self) -> str:
+        return f"(kt + {self.offset})" if self.in_loop else str(self.offset)
+
+
+@dataclass(frozen=True)
+class SmemRing:
+    """A shared-memory ring of ``stages`` tiles of 16-bit elements, ``rows x (cols + pad)`` each.
+
+    ``layout`` says what rows and columns are: ``sk`` (rows: the operand's M or N, columns: K, K
+    contiguous) or ``ks`` (rows: K, columns: N contiguous; read with ``ldmatrix.trans``)."""
+    name: str
+    operand: str                    # "x" (M side, the mma A operand) or "y" (N side, B)
+    layout: str                     # "sk" | "ks"
+    rows: int
+    cols: int
+    pad: int
+    stages: int
+
+    @property
+    def ld(self) -> int:
+        return self.cols + self.pad
+
+    @property
+    def stage_elems(self) -> int:
+        return self.rows * self.ld
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.stages * self.stage_elems
+
+
+@dataclass(frozen=True)
+class VecAccess:
+    """The cp.async path of an operand: a plain row-major tile of a MemRef whose rows are 16-byte aligned
+    when ``aligned`` (a C condition on the sizes, checked at run time) holds. ``offset`` is the element
+    offset of the chunk's first element once the chunk's axes are declared (``decl_s``, ``decl_k``)."""
+    buf: str
+    aligned: str
+    offset: str
+
+
+@dataclass(frozen=True)
+class OperandLoad:
+    """How one operand's tile is filled: ``vec`` (cp.async, 16 bytes a chunk, zero-fill through
+    src-size) when present and its rows are aligned, else the guarded scalar ``gather`` (the operand's
+    expression evaluated at each (s, k) point, pad Selects as zero-fill) stored as ``kk_v``."""
+    operand: str
+    ring: str
+    s_extent: str                   # C expression: rows of the operand (M or N, flattened)
+    k_extent: str                   # C expression: K (flattened)
+    decl_s: tuple                   # loops.Stmt: declare the operand's s axes from ``kk_gs``
+    decl_k: tuple                   # loops.Stmt: declare the K axes from ``kk_gk``
+    gather: tuple                   # loops.Stmt computing the value ``kk_v`` (float) at the point
+    vec: VecAccess | None = None
+
+
+@dataclass(frozen=True)
+class LoadTile:
+    """Issue the loads of tile ``tile`` of both operands into stage ``tile % stages`` (skipped past K)."""
+    tile: TileRef
+    out_token: Token
+    pred_rows: bool = True          # rows past M / N are zero-filled (False: a bug, for tests)
+    pred_k: bool = True             # columns past K are zero-filled (False: a bug, for tests)
+
+
+@dataclass(frozen=True)
+class CommitGroup:
+    pass
+
+
+@dataclass(frozen=True)
+class WaitGroup:
+    """``cp.async.wait_group pending``: every group but the ``pending`` newest has landed."""
+    pending: int
+    tokens: tuple = ()              # the TokLoad tokens this wait is meant to deliver (for reports)
+
+
+@dataclass(frozen=True)
+class Barrier:
+    why: str                        # "landed" (copies visible to every warp) | "release" (stage free) | "epilogue"
+
+
+@dataclass(frozen=True)
+class LdMatrix:
+    """``ldmatrix.x4`` of one operand's warp fragment; ``row_lanes`` lanes give distinct row addresses
+    (16 for the x4 layout: a wrong value is a bug kind the emulator must catch)."""
+    operand: str
+    trans: bool
+    row_lanes: int = 16
+
+
+@dataclass(frozen=True)
+class Mma:
+    dtype: str                      # "fp16" | "bf16" inputs, fp32 accumulate
+    shape: str = "m16n8k16"
+
+
+@dataclass(frozen=True)
+class Compute:
+    """The warp tile's MMAs over tile ``tile``: ldmatrix both fragments and mma.sync, BK/16 times."""
+    tile: TileRef
+    in_tokens: tuple
+    out_token: Token
+    lda: LdMatrix
+    ldb: LdMatrix
+    mma: Mma
+
+
+@dataclass(frozen=True)
+class KLoop:
+    var: str
+    body: tuple
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """The region's ops after the contraction, applied to the accumulator fragments in registers
+    (``mode="fragment"``) or, for a window reduction over M rows that different lanes hold, to the
+    accumulator staged through shared memory (``mode="smem_window"``, window of ``window`` rows)."""
+    ops: tuple                      # op names, from SRNF's epilogue(region) (for dumps)
+    in_token: Token
+    out_token: Token
+    mode: str                       # "fragment" | "smem_window"
+    window: int = 1
+    code: tuple = ()                # loops.Stmt per output element: the accumulator is ``kk_acc``
+    window_code: tuple = ()         # smem_window: loops.Stmt giving ``kk_f`` = f(kk_acc) for one window row
+    window_op: str = "max"
+    window_init: str = "0.0f"
+    overlap: bool = False           # async.epilogue_overlap (independent of the ring: no drain needed)
+
+
+@dataclass(frozen=True)
+class StGlobal:
+    """Predicated store of the epilogue's value(s): rows < M, columns < N."""
+    in_token: Token
+    pred_rows: bool = True
+    pred_cols: bool = True
+    width: int = 1
+
+
+GpuStmt = Union[LoadTile, CommitGroup, WaitGroup, Barrier, Compute, KLoop, Epilogue, StGlobal]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ctype: str                      # element type of a pointer ("uint16_t", "float") or a scalar type
+    pointer: bool = True
+    const: bool = False
+
+
+@dataclass(frozen=True)
+class MmaKernel:
+    name: str
+    arch: str
+    params: tuple                   # Param, ...
+    tile: tuple                     # (BM, BN, BK)
+    warps: tuple                    # (WARPS_M, WARPS_N)
+    stages: int
+    rings: tuple                    # SmemRing for x, y
+    loads: tuple                    # OperandLoad for x, y
+    prologue: tuple                 # GpuStmt
+    loop: KLoop
+    drain: tuple                    # GpuStmt after the loop (WaitGroup(0) ...)
+    epilogue: Epilogue
+    store: StGlobal
+    setup: tuple = ()               # loops.Stmt: extents (kk_B, kk_M, kk_N, kk_K) and the batch axes
+    decl_m: tuple = ()              # loops.Stmt: declare the M axes from ``kk_gm``
+    decl_n: tuple = ()              # loops.Stmt: declare the N axes from ``kk_gn``
+    notes: tuple = ()
+    regs_budget: int = 255
+
+    @property
+    def threads(self) -> int:
+        return self.warps[0] * self.warps[1] * 32
+
+    @property
+    def warp_tile(self) -> tuple:
+        return self.tile[0] // self.warps[0], self.tile[1] // self.warps[1]
+
+    @property
+    def smem_bytes(self) -> int:
+        ring = sum(r.nbytes for r in self.rings)
+        if self.epilogue.mode == "smem_window":
+            ring = max(ring, 4 * self.tile[0] * (self.tile[1] + 4))
+        return ring
+
+    def estimated_registers(self) -> int:
+        """Accumulators + one k16 step of fragments + ~40 for addresses and the epilogue (ptxas decides)."""
+        wm, wn = self.warp_tile
+        mt, nt = wm // 16, wn // 8
+        return mt * nt * 4 + mt * 4 + nt * 2 + 40
+
+
+@dataclass(frozen=True)
+class SimtKernel:
+    """One thread per point of the ``outer`` axes (the iters no let reduces over); ``body`` is loop-IR
+    code per point, looping over the inner axes itself."""
+    name: str
+    params: tuple
+    total: str                      # C expression: number of points
+    decl: tuple                     # loops.Stmt: the point's axes from ``kk_p``
+    body: tuple
+    threads: int = 256
+    notes: tuple = ()
+    outer: tuple = ()               # the axes one thread's point spans (the grid covers their product)

@@ -1,0 +1,228 @@
+"""Instantiating the one MMA skeleton for a contraction region (seed 001 §9.1, SM80 path).
+
+The contraction is found structurally by ``kumiko.kernel.contract.find_contraction`` (batch, M, N, K axes
+and the operands ``x``, ``y``); nothing here knows an op name. The Plan is injected: tile (BM, BN, BK),
+stages, warp tile, the tail predicates, the epilogue and ``async.epilogue_overlap``. Each operand is
+staged into a shared-memory ring either by cp.async, when it is a plain row-major tile of a MemRef (its
+M/N and K axes are the trailing indices, in one of the two orders; rows 16-byte aligned, checked at run
+time), or by a guarded scalar gather that evaluates the operand's expression at each (row, k) point -
+transposes, conv windows with the pad Select as zero-fill (implicit GEMM), anything affine. Tails are
+zero-filled (cp.async src-size, or the gather's guard), so the MMAs need no predicates.
+
+The epilogue runs on the accumulator fragments: the region's other lets at each element, then a
+predicated store. Two region shapes need more: a pointwise map and a window reduction over M rows after
+the contraction (Conv -> ReLU -> MaxPool) stages the accumulator tile through shared memory, because a
+window's rows live in different lanes; any other consumer (a row softmax over N) gets the accumulator in
+a global scratch array and a SIMT kernel for the rest (``gpu_simt``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kumiko import dtypes
+from kumiko.diagnostics import KumikoError
+from kumiko.kernel import cexpr as C
+from kumiko.kernel.contract import Contraction, find_contraction
+from kumiko.kernel.gpu_ir import (
+    Barrier,
+    CommitGroup,
+    Compute,
+    Epilogue,
+    KLoop,
+    LdMatrix,
+    LoadTile,
+    Mma,
+    MmaKernel,
+    OperandLoad,
+    Param,
+    SmemRing,
+    StGlobal,
+    TileRef,
+    Token,
+    VecAccess,
+    WaitGroup,
+)
+from kumiko.kernel.gpu_simt import decompose, extent, kernel_params
+from kumiko.kernel.loops import Assign, Decl, Store
+from kumiko.kernel.lower_cpu import CpuLowering
+from kumiko.plan.plan import Plan
+from kumiko.region.ssa import Read, Ref, Region, RExpr, VType
+from kumiko.symbolic import Expr
+
+MMA_DTYPES = ("fp16", "bf16")
+PAD = 8                     # halves of padding per smem row: rows stay 16-byte aligned, banks rotate
+
+
+@dataclass(frozen=True)
+class MmaLowering:
+    """What instantiating the skeleton produced: the kernel, and for a two-kernel region the scratch
+    array the accumulator goes to (``scratch``: (param name, let, axes))."""
+    kernel: MmaKernel
+    contraction: Contraction
+    scratch: tuple | None = None
+
+
+def mma_operand_dtype(lo: CpuLowering, c: Contraction) -> str | None:
+    """The 16-bit dtype both operands have (the MMA path's requirement), else None."""
+    tx, ty = lo.dt(c.x), lo.dt(c.y)
+    if tx is None or ty is None or tx is not ty or tx.name not in MMA_DTYPES:
+        return None
+    return tx.name
+
+
+def probe(region: Region, syms: tuple) -> tuple[CpuLowering, Contraction | None]:
+    lo = CpuLowering(region, syms, "probe")
+    return lo, find_contraction(lo)
+
+
+def _vec_access(lo: CpuLowering, e: RExpr, s_axes: tuple, k_axes: tuple) -> tuple[str, VecAccess] | None:
+    """(layout, access) when ``e`` is a plain 2-D tile of a 16-bit MemRef: the trailing indices are
+    exactly the operand's s axes then its K axes (``sk``: K contiguous) or K then s (``ks``), bare, with
+    the MemRef's extents equal to the axes' sizes; leading indices use neither."""
+    if not isinstance(e, Read) or e.flat:
+        return None
+    m = lo.memrefs[e.tensor]
+    if m.dtype.name not in MMA_DTYPES:
+        return None
+    n = len(s_axes) + len(k_axes)
+    comps = [Expr.lift(i) for i in e.index]
+    if len(comps) < n:
+        return None
+    names = [x.as_symbol() for x in comps[-n:]]
+    if any(x.symbols() & (set(s_axes) | set(k_axes)) for x in comps[:-n]):
+        return None
+    if names == list(s_axes) + list(k_axes):
+        layout, contig = "sk", extent(lo, k_axes)
+    elif names == list(k_axes) + list(s_axes):
+        layout, contig = "ks", extent(lo, s_axes)
+    else:
+        return None
+    if any(Expr.lift(d) != Expr.lift(lo.sizes[a]) for d, a in zip(m.shape[-n:], names)):
+        return None
+    off = C.offset(e.index, m.shape, lo.axes_in_scope())
+    return layout, VecAccess(lo.cname[e.tensor], f"({contig}) % 8 == 0", off)
+
+
+def _operand(lo: CpuLowering, c: Contraction, side: str, ring: str, allow_ks: bool) -> tuple[OperandLoad, str]:
+    e = c.x if side == "x" else c.y
+    s_axes = c.m_axes if side == "x" else c.n_axes
+    k_axes = tuple(a.name for a in c.k_axes)
+    window = tuple(a.name for a in c.outer.axes) if c.outer is not None else ()
+    lo.red_axes = list(k_axes) + list(window)
+    decl_s: list = []
+    decompose(lo, "kk_gs", s_axes, decl_s)
+    decl_k: list = []
+    decompose(lo, "kk_gk", k_axes, decl_k)
+    gather: list = []
+    v = lo.expr(e, gather)
+    t = lo.dt(e)
+    gather.append(Assign("kk_v", v if t is None or t.name == "fp32" else f"(float)({v})"))
+    acc = _vec_access(lo, e, s_axes, k_axes)
+    lo.red_axes = []
+    layout, vec = ("sk", None)
+    if acc is not None and (acc[0] == "sk" or allow_ks):
+        layout, vec = acc
+    return OperandLoad(side, ring, extent(lo, s_axes), extent(lo, k_axes), tuple(decl_s), tuple(decl_k),
+                       tuple(gather), vec), layout
+
+
+def _epilogue_code(lo: CpuLowering, c: Contraction, acc_var: str, skip: str) -> tuple:
+    """The region's lets after the accumulator at one element, then the store (as contract.py does)."""
+    lo.storage = {skip: ("scalar", acc_var)}
+    out: list = []
+    lo.red_axes = []
+    for let in lo.r.lets:
+        if let.name == skip:
+            continue
+        v = lo.expr(let.expr, out, lo.types[let.name].dtype)
+        lo.storage[let.name] = ("scalar", f"v_{let.name}")
+        out.append(Decl(C.COMPUTE[lo.types[let.name].dtype.name], f"v_{let.name}", v))
+    out += lo.store(Ref(lo.r.yields[0].src))
+    return tuple(out)
+
+
+def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering:
+    """Instantiate the MMA skeleton for ``region`` under ``plan`` (raises E1801 when it does not apply)."""
+    lo, c = probe(region, syms)
+    lo.name = name
+    at = f"region {region.name}"
+    if c is None:
+        raise KumikoError("E1801", at=at, why="an MMA plan needs a contraction and this region has none",
+                          suggestion='use algo_choice {"region": "simt"}')
+    dt = mma_operand_dtype(lo, c)
+    if dt is None:
+        raise KumikoError("E1801", at=at, why=f"mma.sync needs fp16 or bf16 operands, the contraction's are "
+                          f"{lo.dt(c.x)} and {lo.dt(c.y)}", suggestion='use algo_choice {"region": "simt"}')
+    bm, bn, bk = plan.tile
+    wm, wn = (int(x) for x in str(plan.warp_tile).split("x"))
+    stages = plan.stages
+    for a in c.k_axes + (c.outer.axes if c.outer is not None else ()):
+        lo.sizes[a.name] = a.size
+    lo.ty.add_axes(c.k_axes + (c.outer.axes if c.outer is not None else ()))
+    ld_x, _ = _operand(lo, c, "x", "sA", allow_ks=False)
+    ld_y, lay_y = _operand(lo, c, "y", "sB", allow_ks=True)
+    ring_x = SmemRing("sA", "x", "sk", bm, bk, PAD, stages)
+    ring_y = SmemRing("sB", "y", lay_y, bk if lay_y == "ks" else bn, bn if lay_y == "ks" else bk, PAD, stages)
+    setup: list = [Decl("const long long", "kk_B", extent(lo, c.batch)),
+                   Decl("const long long", "kk_M", extent(lo, c.m_axes)),
+                   Decl("const long long", "kk_N", extent(lo, c.n_axes)),
+                   Decl("const long long", "kk_K", extent(lo, tuple(a.name for a in c.k_axes)))]
+    decompose(lo, "(long long)blockIdx.z", c.batch, setup)
+    window = tuple(a.name for a in c.outer.axes) if c.outer is not None else ()
+    decl_m: list = []
+    decl_n: list = []
+    decompose(lo, "kk_gn", c.n_axes, decl_n)
+    scratch = None
+    extra: tuple = ()
+    t_mma, t_epi = Token("tC", "TokCompute"), Token("tE", "TokEpilogue")
+    overlap = bool(plan.get("async_", "epilogue_overlap", False))
+    ops = tuple(plan.epilogue)
+    if c.outer is not None:
+        outer_m = tuple(a for a in c.m_axes if a not in window)
+        decompose(lo, "kk_go", outer_m, decl_m)
+        decompose(lo, "kk_w", window, decl_m_w := [])
+        lo.storage = {"__acc": ("scalar", "kk_acc")}
+        lo.ty.lets["__acc"] = VType(dtypes.fp32, ())
+        lo.red_axes = list(window)
+        wcode: list = list(decl_m_w)
+        fv = lo.expr(c.f, wcode, c.outer.dtype)
+        wcode.append(Decl("const float", "kk_f", fv))
+        outer_let = next(x.name for x in lo.r.lets if x.expr == c.outer)
+        code = _epilogue_code(lo, c, "kk_red", outer_let)
+        ws = 1
+        for a in c.outer.axes:
+            ws *= int(a.size)
+        epi = Epilogue(ops, t_mma, t_epi, "smem_window", ws, code, tuple(wcode), c.outer.op,
+                       C.literal(c.outer.init, c.outer.dtype), overlap)
+    else:
+        decompose(lo, "kk_gm", c.m_axes, decl_m)
+        if c.pointwise:
+            code = _epilogue_code(lo, c, "kk_acc", c.let)
+        else:
+            axes = lo.types[c.let].axes
+            var = f"a_{c.let}"
+            off = C.offset(tuple(Expr.sym(a) for a in axes), tuple(lo.sizes[a] for a in axes), set(axes))
+            code = (Store(var, off, "kk_acc"),)
+            scratch = (var, c.let, axes)
+            extra = (Param(var, "float"),)
+        epi = Epilogue(ops, t_mma, t_epi, "fragment", 1, code, overlap=overlap)
+    t_load = Token("tL", "TokLoad")
+    prologue = []
+    for s in range(stages):
+        prologue += [LoadTile(TileRef(s, in_loop=False), t_load), CommitGroup()]
+    body = (WaitGroup(stages - 1, (t_load,)), Barrier("landed"),
+            Compute(TileRef(0), (t_load,), t_mma, LdMatrix("x", False), LdMatrix("y", lay_y == "ks"), Mma(dt)),
+            Barrier("release"), LoadTile(TileRef(stages), t_load), CommitGroup())
+    drain: tuple = ()
+    if epi.mode == "smem_window" or not overlap:
+        drain = (WaitGroup(0),)
+    if epi.mode == "smem_window":
+        drain += (Barrier("epilogue"),)
+    notes = tuple(region.notes) + (
+        f"MMA skeleton: contraction {c.let}, batch {list(c.batch)}, M {list(c.m_axes)}, N {list(c.n_axes)}, "
+        f"K {[a.name for a in c.k_axes]}; x by {'cp.async' if ld_x.vec else 'gather'}, "
+        f"y by {'cp.async' if ld_y.vec else 'gather'} ({lay_y})",)
+    kern = MmaKernel(name, plan.arch, kernel_params(lo, extra), (bm, bn, bk), (bm // wm, bn // wn), stages,
+                     (ring_x, ring_y), (ld_x, ld_y), tuple(prologue), KLoop("kt", body), drain, epi,
+                     StGlobal(t_epi), tuple(setup), tuple(decl_m), tuple(decl_n), notes)
+    return MmaLowering(kern, c, scratch)

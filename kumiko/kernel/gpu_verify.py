@@ -1,0 +1,174 @@
+"""The GPU IR verifier: the async-token discipline of the MMA skeleton and the plan's resource budget.
+
+The ring's correctness is a property of the statement order, so the verifier *runs* the schedule for a
+few K-tile counts (1, 2, stages, stages + 1, 2 * stages + 1) on an abstract machine that tracks, per
+K tile, which cp.async group carries it, when a ``WaitGroup`` lands it, when a ``Barrier`` makes it
+visible to every warp, which stage holds which tile, and which stages were read since the last barrier.
+It rejects (E1801, ``details["hazard"]`` says which):
+
+- ``unwaited_token``: a ``Compute`` reads a tile whose TokLoad no wait has delivered (missing wait, or a
+  wait that leaves too many groups pending);
+- ``no_barrier_after_wait``: the tile landed for this thread but no barrier made other threads' copies
+  visible before the read;
+- ``stage_not_released``: a ``LoadTile`` refills a stage that warps read with no barrier in between
+  (missing trailing barrier), or that holds a tile not yet consumed;
+- ``stale_stage``: a ``Compute`` reads a stage that holds another tile;
+- ``token_flow``: the epilogue / store do not consume the tokens the MMA / epilogue produce;
+- ``epilogue_smem``: an epilogue that reuses the ring's shared memory starts before every group landed
+  and a barrier passed;
+- ``smem_budget``, ``register_budget``, ``shape``: the plan does not fit the arch or the MMA shape.
+
+The emulator catches the same bugs at run time; the verifier catches them before any code exists.
+"""
+from __future__ import annotations
+
+from kumiko.diagnostics import KumikoError
+from kumiko.kernel.gpu_ir import Barrier, CommitGroup, Compute, KLoop, LoadTile, MmaKernel, WaitGroup
+
+#: per-block shared memory limits (bytes) and the register file limit per thread
+SMEM_LIMIT = {"sm80": 166912, "sm90": 232448}
+MAX_REGISTERS = 255
+
+
+def _fail(k: MmaKernel, hazard: str, why: str, suggestion: str | None = None) -> KumikoError:
+    return KumikoError("E1801", at=f"gpu kernel {k.name}", why=why, suggestion=suggestion, hazard=hazard)
+
+
+def check_shape(k: MmaKernel) -> None:
+    bm, bn, bk = k.tile
+    wm, wn = k.warp_tile
+    if bm % k.warps[0] or bn % k.warps[1] or wm % 16 or wn % 16 or bk % 16:
+        raise _fail(k, "shape", f"tile {k.tile} with warp tile {wm}x{wn}: warp tiles must be multiples of 16x16 "
+                    "(m16n8k16, B fragments two n8 tiles at a time) and BK a multiple of 16")
+    if not 2 <= k.stages <= 4:
+        raise _fail(k, "shape", f"{k.stages} stages: the ring needs 2 to 4")
+    for ring in k.rings:
+        chunks = ring.rows * ring.cols // 8
+        if ring.cols % 8 or chunks % k.threads:
+            raise _fail(k, "shape", f"{ring.name}: {ring.rows}x{ring.cols} halves is not a whole number of 16-byte "
+                        f"chunks per thread ({k.threads} threads)")
+    if k.epilogue.mode == "smem_window" and bm % k.epilogue.window:
+        raise _fail(k, "shape", f"BM={bm} is not a multiple of the window ({k.epilogue.window} rows)")
+
+
+def check_budget(k: MmaKernel) -> None:
+    limit = SMEM_LIMIT.get(k.arch)
+    if limit is None:
+        raise _fail(k, "shape", f"arch {k.arch!r} has no MMA skeleton (sm80, sm90)")
+    if k.smem_bytes > limit:
+        raise _fail(k, "smem_budget", f"the ring needs {k.smem_bytes} bytes of shared memory, {k.arch} has {limit}",
+                    suggestion="use fewer stages or a smaller tile")
+    regs = k.estimated_registers()
+    if regs > min(k.regs_budget, MAX_REGISTERS):
+        raise _fail(k, "register_budget", f"about {regs} registers per thread (accumulators of a "
+                    f"{k.warp_tile[0]}x{k.warp_tile[1]} warp tile), budget {min(k.regs_budget, MAX_REGISTERS)}",
+                    suggestion="use a smaller warp tile")
+
+
+class _Machine:
+    """Abstract state of one thread's view of the ring (all threads run the same schedule)."""
+
+    def __init__(self, k: MmaKernel, kt_count: int):
+        self.k, self.kt_count = k, kt_count
+        self.groups: list[set] = []          # committed, not yet landed
+        self.open: set = set()
+        self.landed: set = set()
+        self.visible: set = set()
+        self.stage: dict[int, int] = {}     # stage -> tile it holds (issued)
+        self.consumed: set = set()
+        self.read_since_barrier: set = set()
+
+    def run(self, stmts, kt: int | None) -> None:
+        k = self.k
+        for s in stmts:
+            if isinstance(s, LoadTile):
+                t = s.tile.at(kt if kt is not None else 0)
+                if t >= self.kt_count:
+                    continue
+                st = t % k.stages
+                if st in self.read_since_barrier:
+                    raise _fail(k, "stage_not_released", f"tile {t} refills stage {st} while warps may still read "
+                                f"it (no barrier since its last read, KT={self.kt_count})",
+                                suggestion="put a Barrier('release') between the Compute and the LoadTile")
+                old = self.stage.get(st)
+                if old is not None and old not in self.consumed:
+                    raise _fail(k, "stage_not_released", f"tile {t} overwrites tile {old} in stage {st} before it "
+                                f"is computed on (KT={self.kt_count})")
+                self.stage[st] = t
+                for ld in k.loads:
+                    if ld.vec is None:              # a gather's stores land at once (still need a barrier)
+                        self.landed.add((t, ld.operand))
+                    else:
+                        self.open.add((t, ld.operand))
+            elif isinstance(s, CommitGroup):
+                self.groups.append(self.open)
+                self.open = set()
+            elif isinstance(s, WaitGroup):
+                keep = self.groups[len(self.groups) - s.pending:] if s.pending else []
+                for g in self.groups[:len(self.groups) - len(keep)]:
+                    self.landed |= g
+                self.groups = keep
+            elif isinstance(s, Barrier):
+                self.visible |= self.landed
+                self.read_since_barrier = set()
+            elif isinstance(s, Compute):
+                t = s.tile.at(kt)
+                st = t % k.stages
+                for ld in k.loads:
+                    key = (t, ld.operand)
+                    if key not in self.landed and key not in self.visible:
+                        raise _fail(k, "unwaited_token", f"Compute reads tile {t} of {ld.operand} (token "
+                                    f"{s.in_tokens[0].name if s.in_tokens else '?'}[{t}]) before a wait delivers it "
+                                    f"(KT={self.kt_count}, {len(self.groups)} groups pending)",
+                                    suggestion=f"wait_group {k.stages - 1} before the tile's first read")
+                    if key not in self.visible:
+                        raise _fail(k, "no_barrier_after_wait", f"tile {t} of {ld.operand} landed but no barrier "
+                                    "made the other threads' copies visible before the read")
+                if self.stage.get(st) != t:
+                    raise _fail(k, "stale_stage", f"Compute reads tile {t} from stage {st}, which holds tile "
+                                f"{self.stage.get(st)}")
+                self.consumed.add(t)
+                self.read_since_barrier.add(st)
+            elif isinstance(s, KLoop):
+                for it in range(self.kt_count):
+                    self.run(s.body, it)
+
+
+def check_schedule(k: MmaKernel) -> None:
+    computes = [s for s in k.loop.body if isinstance(s, Compute)]
+    if len(computes) != 1:
+        raise _fail(k, "shape", "the K loop must compute exactly one tile per iteration")
+    for kt_count in sorted({1, 2, k.stages, k.stages + 1, 2 * k.stages + 1}):
+        m = _Machine(k, kt_count)
+        m.run(k.prologue, None)
+        m.run((k.loop,), None)
+        missing = set(range(kt_count)) - m.consumed
+        if missing:
+            raise _fail(k, "unwaited_token", f"tiles {sorted(missing)} are never computed (KT={kt_count})")
+        m.run(k.drain, None)
+        if k.epilogue.mode == "smem_window":
+            pending = [g for g in m.groups if g] + ([m.open] if m.open else [])
+            if pending or not k.drain or not isinstance(k.drain[-1], Barrier):
+                raise _fail(k, "epilogue_smem", "the epilogue reuses the ring's shared memory before every cp.async "
+                            "group landed and a barrier passed", suggestion="end the drain with WaitGroup(0), Barrier")
+
+
+def check_tokens(k: MmaKernel) -> None:
+    (comp,) = [s for s in k.loop.body if isinstance(s, Compute)]
+    produced = {s.out_token for s in k.prologue + k.loop.body if isinstance(s, LoadTile)}
+    if not set(comp.in_tokens) <= produced or any(t.kind != "TokLoad" for t in comp.in_tokens):
+        raise _fail(k, "token_flow", f"Compute consumes {comp.in_tokens}, the loads produce {produced}")
+    if k.epilogue.in_token != comp.out_token or comp.out_token.kind != "TokCompute":
+        raise _fail(k, "token_flow", f"the epilogue consumes {k.epilogue.in_token}, the MMA produces {comp.out_token}")
+    if k.store.in_token != k.epilogue.out_token or k.epilogue.out_token.kind != "TokEpilogue":
+        raise _fail(k, "token_flow", f"the store consumes {k.store.in_token}, the epilogue produces "
+                    f"{k.epilogue.out_token}")
+
+
+def verify_mma(k: MmaKernel) -> MmaKernel:
+    """Raise E1801 (with ``hazard``) unless the kernel's schedule and budget are sound; return it."""
+    check_shape(k)
+    check_budget(k)
+    check_tokens(k)
+    check_schedule(k)
+    return k

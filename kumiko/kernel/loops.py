@@ -1,0 +1,96 @@
+"""The CPU kernel IR: a loop nest of typed statements, the stage between a Region+Plan and C text.
+
+Expressions inside statements are C expression strings built by ``kumiko.kernel.cexpr`` from the
+region (index arithmetic, loads with their dtype conversions, math). Statements carry structure the
+renderer and later passes need: loops (with ``parallel``/``collapse`` for OpenMP and ``vector`` for
+SIMD hints), guarded blocks, scratch arrays with their extent, stores to MemRefs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Decl:
+    ctype: str
+    name: str
+    init: str | None = None
+
+
+@dataclass(frozen=True)
+class Assign:
+    name: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Store:
+    buf: str
+    offset: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A thread-private scratch array (freed at the end of the enclosing block)."""
+    ctype: str
+    name: str
+    size: str
+
+
+@dataclass(frozen=True)
+class For:
+    var: str
+    lo: str
+    hi: str
+    body: tuple
+    step: str = "1"
+    parallel: bool = False   # its own ``omp parallel for``
+    collapse: int = 1
+    vector: int = 0          # a SIMD hint (``#pragma omp simd``) when > 0
+    workshare: bool = False  # an ``omp for`` inside an enclosing parallel region
+
+
+@dataclass(frozen=True)
+class If:
+    cond: str
+    then: tuple
+    other: tuple = ()
+
+
+@dataclass(frozen=True)
+class Block:
+    body: tuple
+
+
+@dataclass(frozen=True)
+class Comment:
+    text: str
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A statement the contraction path emits verbatim (micro-kernel calls)."""
+    text: str
+
+
+Stmt = Union[Decl, Assign, Store, Scratch, For, If, Block, Comment, Raw]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ctype: str           # element storage type
+    const: bool
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    params: tuple        # Param, ... (inputs then outputs, the ABI order)
+    syms: tuple          # size symbol names, sorted (the ABI order)
+    body: tuple
+    notes: tuple = ()
+    helpers: tuple = field(default_factory=tuple)   # names of static helpers the body uses
+    gather_check: bool = False                      # declares ``kk_bad`` and returns it (2: index out of range)

@@ -1,0 +1,377 @@
+"""Region -> CPU loop nest (the generic path: any region, correct by construction).
+
+Scheduling. Each top-level let lives at the loop depth of its last axis (its *level*); consecutive lets
+deeper than the current level share one loop over the next iter, recursively, so a row softmax becomes
+``for b,h,m { for n: S; Mrow = max_n S; for n: A; Z = sum_n A; for n: out }``. Every such loop is a
+doall (a let is a pure function of its point), so the outermost ones run under OpenMP.
+
+Storage. A let is a scalar in its loop body when every use is in that body at the same point; a let
+used across loop instances - after its loop closed, or inside a reduction over one of its axes - gets
+a thread-private scratch array over its axes that are not shared with all uses (a row buffer for the
+softmax above). Guarded branches (pads, tails) are ``if`` blocks, so an out-of-bounds address is never
+formed. Contractions are handled faster by ``kumiko.kernel.contract`` when the plan asks for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kumiko import dtypes
+from kumiko.kernel import cexpr as C
+from kumiko.kernel.loops import Assign, Block, Decl, For, If, Kernel, Param, Scratch, Stmt, Store
+from kumiko.region.ssa import (
+    Binary,
+    BroadcastInDim,
+    Cast,
+    Const,
+    Gather,
+    Guard,
+    Let,
+    Read,
+    Reduce,
+    Ref,
+    Region,
+    RExpr,
+    Select,
+    Transpose,
+    Typer,
+    Unary,
+    VType,
+    typecheck,
+)
+from kumiko.symbolic import Expr, prod
+
+
+@dataclass
+class _Item:
+    let: Let | None            # None for a loop
+    level: int
+    path: tuple                # ids of the enclosing loops
+    axis: str = ""
+    items: list = field(default_factory=list)
+    lid: int = 0
+
+
+def _refs(e: RExpr, red: tuple = ()) -> list[tuple[str, tuple]]:
+    """(let name, reduce axes in scope at the reference) for every Ref inside ``e``."""
+    out: list = []
+    if isinstance(e, Ref):
+        return [(e.name, red)]
+    if isinstance(e, Reduce):
+        return _refs(e.body, red + tuple(a.name for a in e.axes))
+    for k in ("x", "y", "then", "other", "operand", "by"):
+        if hasattr(e, k):
+            out += _refs(getattr(e, k), red)
+    if isinstance(e, Select) and not isinstance(e.pred, Guard):
+        out += _refs(e.pred, red)
+    return out
+
+
+class CpuLowering:
+    def __init__(self, region: Region, syms: tuple, name: str, parallel: bool = True):
+        self.r, self.types = typecheck(region)
+        self.syms = syms
+        self.name = name
+        self.parallel = parallel
+        self.sizes = {a.name: a.size for a in self.r.iters}
+        self.iters = _loop_order([a.name for a in self.r.iters], self.r.lets, self.types)
+        self.memrefs = dict(self.r.inputs)
+        self.memrefs.update({o.name: o.memref for o in self.r.outputs})
+        self.cname = {n: f"b{k}" for k, n in enumerate(list(self.memrefs))}
+        self.ty = Typer(self.r.name, self.r.iters, self.memrefs)
+        self.ty.lets.update(self.types)
+        self.n_tmp = 0
+        self.storage: dict[str, tuple] = {}      # let -> ("scalar", var) | ("array", var, axes)
+        self.red_axes: list = []                 # reduce axes (and gather vars) in scope while emitting
+        self.uses_gather = False                 # the kernel checks data-dependent indices (kk_bad)
+
+    # scheduling ------------------------------------------------------------------------------------
+    def level(self, let_name: str) -> int:
+        axes = self.types[let_name].axes
+        return max((self.iters.index(a) + 1 for a in axes), default=0)
+
+    def cap(self, let: Let) -> int:
+        """A let reducing over an iter axis x needs every x: it lives outside x's loop (level <= x)."""
+        xs = [self.iters.index(a) for a in _reused_reduce_axes(let.expr, set(self.iters))]
+        return min(xs, default=len(self.iters) + 1)
+
+    def schedule(self) -> list:
+        lets = list(self.r.lets) + [Let("__store", Ref(self.r.yields[0].src))]
+        self.types["__store"] = VType(self.types[self.r.yields[0].src].dtype, tuple(self.iters))
+        self.loops = 0
+
+        def group(k: int, lets: list, path: tuple) -> list:
+            items, run = [], []
+
+            def flush():
+                if run:
+                    self.loops += 1
+                    loop = _Item(None, k, path, self.iters[k], lid=self.loops)
+                    loop.items = group(k + 1, list(run), path + (self.loops,))
+                    items.append(loop)
+                    run.clear()
+            for let in lets:
+                cap = self.cap(let)
+                if self.level(let.name) <= k:
+                    flush()
+                    items.append(_Item(let, k, path))
+                elif cap <= k:
+                    # the loop over a reduced axis would enclose it: an array phase with its own loops
+                    flush()
+                    items.append(_Item(let, k, path, axis="phase"))
+                else:
+                    run.append(let)
+            flush()
+            return items
+        return group(0, lets, ())
+
+    def plan_storage(self, tree: list) -> None:
+        where: dict[str, _Item] = {}
+
+        def visit(items):
+            for it in items:
+                if it.let is None:
+                    visit(it.items)
+                else:
+                    where[it.let.name] = it
+        visit(tree)
+        self.decl_at: dict[tuple, list] = {}
+        for name, it in where.items():
+            if name == "__store":
+                continue
+            axes = self.types[name].axes
+            shared = it.level
+            if it.axis == "phase":
+                shared = min(shared, it.level)
+                dims = tuple(a for a in axes if self.iters.index(a) >= it.level)
+                if dims:
+                    self.storage[name] = ("array", f"a_{name}", dims)
+                    self.decl_at.setdefault(it.path[:it.level], []).append(name)
+                    continue
+            for uit in where.values():
+                for ref, red in _refs(uit.let.expr):
+                    if ref != name:
+                        continue
+                    common = 0
+                    for a, b in zip(it.path, uit.path):
+                        if a != b:
+                            break
+                        common += 1
+                    cut = min([common] + [self.iters.index(x) for x in red if x in axes])
+                    shared = min(shared, cut)
+            if shared >= it.level:
+                self.storage[name] = ("scalar", f"v_{name}")
+            else:
+                dims = tuple(a for a in axes if self.iters.index(a) >= shared)
+                self.storage[name] = ("array", f"a_{name}", dims)
+                self.decl_at.setdefault(it.path[:shared], []).append(name)
+
+    # emission ----------------------------------------------------------------------------------------
+    def tmp(self) -> str:
+        self.n_tmp += 1
+        return f"t{self.n_tmp}"
+
+    def ctype(self, e: RExpr) -> str:
+        t = self.ty.type_of(e)[1]
+        return C.COMPUTE[t.dtype.name] if t is not None else "float"
+
+    def dt(self, e: RExpr) -> dtypes.DType | None:
+        t = self.ty.type_of(e)[1]
+        return t.dtype if t is not None else None
+
+    def axes_in_scope(self) -> set:
+        return set(self.iters) | set(self.red_axes)
+
+    def expr(self, e: RExpr, out: list, hint: dtypes.DType | None = None) -> str:  # noqa: C901
+        if isinstance(e, Const):
+            return C.literal(e.value, e.dtype or hint)
+        if isinstance(e, Ref):
+            kind = self.storage[e.name]
+            if kind[0] == "scalar":
+                return kind[1]
+            return f"{kind[1]}[{self.scratch_offset(kind[2])}]"
+        if isinstance(e, Read):
+            m = self.memrefs[e.tensor]
+            off = C.index(e.index[0], self.axes_in_scope()) if e.flat else \
+                C.offset(e.index, m.shape, self.axes_in_scope())
+            return C.load(self.cname[e.tensor], off, m.dtype)
+        if isinstance(e, Gather):
+            by = self.expr(e.by, out)
+            var = e.var
+            out.append(Decl("long long", var, f"(long long)({by})"))
+            self.red_axes.append(var)
+            m = self.memrefs[e.tensor]
+            off = C.offset(e.index, m.shape, self.axes_in_scope())
+            total = C.index(prod(m.shape) if m.shape else 1, set())
+            # a data-dependent index is checked: out of range sets the kernel's error flag, reads element 0
+            out.append(If(f"({off}) < 0 || ({off}) >= {total}", (Assign("kk_bad", "1"), Assign(var, "0"))))
+            v = C.load(self.cname[e.tensor], off, m.dtype)
+            self.red_axes.remove(var)
+            self.uses_gather = True
+            return v
+        if isinstance(e, Unary):
+            return C.unary(e.fn, self.expr(e.x, out), self.ctype(e))
+        if isinstance(e, Cast):
+            src = self.dt(e.x)
+            return C.cast(self.expr(e.x, out), src or e.to, e.to)
+        if isinstance(e, Binary):
+            hint2 = self.dt(e.x) or self.dt(e.y)
+            a, b = self.expr(e.x, out, hint2), self.expr(e.y, out, hint2)
+            return C.binary(e.fn, a, b, C.COMPUTE[hint2.name] if hint2 else "float")
+        if isinstance(e, (BroadcastInDim, Transpose)):
+            return self.expr(e.operand, out, hint)
+        if isinstance(e, Select):
+            return self.select(e, out, hint)
+        if isinstance(e, Reduce):
+            return self.reduce(e, out)
+        raise TypeError(e)
+
+    def select(self, e: Select, out: list, hint) -> str:
+        ct = self.ctype(e)
+        dt = self.dt(e) or hint
+        v = self.tmp()
+        if isinstance(e.pred, Guard):
+            cond = " && ".join(f"({C.index(c, self.axes_in_scope())} {'>=' if op == 'ge' else '=='} 0)"
+                               for c, op in e.pred.constraints)
+            then: list = []
+            tv = self.expr(e.then, then, dt)
+            other: list = []
+            ov = self.expr(e.other, other, dt)
+            out.append(Decl(ct, v))
+            out.append(If(cond, tuple(then) + (Assign(v, tv),), tuple(other) + (Assign(v, ov),)))
+            return v
+        p = self.expr(e.pred, out)
+        tv, ov = self.expr(e.then, out, dt), self.expr(e.other, out, dt)
+        out.append(Decl(ct, v, f"({p}) ? ({tv}) : ({ov})"))
+        return v
+
+    def reduce(self, e: Reduce, out: list) -> str:
+        ct = C.COMPUTE[e.dtype.name]
+        acc = self.tmp()
+        out.append(Decl(ct, acc, C.literal(e.init, e.dtype)))
+        self.ty.add_axes(e.axes)
+        for a in e.axes:
+            self.red_axes.append(a.name)
+        body: list = []
+        v = self.expr(e.body, body, e.dtype)
+        bt = self.dt(e.body)
+        if bt is not None and bt is not e.dtype:
+            v = C.cast(v, bt, e.dtype)
+        upd = {"sum": f"{acc} + {v}", "max": C.binary("max", acc, v, ct), "min": C.binary("min", acc, v, ct)}[e.op]
+        inner: tuple = tuple(body) + (Assign(acc, upd),)
+        for a in reversed(e.axes):
+            inner = (For(a.name, "0", C.index(a.size, set()), inner),)
+        for a in e.axes:
+            self.red_axes.remove(a.name)
+        out.append(Block(inner))
+        return acc
+
+    def scratch_offset(self, dims: tuple) -> str:
+        return C.offset(tuple(Expr.sym(a) for a in dims), tuple(self.sizes[a] for a in dims), self.axes_in_scope())
+
+    def emit_items(self, items: list, path: tuple) -> list:
+        out: list = []
+        for name in self.decl_at.get(path, []):
+            _, var, dims = self.storage[name]
+            size = C.index(prod([self.sizes[a] for a in dims]) if dims else 1, set())
+            out.append(Scratch(C.COMPUTE[self.types[name].dtype.name], var, size))
+        for it in items:
+            if it.let is None:
+                body = self.emit_items(it.items, path + (it.lid,))
+                out.append(For(it.axis, "0", C.index(self.sizes[it.axis], set()), tuple(body)))
+                continue
+            self.red_axes = []
+            if it.let.name == "__store":
+                out += self.store(it.let.expr)
+                continue
+            if it.axis == "phase" and self.storage[it.let.name][0] == "array":
+                out.append(self.phase(it.let))
+                continue
+            stmts: list = []
+            v = self.expr(it.let.expr, stmts, self.types[it.let.name].dtype)
+            kind = self.storage[it.let.name]
+            if kind[0] == "scalar":
+                stmts.append(Decl(C.COMPUTE[self.types[it.let.name].dtype.name], kind[1], v))
+            else:
+                stmts.append(Store(kind[1], self.scratch_offset(kind[2]), v))
+            out += stmts
+        return out
+
+    def phase(self, let: Let) -> Stmt:
+        """Compute ``let`` into its array over its remaining axes, in loops of its own."""
+        _, var, dims = self.storage[let.name]
+        stmts: list = []
+        v = self.expr(let.expr, stmts, self.types[let.name].dtype)
+        body: tuple = tuple(stmts) + (Store(var, self.scratch_offset(dims), v),)
+        for a in reversed(dims):
+            body = (For(a, "0", C.index(self.sizes[a], set()), body),)
+        return Block(body)
+
+    def store(self, value: RExpr) -> list:
+        stmts: list = []
+        v = self.expr(value, stmts)
+        src = self.types[self.r.yields[0].src].dtype
+        for y in self.r.yields:
+            m = self.memrefs[y.to]
+            w = C.cast(v, src, y.cast) if y.cast is not None else v
+            out_axes = tuple(a.name for a in self.r.iters)        # the MemRef's layout, not the loop order
+            off = C.offset(tuple(Expr.sym(a) for a in out_axes), m.shape, set(out_axes))
+            stmts.append(Store(self.cname[y.to], off, C.store_value(w, m.dtype)))
+        return stmts
+
+    def lower(self) -> Kernel:
+        tree = self.schedule()
+        self.plan_storage(tree)
+        self.red_axes: list = []
+        body = self.emit_items(tree, ())
+        if self.parallel:
+            body = [_parallelize(s) for s in body]
+        params = tuple(Param(self.cname[n], C.STORAGE[m.dtype.name], n in dict(self.r.inputs))
+                       for n, m in self.memrefs.items())
+        return Kernel(self.name, params, self.syms, tuple(body), self.r.notes, gather_check=self.uses_gather)
+
+
+def _reused_reduce_axes(e: RExpr, iters: set) -> set:
+    """Iter axes that a reduction inside ``e`` reduces over (seed 001 §6.8.3: ``reduce(max, [n], S)``)."""
+    out: set = set()
+    if isinstance(e, Reduce):
+        out |= {a.name for a in e.axes if a.name in iters}
+    for k in ("x", "y", "then", "other", "operand", "by", "body"):
+        if hasattr(e, k):
+            out |= _reused_reduce_axes(getattr(e, k), iters)
+    if isinstance(e, Select) and not isinstance(e.pred, Guard):
+        out |= _reused_reduce_axes(e.pred, iters)
+    return out
+
+
+def _loop_order(iters: list, lets: tuple, types: dict) -> list:
+    """Loop order: an axis that a let reduces over runs inside that let's own axes, so the reduction
+    sees the whole axis (a softmax over axis 0 iterates columns outermost). Stable otherwise; when the
+    constraints cycle, the original order is kept and such lets become array phases."""
+    after: dict = {a: set() for a in iters}
+    for let in lets:
+        for x in _reused_reduce_axes(let.expr, set(iters)):
+            after[x] |= {a for a in types[let.name].axes if a != x}
+    order, left = [], list(iters)
+    while left:
+        pick = next((a for a in left if not (after[a] & set(left))), None)
+        if pick is None:
+            return list(iters)
+        order.append(pick)
+        left.remove(pick)
+    return order
+
+
+def _parallelize(s: Stmt) -> Stmt:
+    """Run the outermost loops in parallel, collapsing a perfect nest (up to 3 deep)."""
+    if not isinstance(s, For):
+        return s
+    depth, cur = 1, s
+    while depth < 3 and len(cur.body) == 1 and isinstance(cur.body[0], For):
+        cur = cur.body[0]
+        depth += 1
+    return For(s.var, s.lo, s.hi, s.body, s.step, parallel=True, collapse=depth)
+
+
+def lower_region(region: Region, syms: tuple, name: str) -> Kernel:
+    return CpuLowering(region, syms, name).lower()
+

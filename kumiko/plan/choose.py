@@ -1,0 +1,56 @@
+"""Choosing a Plan for each region of a Program on the CPU.
+
+The machine decides the vector width (AVX-512: 16 floats, AVX2: 8, else 4 with SSE/NEON vectors) and
+from it the register micro-tile: MR x NR with NR = 2 vectors and MR as large as the vector registers
+allow (MR*2 accumulators + 2 B vectors + 1 broadcast <= the register count). Cache blocks follow the
+usual analysis for a 32 KiB L1 / >= 512 KiB L2: a KC x NR panel of B stays in L1 (KC = 256), an
+MC x KC block of A in L2 (MC a multiple of MR near 120), NC large. A region whose structure is a
+contraction (found by ``kumiko.kernel.contract.find_contraction``, never by op name) gets the packed
+algorithm; every other region the generic loop nest with its outer loops in parallel.
+"""
+from __future__ import annotations
+
+import math
+
+from kumiko.kernel.contract import find_contraction
+from kumiko.kernel.lower_cpu import CpuLowering
+from kumiko.plan.plan import Plan, make_plan
+from kumiko.region.srnf import epilogue
+from kumiko.region.ssa import Program, Region
+
+
+def machine_arch(features: dict) -> tuple[str, int]:
+    vw = int(features.get("vector_width_f32", 4))
+    return ("cpu-avx512" if vw == 16 else "cpu-avx2" if vw == 8 else "cpu-scalar"), vw
+
+
+def micro_tile(vw: int) -> tuple[int, int]:
+    regs = 32 if vw == 16 else 16
+    nr = 2 * vw
+    mr = min(14, (regs - 3) // 2)
+    return (12 if vw == 16 else mr), nr
+
+
+def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
+    arch, vw = machine_arch(features)
+    lo = CpuLowering(region, syms, "probe")
+    c = find_contraction(lo)
+    if c is None:
+        return make_plan(arch, algo_choice={"region": "loops"}, vectorize={"width": vw},
+                         bind={"outer": "omp"}, epilogue=tuple(epilogue(region)))
+    mr, nr = micro_tile(vw)
+    mc = max(mr, 120 // mr * mr)
+    if c.outer is not None:      # whole windows per block: MC a multiple of both MR and the window size
+        ws = math.prod(a.size for a in c.outer.axes)
+        step = mr * ws // math.gcd(mr, ws)
+        mc = max(step, 120 // step * step)
+    return make_plan(arch, algo_choice={"contraction": "packed"}, micro=(mr, nr), tile=(mc, 2048 // nr * nr, 256),
+                     vectorize={"width": vw, "axis": "n"}, bind={"m.o": "omp", "n.o(pack)": "omp"},
+                     cache=({"tensor": "x", "where": "pack", "at": "k.o"},
+                            {"tensor": "y", "where": "pack", "at": "k.o"}),
+                     predicate_tail=tuple(c.m_axes + c.n_axes), epilogue=tuple(epilogue(region)),
+                     local_edges=({"from": c.let, "to": "epilogue", "buffer": "reg" if c.pointwise else "scratch"},))
+
+
+def choose_plans(program: Program, syms: tuple, features: dict) -> dict[str, Plan]:
+    return {r.name: choose_plan(r, syms, features) for r in program.regions}

@@ -1,0 +1,1 @@
+"""Renderers: kernel IR -> C (``c``)."""

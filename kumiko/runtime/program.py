@@ -1,0 +1,171 @@
+"""Run a compiled Program on the CPU: buffers, the arena, symbols, and one ABI call per region.
+
+``CpuProgram(program, module, fn_names)(inputs, env)`` is what the ``cpu`` target's executable calls.
+It owns everything between numpy and the kernels, so the code generator only emits kernels:
+
+- inputs are checked against the Program's MemRefs (dtype, shape under ``env``) and copied only when
+  they are not C-contiguous or not aligned (64 bytes, or the MemRef's ``alignment`` when larger: the ABI
+  promises both to kernels; ``aligned_empty`` makes inputs that need no copy);
+- outputs are fresh 64-byte-aligned arrays **poisoned** before the run (NaN for floats, 0x7f bytes for
+  integers), so an element a kernel forgets to write shows up in tests instead of passing by luck;
+- intermediates (``Program.buffers``) live in one arena planned by liveness (``arena.plan_arena``),
+  allocated once per shape and poisoned with 0xff bytes (NaN in every float dtype) before each run.
+  Poisoning is a verifier: on unless ``KUMIKO_SPEC=0`` (or ``poison=False``), read at each call;
+- each region's function gets ``bufs`` = its inputs then its outputs (``region.inputs`` order, then
+  ``region.outputs`` order) and ``syms`` = the values of ``program_symbols(program)`` (sorted names).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import ml_dtypes
+import numpy as np
+
+from kumiko import dtypes, knobs
+from kumiko.diagnostics import KumikoError
+from kumiko.region.ssa import MemRef, Program
+from kumiko.runtime.arena import ALIGN, ArenaPlan, plan_arena
+from kumiko.runtime.cpu import CModule
+from kumiko.symbolic import Expr, dim_eval
+
+
+def program_symbols(program: Program) -> tuple[str, ...]:
+    """The size symbols a program's kernels receive, in ABI order (sorted by name).
+
+    Every size symbol in any MemRef shape (program inputs, outputs, buffers, region inputs and outputs)
+    and in any region's iteration sizes. The code generator and the runtime both use this function, so
+    ``syms[k]`` means the same symbol on both sides.
+    """
+    names: set[str] = set()
+
+    def add(d) -> None:
+        if not isinstance(d, int):
+            names.update(Expr.lift(d).symbols())
+
+    for _, m in (*program.inputs, *program.outputs, *program.buffers):
+        for d in m.shape:
+            add(d)
+    for r in program.regions:
+        for _, m in r.inputs:
+            for d in m.shape:
+                add(d)
+        for o in r.outputs:
+            for d in o.memref.shape:
+                add(d)
+        for a in r.iters:
+            add(a.size)
+    return tuple(sorted(names))
+
+
+def aligned_empty(shape, dtype, align: int = ALIGN) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data pointer is a multiple of ``align``."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(n + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + n].view(dt).reshape(shape)
+
+
+def poison(arr: np.ndarray) -> np.ndarray:
+    """Fill with NaN (float dtypes) or 0x7f bytes (integers, bools): values no correct kernel leaves."""
+    if arr.dtype.kind == "f" or arr.dtype == np.dtype(ml_dtypes.bfloat16):
+        arr.fill(np.nan)
+    else:
+        arr.reshape(-1).view(np.uint8).fill(0x7F)     # reshape first: a 0-d array has no byte view
+    return arr
+
+
+class CpuProgram:
+    """A Program whose regions are functions of a loaded C module; call it like the evaluator."""
+
+    def __init__(self, program: Program, module: CModule, fn_names: Mapping[str, str], *,
+                 poison: bool | None = None):
+        missing = [r.name for r in program.regions if r.name not in fn_names]
+        if missing:
+            raise KumikoError("E1703", at=f"program {program.name}", why=f"no kernel function for regions {missing}",
+                              suggestion="Give fn_names an entry for every region.")
+        self.program, self.module = program, module
+        self.poison = poison          # None: follow KUMIKO_SPEC (poison unless it is 0)
+        self.symbols = program_symbols(program)
+        self.kernels = [(r, module.fn(fn_names[r.name])) for r in program.regions]
+        self._arenas: dict[tuple, tuple[ArenaPlan, np.ndarray]] = {}
+
+    # -- buffers ----------------------------------------------------------------------------------
+    def arena(self, env: Mapping[str, int]) -> tuple[ArenaPlan, np.ndarray]:
+        key = tuple(env.get(s) for s in self.symbols)
+        if key not in self._arenas:
+            plan = plan_arena(self.program, env)
+            self._arenas[key] = (plan, aligned_empty((max(plan.size, ALIGN),), np.uint8, plan.align))
+        return self._arenas[key]
+
+    def _input(self, name: str, m: MemRef, arr, env: Mapping[str, int]) -> np.ndarray:
+        arr = np.asarray(arr)
+        dt = m.dtype
+        if arr.dtype == np.uint16 and dt in (dtypes.fp16, dtypes.bf16):
+            arr = arr.view(dt.np)              # raw 16-bit storage is accepted as-is
+        if dtypes.from_numpy(arr.dtype) is not dt:
+            raise KumikoError("E1015", at=f"input {name}", why=f"expected dtype {dt}, got {arr.dtype}",
+                              suggestion=f"convert with arr.astype({dt.np.name!r})")
+        want = tuple(dim_eval(d, env) for d in m.shape)
+        if tuple(arr.shape) != want:
+            raise KumikoError("E1015", at=f"input {name}", why=f"expected shape {list(want)} "
+                              f"({[str(d) for d in m.shape]}), got {list(arr.shape)}")
+        align = max(ALIGN, m.alignment)
+        if arr.flags.c_contiguous and arr.ctypes.data % align == 0:
+            return arr
+        out = aligned_empty(arr.shape, arr.dtype, align)
+        out[...] = arr
+        return out
+
+    def buffers(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
+        """Every named buffer of one run: checked inputs, fresh (poisoned) outputs, arena views."""
+        names = [n for n, _ in self.program.inputs]
+        missing = [n for n in names if n not in inputs]
+        if missing:
+            raise KumikoError("E1015", at="inputs", why=f"missing {missing}", expected=names)
+        do_poison = self.poison if self.poison is not None else knobs.spec() >= 1
+        try:
+            bufs = {n: self._input(n, m, inputs[n], env) for n, m in self.program.inputs}
+            for n, m in self.program.outputs:
+                arr = aligned_empty(tuple(dim_eval(d, env) for d in m.shape), m.dtype.np,
+                                    max(ALIGN, m.alignment))
+                bufs[n] = poison(arr) if do_poison else arr
+            plan, raw = self.arena(env)
+        except KeyError as e:
+            raise KumikoError("E1014", at=f"program {self.program.name}", why=f"size symbol {e.args[0]} has no "
+                              "value", suggestion="Bind it through an input's shape (or give it in env).") from None
+        if do_poison:
+            raw.fill(0xFF)
+        memrefs = dict(self.program.buffers)
+        for s in plan.slots:
+            m = memrefs[s.name]
+            shape = tuple(dim_eval(d, env) for d in m.shape)
+            bufs[s.name] = raw[s.offset:s.offset + s.nbytes].view(m.dtype.np).reshape(shape)
+        return bufs
+
+    # -- running ----------------------------------------------------------------------------------
+    def syms(self, env: Mapping[str, int]) -> list[int]:
+        try:
+            return [int(env[s]) for s in self.symbols]
+        except KeyError as e:
+            raise KumikoError("E1014", at=f"program {self.program.name}", why=f"size symbol {e.args[0]} has no "
+                              "value", suggestion="Bind it through an input's shape (or give it in env).") from None
+
+    def __call__(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
+        syms = self.syms(env)
+        bufs = self.buffers(inputs, env)
+        for region, fn in self.kernels:
+            try:
+                arrays = [bufs[n] for n, _ in region.inputs] + [bufs[o.name] for o in region.outputs]
+            except KeyError as e:
+                raise KumikoError("E1703", at=f"region {region.name}", why=f"buffer {e.args[0]!r} is neither a "
+                                  "program input, output nor intermediate") from None
+            rc = fn(arrays, syms)
+            if rc == 2:     # the generated code's data-dependent index check (gather)
+                raise KumikoError("E1015", at=f"region {region.name}", why="a gather index is out of range for "
+                                  "the tensor it reads", suggestion="Pass indices within the gathered axis.",
+                                  sizes=dict(env))
+            if rc != 0:
+                raise KumikoError("E1704", at=f"region {region.name}", why=f"kernel {fn.name} returned {rc}",
+                                  sizes=dict(env))
+        return {n: bufs[n] for n, _ in self.program.outputs}

@@ -1,0 +1,87 @@
+"""The ``cpu`` target: regions -> plans -> loop nests -> one C file -> gcc -> ctypes -> CpuProgram.
+
+``CompiledCpu`` keeps every intermediate (the region Program, the plans, the C source) so dumps, tests
+and ``kumiko explain`` can show what runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from kumiko.compiler import register_target
+from kumiko.diagnostics import KumikoError
+from kumiko.plan.choose import choose_plans
+from kumiko.plan.plan import Plan
+from kumiko.plan.tune import cached_plan, median_time, tune_key
+from kumiko.plan.tune import tune as tune_plans
+from kumiko.plan.validate import validate
+from kumiko.region import form_regions
+from kumiko.region.ssa import Program
+from kumiko.render.cpu_program import render_cpu_program
+from kumiko.runtime.cpu import CModule, build_c, compiler_version, cpu_features
+from kumiko.runtime.program import CpuProgram, program_symbols
+from kumiko.tiny.ir import TinyGraph
+
+
+@dataclass
+class CompiledCpu:
+    program: Program
+    plans: dict[str, Plan]
+    source: str
+    module: CModule
+    runner: CpuProgram
+
+    def __call__(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
+        return self.runner(inputs, env)
+
+
+def _build(tiny: TinyGraph, program: Program, plans: dict[str, Plan]) -> CompiledCpu:
+    source, names, _ = render_cpu_program(program, plans)
+    module = build_c(source, name=tiny.name)
+    return CompiledCpu(program, plans, source, module, CpuProgram(program, module, names))
+
+
+def compile_cpu(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, features: dict | None = None,
+                tune: bool = False, shapes: Mapping[str, int] | None = None) -> CompiledCpu:
+    """Regions -> plans (a tuned winner from the cache when there is one) -> C -> module.
+
+    ``tune=True`` times the candidate plans of each region on random inputs at the graph's sizes
+    (its ``symbols`` defaults, overridden by ``shapes``) and caches the winners."""
+    program = form_regions(tiny)
+    feats = features or cpu_features()
+    chosen = dict(choose_plans(program, program_symbols(program), feats))
+    env = {**tiny.symbols, **(shapes or {})}
+    compiler = compiler_version()
+    syms = program_symbols(program)
+    for r in program.regions:
+        hit = cached_plan(tune_key(r, env, chosen[r.name].arch, compiler))
+        if hit is not None:
+            try:
+                chosen[r.name] = validate(hit, r, syms, feats)
+            except KumikoError:
+                pass          # a stale cached plan (another machine, an older compiler): keep the default
+    for name, p in (plans or {}).items():
+        region = next((r for r in program.regions if r.name == name), None)
+        if region is None:
+            raise KumikoError("E1801", at=f"plan of {name}", why=f"the program has no region {name!r}",
+                              suggestion=f"regions: {[r.name for r in program.regions]}")
+        chosen[name] = validate(p, region, syms, feats)
+    if tune:
+        from kumiko.compiler import Executable
+
+        def time_plans(trial: dict[str, Plan]) -> float:
+            built = _build(tiny, program, trial)
+            exe = Executable(tiny, "eval")
+            ins = exe.random_inputs(0, shapes)
+            bound = exe.bind(ins)
+            return median_time(lambda: built(ins, bound))
+        chosen = tune_plans(program, chosen, env, feats, compiler, time_plans)
+    return _build(tiny, program, chosen)
+
+
+@register_target("cpu")
+def _cpu_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, tune: bool = False,
+                shapes: Mapping[str, int] | None = None, **_) -> CompiledCpu:
+    return compile_cpu(tiny, plans, tune=tune, shapes=shapes)

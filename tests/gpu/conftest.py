@@ -1,0 +1,76 @@
+"""Shared fixtures for the cuda-emu target tests: every example compiled once, its emulator libraries
+(plain and AddressSanitizer) built two at a time in the background into a private cache."""
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kumiko
+from kumiko.frontend.graph import Graph
+from kumiko.runtime.target_cuda import CompiledCuda, compile_cuda
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+#: the seeds' examples the target must run (stem), in fp16 unless stated
+STEMS = ("gemm_bias_relu", "conv3x3_s2_p1", "conv_relu_maxpool", "attention_row_softmax", "attention_causal")
+#: (stem, dtype) -> emulator configurations whose libraries the tests need
+BUILDS = {**{(s, "fp16"): ("deferred", "asan") for s in STEMS},
+          **{(s, "fp32"): ("deferred",) for s in STEMS},
+          ("gemm_bias_relu", "bf16"): ("deferred",), ("attention_causal", "bf16"): ("deferred",)}
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
+
+
+def graph(stem: str, dtype: str = "fp16") -> Graph:
+    """An example with every tensor's dtype rewritten (the examples are fp32; MMA needs 16-bit)."""
+    d = json.loads((EXAMPLES / f"{stem}.json").read_text())
+    for t in d["tensors"].values():
+        t["dtype"] = dtype
+    return Graph.from_json(d)
+
+
+def rel_l2(x, ref) -> float:
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    if not np.all(np.isfinite(x)):
+        return float("inf")
+    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+@pytest.fixture(scope="session")
+def gpu_cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kumiko-gpu-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KUMIKO_CACHE", str(path))
+    yield path
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def compiled(gpu_cache):
+    """``compiled(stem, dtype)`` -> CompiledCuda whose libraries are built (or being built) already."""
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA emulator needs g++")
+    progs: dict[tuple, CompiledCuda] = {k: compile_cuda(graph(*k).tiny) for k in BUILDS}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures: dict[tuple, list[Future]] = {k: [pool.submit(progs[k].module, e) for e in emus]
+                                              for k, emus in BUILDS.items()}
+
+        def get(stem: str, dtype: str = "fp16") -> CompiledCuda:
+            for f in futures[(stem, dtype)]:
+                f.result()
+            return progs[(stem, dtype)]
+        yield get
+
+
+def run_and_compare(c: CompiledCuda, g: Graph, emu: str, seed: int, shapes=None) -> dict[str, float]:
+    """Run the compiled program on the emulator against the Tiny IR evaluator; rel. L2 per output."""
+    ref = kumiko.compile(g, "eval")
+    ins = ref.random_inputs(seed, shapes)
+    env = ref.bind(ins, None)
+    out = c.runner(emu)(ins, env)
+    want = ref(**ins)
+    return {k: rel_l2(out[k], want[k]) for k in want}

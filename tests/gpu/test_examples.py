@@ -1,0 +1,59 @@
+"""The seeds' examples on the cuda-emu target against the Tiny IR evaluator: fp16 (the MMA skeleton for
+every contraction) in all three emulator configurations, at the examples' sizes and at sizes that are
+not multiples of any tile (K not a multiple of 8: the scalar-gather fallback); fp32 (SIMT) and bf16."""
+from __future__ import annotations
+
+import pytest
+
+import kumiko
+from kumiko.diagnostics import KumikoError
+
+from .conftest import EXAMPLES, STEMS, graph, needs_gxx, run_and_compare
+
+pytestmark = needs_gxx
+
+
+@pytest.mark.parametrize("emu", ["deferred", "eager", "asan"])
+@pytest.mark.parametrize("stem", STEMS)
+def test_fp16_examples_match_the_evaluator(compiled, stem, emu):
+    c = compiled(stem, "fp16")
+    assert any(p.algo == "mma" for p in c.plans.values()), "every example holds a contraction"
+    g = graph(stem, "fp16")
+    for seed, shapes in ((1, None), (2, {k: v + 5 for k, v in g.symbols.items()})):
+        errs = run_and_compare(c, g, emu, seed, shapes)
+        assert all(e < 1e-2 for e in errs.values()), (stem, emu, shapes, errs)
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_fp32_examples_run_simt(compiled, stem):
+    c = compiled(stem, "fp32")
+    assert all(p.algo == "simt" for p in c.plans.values())
+    g = graph(stem, "fp32")
+    errs = run_and_compare(c, g, "deferred", 3, {k: v + 3 for k, v in g.symbols.items()})
+    assert all(e < 1e-4 for e in errs.values()), errs
+
+
+@pytest.mark.parametrize("stem", ["gemm_bias_relu", "attention_causal"])
+def test_bf16(compiled, stem):
+    g = graph(stem, "bf16")
+    errs = run_and_compare(compiled(stem, "bf16"), g, "deferred", 4, {k: v + 3 for k, v in g.symbols.items()})
+    assert all(e < 2e-2 for e in errs.values()), errs
+    assert "mma_m16n8k16_bf16f32" in compiled(stem, "bf16").source
+
+
+def test_compile_api_and_options(compiled):
+    c = compiled("gemm_bias_relu", "fp16")
+    exe = kumiko.compile(graph("gemm_bias_relu", "fp16"), "cuda-emu", emu="eager")
+    assert exe.target == "cuda-emu" and exe._run.source == c.source      # deterministic source
+    out = exe(**exe.random_inputs(0, {"M": 3, "N": 5, "K": 7}))
+    assert out["C2"].shape == (3, 5)
+    with pytest.raises(KumikoError) as e:
+        kumiko.compile(graph("gemm_bias_relu", "fp16"), "cuda-emu", emu="tsan")
+    assert e.value.code == "E1501"
+
+
+def test_cli_runs_cuda_emu(gpu_cache, capsys):
+    from kumiko.cli import main
+    rc = main(["run", str(EXAMPLES / "gemm_bias_relu.json"), "--target", "cuda-emu"])
+    assert rc == 0
+    assert "cuda-emu" in capsys.readouterr().out

@@ -1,0 +1,108 @@
+"""The GPU dialect IR and the plans: what the skeleton instantiates for each region shape, the verifier's
+hazards and budgets, plan validation (E1801), plan injection (stages, tile, warp tile), determinism."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from kumiko.diagnostics import KumikoError
+from kumiko.kernel.gpu_ir import Barrier, KLoop, MmaKernel, SimtKernel
+from kumiko.kernel.gpu_verify import verify_mma
+from kumiko.plan.gpu import choose_gpu_plan, validate_gpu_plan
+from kumiko.plan.plan import Plan
+from kumiko.region import form_regions
+from kumiko.runtime.program import program_symbols
+from kumiko.runtime.target_cuda import compile_cuda
+
+from .conftest import graph, needs_gxx, run_and_compare
+
+
+def _mma(stem: str, dtype: str = "fp16", **kw) -> MmaKernel:
+    return next(k for k in compile_cuda(graph(stem, dtype).tiny, **kw).kernels if isinstance(k, MmaKernel))
+
+
+def test_operand_staging_follows_the_access_maps():
+    gemm = _mma("gemm_bias_relu")
+    x, y = gemm.loads
+    assert x.vec is not None and y.vec is not None                    # A[m,k], B[k,n]: plain tiles
+    assert [r.layout for r in gemm.rings] == ["sk", "ks"]             # B is read with ldmatrix.trans
+    conv = _mma("conv3x3_s2_p1")
+    assert conv.loads[0].vec is None and conv.loads[1].vec is not None    # im2col gathered, weights cp.async
+    qk = _mma("attention_causal")
+    assert [r.layout for r in qk.rings] == ["sk", "sk"]               # K[n, d]: k contiguous, no trans
+    pool = _mma("conv_relu_maxpool")
+    assert pool.epilogue.mode == "smem_window" and pool.epilogue.window == 4
+
+
+def test_region_shapes_pick_their_skeleton():
+    c = compile_cuda(graph("attention_causal", "fp16").tiny)
+    kinds = [type(k).__name__ for k in c.kernels]
+    assert kinds == ["MmaKernel", "SimtKernel", "MmaKernel"]          # QK^T, row softmax on its scratch, PV
+    assert c.launches[0].scratch and c.launches[1].scratch == c.launches[0].scratch
+    f32 = compile_cuda(graph("gemm_bias_relu", "fp32").tiny)
+    assert all(isinstance(k, SimtKernel) for k in f32.kernels)
+
+
+def test_verifier_hazards():
+    k = _mma("gemm_bias_relu")
+    assert verify_mma(k) is k
+    no_landed = replace(k, loop=KLoop("kt", tuple(s for s in k.loop.body
+                                                  if not (isinstance(s, Barrier) and s.why == "landed"))))
+    with pytest.raises(KumikoError) as e:
+        verify_mma(no_landed)
+    assert e.value.details["hazard"] == "no_barrier_after_wait"
+    with pytest.raises(KumikoError) as e:
+        verify_mma(replace(_mma("conv_relu_maxpool"), drain=()))
+    assert e.value.details["hazard"] == "epilogue_smem"
+    with pytest.raises(KumikoError) as e:
+        verify_mma(replace(k, regs_budget=64))
+    assert e.value.details["hazard"] == "register_budget"
+
+
+def _region(stem, dtype="fp16"):
+    p = form_regions(graph(stem, dtype).tiny)
+    return p.regions[0], program_symbols(p)
+
+
+def test_plan_validation():
+    r, syms = _region("gemm_bias_relu")
+    p = choose_gpu_plan(r, "sm80", syms)
+    assert p.algo == "mma" and p.barrier_model == "cp_async_group" and p.epilogue == ("cast", "add", "relu")
+    assert validate_gpu_plan(p, r, syms) is p
+    for bad in (replace(p, tile=(256, 256, 128), warp_tile="64x64", stages=4),      # shared memory
+                replace(p, warp_tile="24x32"), replace(p, stages=5), replace(p, arch="cpu-avx2")):
+        with pytest.raises(KumikoError) as e:
+            validate_gpu_plan(bad, r, syms)
+        assert e.value.code == "E1801"
+    r32, syms32 = _region("gemm_bias_relu", "fp32")
+    assert choose_gpu_plan(r32, "sm80", syms32).algo == "simt"
+    with pytest.raises(KumikoError):
+        validate_gpu_plan(replace(p, arch="sm80"), r32, syms32)
+
+
+def test_plan_json_round_trip():
+    r, syms = _region("conv_relu_maxpool")
+    p = choose_gpu_plan(r, "sm90", syms)
+    assert Plan.from_json(p.to_json()) == p and p.to_json()["async"]["epilogue_overlap"] is False
+
+
+@needs_gxx
+def test_injected_plan_two_stages_and_overlap(gpu_cache):
+    g = graph("gemm_bias_relu", "fp16")
+    r, syms = _region("gemm_bias_relu")
+    base = choose_gpu_plan(r, "sm80", syms)
+    plan = replace(base, tile=(128, 64, 32), warp_tile="64x32", stages=2,
+                   async_=(("enable", True), ("epilogue_overlap", True), ("prefetch_depth", 1)))
+    c = compile_cuda(g.tiny, plans={r.name: plan})
+    k = c.kernels[0]
+    assert k.tile == (128, 64, 32) and k.warps == (2, 2) and k.stages == 2 and k.drain == ()
+    assert "cp_async_wait<1>()" in c.source
+    for emu in ("deferred", "eager"):
+        errs = run_and_compare(c, g, emu, 7, {"M": 130, "N": 72, "K": 40})
+        assert max(errs.values()) < 1e-2, errs
+
+
+def test_generated_source_is_deterministic():
+    g = graph("attention_causal", "fp16")
+    assert compile_cuda(g.tiny).source == compile_cuda(g.tiny).source

@@ -1,0 +1,284 @@
+"""kumiko_cpu.h: every helper generated kernels use, checked against numpy / ml_dtypes bit for bit where
+the result is exact (conversions, tails, integer division) and to an ulp bound where it is not (exp2).
+
+Each check runs for four builds of the header: the host's widest ISA (-march=native), the same without
+F16C (the scalar fp16 conversion path), plain x86-64 (SSE2: 4-wide vectors, no FMA, no masked loads), and
+AVX-512 (16-wide, mask registers; only compiled where the CPU lacks AVX-512).
+"""
+import platform
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kumiko.runtime.cpu import DEFAULT_FLAGS, build_c, cpu_features
+
+SOURCE = r"""
+#include "kumiko_cpu.h"
+
+KUMIKO_KERNEL vw(void** b, const long long* s) { (void)s; ((long long*)b[0])[0] = KUMIKO_VW; return 0; }
+
+KUMIKO_KERNEL h2f(void** b, const long long* s) {
+    const uint16_t* in = b[0]; float* out = b[1];
+    for (long long i = 0; i < s[0]; i++) out[i] = kumiko_f16_to_f32(in[i]);
+    return 0;
+}
+KUMIKO_KERNEL f2h(void** b, const long long* s) {
+    const float* in = b[0]; uint16_t* out = b[1];
+    for (long long i = 0; i < s[0]; i++) out[i] = kumiko_f32_to_f16(in[i]);
+    return 0;
+}
+KUMIKO_KERNEL f2b(void** b, const long long* s) {
+    const float* in = b[0]; uint16_t* out = b[1];
+    for (long long i = 0; i < s[0]; i++) out[i] = kumiko_f32_to_bf16(in[i]);
+    return 0;
+}
+KUMIKO_KERNEL b2f(void** b, const long long* s) {
+    const uint16_t* in = b[0]; float* out = b[1];
+    for (long long i = 0; i < s[0]; i++) out[i] = kumiko_bf16_to_f32(in[i]);
+    return 0;
+}
+/* vector conversions: n is a multiple of KUMIKO_VW */
+KUMIKO_KERNEL vconv(void** b, const long long* s) {
+    const uint16_t* h = b[0]; const uint16_t* bf = b[1]; const float* f = b[2];
+    float* h_out = b[3]; float* bf_out = b[4]; uint16_t* f_h = b[5]; uint16_t* f_bf = b[6];
+    for (long long i = 0; i < s[0]; i += KUMIKO_VW) {
+        kv_store(h_out + i, kv_load_f16(h + i));
+        kv_store(bf_out + i, kv_load_bf16(bf + i));
+        kv_store_f16(f_h + i, kv_load(f + i));
+        kv_store_bf16(f_bf + i, kv_load(f + i));
+    }
+    return 0;
+}
+/* exp2: vector body, scalar tail (must agree bit for bit), and a scalar-only copy */
+KUMIKO_KERNEL exp2v(void** b, const long long* s) {
+    const float* x = b[0]; float* y = b[1]; float* z = b[2];
+    long long n = s[0], i = 0;
+    for (; i + KUMIKO_VW <= n; i += KUMIKO_VW) kv_store(y + i, kv_exp2(kv_load(x + i)));
+    if (i < n) kv_store_partial(y + i, kv_exp2(kv_loadu_partial(x + i, (int)(n - i))), (int)(n - i));
+    for (i = 0; i < n; i++) z[i] = kumiko_exp2(x[i]);
+    return 0;
+}
+/* row reductions with tails: out[r] = (sum, max, min) of row r of an R x C matrix, and y = relu(x) + 1 */
+KUMIKO_KERNEL rows(void** b, const long long* s) {
+    const float* x = b[0]; float* out = b[1]; float* y = b[2];
+    long long R = s[0], C = s[1];
+    for (long long r = 0; r < R; r++) {
+        const float* row = x + r * C;
+        kv_t acc = kv_zero(), mx = kv_broadcast(-INFINITY), mn = kv_broadcast(INFINITY);
+        long long c = 0;
+        for (; c + KUMIKO_VW <= C; c += KUMIKO_VW) {
+            kv_t v = kv_load(row + c);
+            acc = kv_fma(v, kv_broadcast(1.0f), acc);
+            mx = kv_max(mx, v);
+            mn = kv_min(mn, v);
+            kv_store(y + r * C + c, kv_max(kv_zero(), v) + 1.0f);
+        }
+        if (c < C) {
+            int n = (int)(C - c);
+            kvi_t m = kv_tail_mask(n);
+            kv_t v = kv_loadu_partial(row + c, n);
+            acc = acc + v;
+            mx = kv_max(mx, kv_select(m, v, kv_broadcast(-INFINITY)));
+            mn = kv_min(mn, kv_select(m, v, kv_broadcast(INFINITY)));
+            kv_store_partial(y + r * C + c, kv_max(kv_zero(), v) + 1.0f, n);
+        }
+        out[3 * r] = kv_hsum(acc); out[3 * r + 1] = kv_hmax(mx); out[3 * r + 2] = kv_hmin(mn);
+    }
+    return 0;
+}
+KUMIKO_KERNEL ints(void** b, const long long* s) {
+    const long long* a = b[0]; long long* out = b[1];
+    long long q = s[1];
+    for (long long i = 0; i < s[0]; i++) {
+        out[3 * i] = kumiko_floordiv(a[i], q); out[3 * i + 1] = kumiko_mod(a[i], q);
+        out[3 * i + 2] = kumiko_ceildiv(a[i], q);
+    }
+    return 0;
+}
+KUMIKO_KERNEL misc(void** b, const long long* s) {
+    (void)s;
+    float* out = b[0];
+    kv_t v = kv_broadcast(-0.0f);
+    kv_store(out, v);                                      /* -0.0 survives a broadcast */
+    kv_store(out + KUMIKO_VW, kv_sqrt(kv_broadcast(2.0f)));
+    kv_store(out + 2 * KUMIKO_VW, kv_map(log2f, kv_broadcast(8.0f)));
+    kv_store(out + 3 * KUMIKO_VW, kv_max(kv_zero(), kv_broadcast(NAN)));  /* NaN propagates from b */
+    return 0;
+}
+"""
+
+X86 = platform.machine() in ("x86_64", "AMD64")
+VARIANTS = {"native": (), "no-f16c": ("-mno-f16c",), "x86-64": ("-march=x86-64",),
+            "avx512": ("-march=skylake-avx512",)}
+WIDTH = {"x86-64": 4, "avx512": 16}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def mod(request):
+    if not X86 and request.param != "native":
+        pytest.skip("x86-specific ISA variant")
+    extra = VARIANTS[request.param]
+    flags = [f for f in DEFAULT_FLAGS if not (extra and extra[0].startswith("-march") and f.startswith("-march"))]
+    m = build_c(SOURCE, flags=flags + list(extra) + ["-Wall", "-Wextra", "-Werror"], name=f"hdr_{request.param}")
+    if request.param == "avx512" and not cpu_features()["avx512f"]:
+        pytest.skip("the AVX-512 build compiled; this CPU cannot run it")
+    m.variant = request.param
+    return m
+
+
+def _run(mod, name, arrays, syms):
+    assert mod.fn(name)(arrays, syms) == 0
+
+
+def test_vector_width(mod):
+    out = np.zeros(1, np.int64)
+    _run(mod, "vw", [out], [])
+    want = WIDTH.get(mod.variant, cpu_features()["vector_width_f32"])
+    assert out[0] == want
+
+
+def _all_halves() -> np.ndarray:
+    return np.arange(65536, dtype=np.uint32).astype(np.uint16)
+
+
+def test_f16_to_f32_all_values(mod):
+    h = _all_halves()
+    out = np.empty(h.size, np.float32)
+    _run(mod, "h2f", [h, out], [h.size])
+    want = h.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert np.isnan(out[nan]).all()
+
+
+def _hard_floats() -> np.ndarray:
+    """Every rounding boundary of fp16 and bf16 (+-1 ulp of fp32), specials, and random values."""
+    mids = (_all_halves().view(np.float16).astype(np.float32).view(np.uint32).astype(np.int64) + (1 << 12))
+    bmids = (np.arange(65536, dtype=np.int64) << 16) + (1 << 15)
+    around = np.concatenate([mids + d for d in (-1, 0, 1)] + [bmids + d for d in (-1, 0, 1)])
+    around = around[(around >= 0) & (around < 1 << 32)].astype(np.uint32).view(np.float32)
+    rng = np.random.default_rng(0)
+    rand = (rng.standard_normal(20000) * 2.0 ** rng.integers(-30, 20, 20000)).astype(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, 1e-8, 2.0 ** -25,
+                        2.0 ** -24, 3e38, -3.4e38, 5.96e-8, 6.1e-5], np.float32)
+    return np.concatenate([around, rand, special]).astype(np.float32)
+
+
+def _same_bits_or_nan(got_u16: np.ndarray, want: np.ndarray) -> None:
+    wb = want.view(np.uint16)
+    with np.errstate(invalid="ignore"):       # signalling NaN patterns are part of the sweep
+        nan = np.isnan(want.astype(np.float32))
+    bad = ~nan & (got_u16 != wb)
+    assert not bad.any(), f"first mismatch at {np.flatnonzero(bad)[:5]}: {got_u16[bad][:5]} vs {wb[bad][:5]}"
+    # NaN stays NaN (quieted): exponent all ones, mantissa non-zero, in the right bit positions
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(got_u16[nan].view(want.dtype).astype(np.float32)).all()
+
+
+def test_f32_to_f16_rounding(mod):
+    x = _hard_floats()
+    out = np.empty(x.size, np.uint16)
+    _run(mod, "f2h", [x, out], [x.size])
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(np.float16)
+    _same_bits_or_nan(out, want)
+
+
+def test_bf16_round_trip(mod):
+    x = _hard_floats()
+    out = np.empty(x.size, np.uint16)
+    _run(mod, "f2b", [x, out], [x.size])
+    with np.errstate(invalid="ignore"):
+        want = x.astype(ml_dtypes.bfloat16)
+    _same_bits_or_nan(out, want)
+    b = _all_halves()
+    back = np.empty(b.size, np.float32)
+    _run(mod, "b2f", [b, back], [b.size])
+    assert np.array_equal(back.view(np.uint32), b.astype(np.uint32) << 16)
+
+
+def test_vector_conversions(mod):
+    x = _hard_floats()
+    n = x.size - x.size % 64
+    x = np.ascontiguousarray(x[:n])
+    h = _all_halves()[:n].copy() if n <= 65536 else np.resize(_all_halves(), n)
+    bf = np.resize(_all_halves(), n)
+    outs = [np.empty(n, np.float32), np.empty(n, np.float32), np.empty(n, np.uint16), np.empty(n, np.uint16)]
+    _run(mod, "vconv", [h, bf, x, *outs], [n])
+    with np.errstate(invalid="ignore"):
+        want_h = h.view(np.float16).astype(np.float32)
+    ok = np.isnan(want_h) & np.isnan(outs[0]) | (outs[0].view(np.uint32) == want_h.view(np.uint32))
+    assert ok.all()
+    assert np.array_equal(outs[1].view(np.uint32), bf.astype(np.uint32) << 16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_f16, want_bf16 = x.astype(np.float16), x.astype(ml_dtypes.bfloat16)
+    _same_bits_or_nan(outs[2], want_f16)
+    _same_bits_or_nan(outs[3], want_bf16)
+
+
+def _ulp_error(got: np.ndarray, want64: np.ndarray) -> np.ndarray:
+    want32 = want64.astype(np.float32)
+    ulp = np.spacing(np.abs(want32)).astype(np.float64)
+    return np.abs(got.astype(np.float64) - want64) / np.maximum(ulp, np.float64(2.0) ** -149)
+
+
+def test_exp2_accuracy_and_tail_agreement(mod):
+    rng = np.random.default_rng(1)
+    x = np.concatenate([[np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, 0.5, -0.5, 127.99, 128.0, -126.0, -149.0,
+                         -150.0, -151.0, 1e-30], rng.uniform(-160, 130, 30000), rng.uniform(-1, 1, 30000),
+                        np.linspace(-150, 128, 20001)]).astype(np.float32)
+    x = x[: x.size - x.size % 16 + 3]      # the vector loop ends in a partial tail
+    y, z = np.full(x.size, 7.0, np.float32), np.full(x.size, 7.0, np.float32)
+    _run(mod, "exp2v", [x, y, z], [x.size])
+    assert np.array_equal(y.view(np.uint32), z.view(np.uint32)), "vector and scalar exp2 must agree bit for bit"
+    want = np.exp2(x.astype(np.float64))
+    finite = np.isfinite(x) & (x < 128)
+    assert (y[np.isfinite(x) & (x >= 128)] == np.inf).all()
+    err = _ulp_error(y[finite], want[finite])
+    assert err.max() <= 2.0, f"max {err.max():.2f} ulp at x={x[finite][err.argmax()]}"
+    assert y[x == np.inf][0] == np.inf and y[x == -np.inf][0] == 0.0
+    assert np.isnan(y[np.isnan(x)]).all()
+    assert y[x == np.float32(128.0)][0] == np.inf
+
+
+@pytest.mark.parametrize("cols", [1, 3, 8, 16, 37])
+def test_tails_and_horizontal_reductions(mod, cols):
+    rng = np.random.default_rng(cols)
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    out = np.zeros((5, 3), np.float32)
+    y = np.full((5, cols + 1), 99.0, np.float32)[:, :cols].copy()
+    guard = np.full(64, 123.0, np.float32)
+    buf = np.concatenate([x.ravel(), guard])             # reading past the row end would see 123
+    _run(mod, "rows", [buf, out, y], [5, cols])
+    np.testing.assert_allclose(out[:, 0], x.sum(1), rtol=1e-5, atol=1e-5)
+    assert np.array_equal(out[:, 1], x.max(1)) and np.array_equal(out[:, 2], x.min(1))
+    np.testing.assert_array_equal(y, np.maximum(x, 0) + 1)
+
+
+def test_partial_store_writes_nothing_past_n(mod):
+    x = np.arange(40, dtype=np.float32)
+    buf = np.concatenate([x[:3], np.full(61, -5.0, np.float32)])
+    out = np.zeros(3, np.float32)
+    y = np.full(64, -7.0, np.float32)
+    _run(mod, "rows", [buf, out, y], [1, 3])
+    assert (y[3:] == -7.0).all()
+
+
+def test_integer_helpers(mod):
+    a = np.arange(-20, 21, dtype=np.int64)
+    out = np.zeros((a.size, 3), np.int64)
+    _run(mod, "ints", [a, out], [a.size, 4])
+    np.testing.assert_array_equal(out[:, 0], a // 4)
+    np.testing.assert_array_equal(out[:, 1], a % 4)
+    np.testing.assert_array_equal(out[:, 2], -((-a) // 4))
+
+
+def test_broadcast_sqrt_map_and_nan_max(mod):
+    vw = WIDTH.get(mod.variant, cpu_features()["vector_width_f32"])
+    out = np.zeros(4 * vw, np.float32)
+    _run(mod, "misc", [out], [])
+    assert np.signbit(out[:vw]).all() and (out[:vw] == 0).all()
+    assert (out[vw:2 * vw] == np.sqrt(np.float32(2))).all()
+    assert (out[2 * vw:3 * vw] == 3.0).all()
+    assert np.isnan(out[3 * vw:]).all()
