@@ -174,6 +174,15 @@ class Former:
         # evaluated (and read out of bounds) where the guard is false
         if not inside and not b.guarded and nid != b.root and _top_level(index, n.shape, b.iters):
             name = f"v_{nid}"
+            taken = {x.name for x in b.lets}
+            if name in taken and not self.cheap(nid):
+                # a reducing value needed at two different points of one kernel (e.g. t + t^T): computing it
+                # twice is what seed 001 §6.7.6 forbids, so it is materialised once
+                raise NeedsRoot(nid, "R-fanout", f"{nid} holds a reduction and is needed at two different "
+                                "points of one kernel: materialised once")
+            k = 1
+            while name in taken:        # a cheap value at another point: recomputed, its own let
+                name, k = f"v_{nid}_{k}", k + 1
             b.lets.append(Let(name, expr))
             b.shared[key] = name
             return Ref(name)

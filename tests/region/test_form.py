@@ -170,3 +170,12 @@ def test_region_dump_round_trips_and_resumes(path):
     a, b = play_program(p, ins, env), play_program(back, ins, env)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_reducing_value_needed_at_two_points_is_materialised_once():
+    x, y = Tensor.input("x", (3, 3)), Tensor.input("y", (3, 3))
+    t = (x @ y).exp()
+    p = _check_playback((t + t.permute(1, 0)).graph("o"))
+    assert len(p.regions) == 2 and any("two different points" in n for r in p.regions for n in r.notes)
+    e = Tensor.input("e", (3, 3)).exp()          # cheap: recomputed at both points, one kernel
+    assert len(_check_playback((e + e.permute(1, 0)).graph("o")).regions) == 1
