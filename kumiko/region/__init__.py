@@ -13,8 +13,11 @@ def _region_stage(program) -> dict:
 
 
 def _register() -> None:
+    from kumiko.frontend.visualize import register_drawing
     from kumiko.pipeline import register_stage
+    from kumiko.region.draw import draw_program
     register_stage("region", _region_stage)
+    register_drawing("region", draw_program)
 
 
 _register()
