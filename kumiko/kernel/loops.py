@@ -7,7 +7,7 @@ SIMD hints), guarded blocks, scratch arrays with their extent, stores to MemRefs
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Union
 
 
@@ -75,6 +75,10 @@ class Raw:
     text: str
 
 
+#: the status a CPU kernel returns when a data-dependent (gather) index was out of range; the runtime turns it
+#: into a diagnostic (0 is success, anything else an internal error)
+STATUS_BAD_INDEX = 2
+
 Stmt = Union[Decl, Assign, Store, Scratch, For, If, Block, Comment, Raw]
 
 
@@ -92,5 +96,4 @@ class Kernel:
     syms: tuple          # size symbol names, sorted (the ABI order)
     body: tuple
     notes: tuple = ()
-    helpers: tuple = field(default_factory=tuple)   # names of static helpers the body uses
-    gather_check: bool = False                      # declares ``kk_bad`` and returns it (2: index out of range)
+    gather_check: bool = False   # declares ``kk_bad``; returns STATUS_BAD_INDEX when a gather index was out of range

@@ -47,6 +47,7 @@ class _Item:
     level: int
     path: tuple                # ids of the enclosing loops
     axis: str = ""
+    phase: bool = False        # a let computed in loops of its own (it reduces over an enclosing axis)
     items: list = field(default_factory=list)
     lid: int = 0
 
@@ -117,7 +118,7 @@ class CpuLowering:
                 elif cap <= k:
                     # the loop over a reduced axis would enclose it: an array phase with its own loops
                     flush()
-                    items.append(_Item(let, k, path, axis="phase"))
+                    items.append(_Item(let, k, path, phase=True))
                 else:
                     run.append(let)
             flush()
@@ -140,7 +141,7 @@ class CpuLowering:
                 continue
             axes = self.types[name].axes
             shared = it.level
-            if it.axis == "phase":
+            if it.phase:
                 shared = min(shared, it.level)
                 dims = tuple(a for a in axes if self.iters.index(a) >= it.level)
                 if dims:
@@ -283,7 +284,7 @@ class CpuLowering:
             if it.let.name == "__store":
                 out += self.store(it.let.expr)
                 continue
-            if it.axis == "phase" and self.storage[it.let.name][0] == "array":
+            if it.phase and self.storage[it.let.name][0] == "array":
                 out.append(self.phase(it.let))
                 continue
             stmts: list = []

@@ -10,7 +10,7 @@ Mappings are stored as sorted tuples so plans hash and compare by value; JSON ke
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from kumiko.diagnostics import KumikoError
@@ -98,15 +98,3 @@ class Plan:
 
 def make_plan(arch: str, **kw: Any) -> Plan:
     return Plan(arch=arch, **{k: _freeze(v) for k, v in kw.items()})
-
-
-@dataclass(frozen=True)
-class ProgramPlan:
-    """Plans of every region of a Program, by region name (the ``plan`` stage's dump)."""
-    plans: tuple = field(default_factory=tuple)   # ((region name, Plan), ...)
-
-    def __getitem__(self, name: str) -> Plan:
-        return dict(self.plans)[name]
-
-    def to_json(self) -> dict:
-        return {"kumiko": "plan", "version": 1, "plans": {n: p.to_json() for n, p in self.plans}}

@@ -23,6 +23,7 @@ import numpy as np
 
 from kumiko import dtypes, knobs
 from kumiko.diagnostics import KumikoError
+from kumiko.kernel.loops import STATUS_BAD_INDEX
 from kumiko.region.ssa import MemRef, Program
 from kumiko.runtime.arena import ALIGN, ArenaPlan, plan_arena
 from kumiko.runtime.cpu import CModule
@@ -161,7 +162,7 @@ class CpuProgram:
                 raise KumikoError("E1703", at=f"region {region.name}", why=f"buffer {e.args[0]!r} is neither a "
                                   "program input, output nor intermediate") from None
             rc = fn(arrays, syms)
-            if rc == 2:     # the generated code's data-dependent index check (gather)
+            if rc == STATUS_BAD_INDEX:     # the generated code's data-dependent index check (gather)
                 raise KumikoError("E1015", at=f"region {region.name}", why="a gather index is out of range for "
                                   "the tensor it reads", suggestion="Pass indices within the gathered axis.",
                                   sizes=dict(env))

@@ -156,3 +156,14 @@ def test_random_graphs_on_cpu(outs, seed):
     fin = np.isfinite(b)
     assert np.array_equal(np.isfinite(a), fin)
     assert rel(a[fin], b[fin]) < 1e-5
+
+
+def test_gather_index_out_of_range_is_a_diagnostic_not_a_wild_read():
+    x, idx = Tensor.input("x", (4, 5)), Tensor.input("idx", (4, 3), "i32")
+    exe = kumiko.compile(x.gather(1, idx).graph("y"), "cpu")
+    a = np.random.default_rng(0).standard_normal((4, 5), dtype=np.float32)
+    good = np.array([[0, 4, 2]] * 4, np.int32)
+    np.testing.assert_array_equal(exe(x=a, idx=good)["y"], np.take_along_axis(a, good, axis=1))
+    with pytest.raises(kumiko.KumikoError) as e:
+        exe(x=a, idx=np.array([[0, 1, 9]] * 4, np.int32))
+    assert e.value.code == "E1015" and "gather" in e.value.why
