@@ -23,6 +23,12 @@ stated, deterministic rules (each recorded in the region's notes for ``kumiko ex
              recomputed: the same (value, index) is one shared let (seed 001 §6.7.6).
 - R-reshape  a reshape that merges symbolic axes has no affine inverse: its source is materialised and
              read through its flat row-major offset.
+
+Points are compared modulo size-1 axes: a coordinate on an axis of extent 1 is the same point whatever
+it holds (``0`` from an EXPAND/RESHAPE of a unit dim, or the size-1 iterator), so a ``(1, H, S, D)``
+graph forms the same regions as a ``(B, H, S, D)`` one. A top-level reduction whose body holds a
+reduction and lacks some iters (LayerNorm's variance, LogSoftmax's sum) reduces over those iters, its
+body a top-level let (the seed 001 §6.8.3 form), instead of materialising the body by R-contract.
 """
 from __future__ import annotations
 
@@ -96,6 +102,16 @@ def _free(index: tuple) -> set:
     return out
 
 
+def _unit_free(index: tuple, shape: tuple, sizes: dict) -> tuple:
+    """The point ``index`` names, written canonically: a coordinate on an axis of extent 1 is 0 whatever
+    expression it holds (``0`` from an EXPAND/RESHAPE of a unit dim, or the size-1 iterator ``i0``), and
+    an axis of extent 1 (an iter or a reduction axis) is 0 wherever it appears. Two indices of one value
+    are the same point iff their canonical forms are equal; used for the shared-let key and the
+    injectivity check, so unit batch axes do not stop fusion."""
+    unit = {a: 0 for a, s in sizes.items() if s == 1}
+    return tuple(Expr.lift(0) if d == 1 else Expr.lift(e).subs(unit) for e, d in zip(index, shape))
+
+
 def _top_level(index: tuple, shape: tuple, iters: tuple) -> bool:
     """Is the index a plain point of the region's iteration space (iter names, 0 on unit axes)? Then the
     value is a top-level let over those iters, shared by every use at the same point."""
@@ -162,7 +178,7 @@ class Former:
             return Const(n.arg["value"], n.dtype)
         if n.uop in MOVEMENT:
             return self.movement(b, n, index, scope)
-        key = (nid, tuple(index))
+        key = (nid, _unit_free(index, n.shape, b.sizes))
         if key in b.shared:
             return Ref(b.shared[key])
         inside = len(scope) > len(b.iters)
@@ -202,7 +218,7 @@ class Former:
             if not ok:
                 raise NeedsRoot(nid, "R-window", f"Poly Core: {nid} cannot be computed at {consumer}: {why}")
             self.fused_by_poly.append(f"compute-at {nid} in {consumer}: Poly Core says legal, {why}")
-        elif not injective(index, {a: b.sizes[a] for a in scope}):
+        elif not injective(_unit_free(index, self.g.nodes[nid].shape, b.sizes), {a: b.sizes[a] for a in scope}):
             raise NeedsRoot(nid, "R-window", f"{nid} holds a reduction and is read through an overlapping "
                             "window; fusing would recompute it")
 
@@ -276,10 +292,16 @@ class Former:
         """Seed 001 §6.8.3 form: ``Mrow = reduce(max, [n], S)`` where S is a top-level let over the
         iters. When the reduction's body, with each reduced axis named by an unused iter of the same
         size, is a value this region already holds as a let, reduce over those iters instead of
-        recomputing the body under fresh axes (never recompute inside a region)."""
+        recomputing the body under fresh axes (never recompute inside a region).
+
+        The same form is used when the body is not a let yet but holds a reduction (LayerNorm's
+        ``sum((x - mean)^2)``, LogSoftmax's ``sum(exp(x - max))``): under fresh axes it would be read
+        inside a reduction over the non-unit iters the reduction lacks, which R-contract materialises;
+        as a top-level let over the iters each of its elements is computed once."""
         if len(scope) != len(b.iters):
             return None
         free = _free(index)
+        lacks = any(b.sizes[a] != 1 for a in b.iters if a not in free)
         src = self.g.nodes[n.src[0]]
         spare = [a for a in b.iters if a not in free]
         axes, body_index = [], list(index)
@@ -296,9 +318,13 @@ class Former:
             if idx is None or guards:
                 return None
             nid = self.g.nodes[nid].src[0]
-        if (nid, tuple(idx)) not in b.shared:
-            return None
-        return tuple(axes), tuple(body_index)
+        body = self.g.nodes[nid]
+        if (nid, _unit_free(idx, body.shape, b.sizes)) in b.shared:
+            return tuple(axes), tuple(body_index)
+        if lacks and not b.guarded and body.uop not in ("INPUT", "CONST") and nid not in self.roots \
+                and not self.cheap(nid) and _top_level(idx, body.shape, b.iters):
+            return tuple(axes), tuple(body_index)
+        return None
 
     def movement(self, b: _Build, n: Node, index: tuple, scope: tuple) -> RExpr:
         src_index, guards = move_index(self.g, n, index)

@@ -1,53 +1,42 @@
 """Index propagation through Tiny IR movement ops: given an index of a movement node's result, the
-index of its source (and the guard constraints a PAD adds). These are the IndexBook's per-op update
-rules (seed 001 §4.4) applied to one concrete index tuple; region formation uses them to inline.
+index of its source (and the guard constraints a PAD adds). Region formation uses it to inline.
 
-Reshapes are split into groups of consecutive axes with equal element counts (size-1 axes are
-dropped), so the common reshapes (adding/removing unit axes, splitting one axis, merging axes) give
-simple affine maps; a merge over symbolic axes has no affine inverse and returns ``None``.
+There is one set of per-op rules (seed 001 §4.4): the IndexBook's one-step maps
+(``kumiko.indexbook.build.step_map``), applied here to one concrete index tuple. A reshape that merges
+symbolic axes has no affine inverse and gives ``None``. Also here: the row-major ``linear`` offset and
+the ``injective`` test region formation uses for reused reductions.
 """
 from __future__ import annotations
 
-from kumiko.symbolic import Expr, prod
+from kumiko.indexbook.build import NonAffineStep, step_map
+from kumiko.indexbook.expr import axis_var
+from kumiko.symbolic import Expr
 from kumiko.tiny.ir import Node, TinyGraph
 
 
 def move_index(g: TinyGraph, n: Node, index: tuple) -> tuple:
-    """(source index, guards) for ``n``'s result at ``index``; guards are ``(expr, "ge")`` pairs."""
+    """(source index, guards) for ``n``'s result at ``index``; guards are ``(expr, "ge")`` pairs.
+
+    The IndexBook's one-step map (``indexbook.build.step_map``) with the consumer's variables
+    substituted; a PAD's in-bounds range becomes guards on the sides that are actually padded. A
+    reshape that merges symbolic axes has no affine map: ``(None, ())``."""
     src = g.nodes[n.src[0]]
-    u, a = n.uop, n.arg
-    index = tuple(Expr.lift(i) for i in index)
-    if u == "PERMUTE":
-        out: list = [None] * len(index)
-        for k, p in enumerate(a["perm"]):
-            out[p] = index[k]
-        return tuple(out), ()
-    if u == "EXPAND":
-        return tuple(Expr.lift(0) if s == 1 and d != 1 else i for i, s, d in zip(index, src.shape, n.shape)), ()
-    if u == "SHRINK":
-        step = a.get("step") or (1,) * len(index)
-        return tuple(Expr.lift(lo) + st * i for i, lo, st in zip(index, a["lo"], step)), ()
-    if u == "FLIP":
-        return tuple(Expr.lift(s) - 1 - i if k in a["axes"] else i
-                     for k, (i, s) in enumerate(zip(index, src.shape))), ()
-    if u == "PAD":
-        guards, out = [], []
-        for i, (lo, hi), s in zip(index, a["pad"], src.shape):
-            if lo == 0 and hi == 0:
-                out.append(i)
-                continue
-            if lo != 0:
-                guards.append((i - lo, "ge"))
-            if hi != 0:
-                guards.append((Expr.lift(s) + lo - 1 - i, "ge"))
-            out.append(i - lo)
-        return tuple(out), tuple(guards)
-    if u == "VIEW":
-        env = {f"i{k}": i for k, i in enumerate(index)}
-        return tuple(e.subs(env) for e in a["index_map"]), ()
-    if u == "RESHAPE":
-        return reshape_index(index, n.shape, src.shape), ()
-    raise AssertionError(f"{u} is not a movement op")
+    try:
+        f, ranges = step_map(n, src)
+    except NonAffineStep:
+        return None, ()
+    env = {axis_var(k).as_symbol(): Expr.lift(i) for k, i in enumerate(index)}
+    guards: list = []
+    if n.uop == "PAD":
+        padded = [k for k, (lo, hi) in enumerate(n.arg["pad"]) if not (Expr.lift(lo) == 0 and Expr.lift(hi) == 0)]
+        for k, r in zip(padded, ranges):
+            lo, hi = n.arg["pad"][k]
+            e = r.expr.subs(env)
+            if Expr.lift(lo) != 0:
+                guards.append((e - r.lo, "ge"))
+            if Expr.lift(hi) != 0:
+                guards.append((r.hi - 1 - e, "ge"))
+    return tuple(e.subs(env) for e in f), tuple(guards)
 
 
 def linear(index: tuple, shape: tuple) -> Expr:
@@ -56,64 +45,6 @@ def linear(index: tuple, shape: tuple) -> Expr:
     for i, d in zip(index, shape):
         off = off * d + i
     return off
-
-
-def _groups(dst: tuple, src: tuple):
-    """Pair runs of non-unit axes of dst and src with equal products: [([dst axes], [src axes]), ...].
-    The side with the smaller product grows (for symbolic sizes: the side that divides the other)."""
-    d = [k for k, x in enumerate(dst) if x != 1]
-    s = [k for k, x in enumerate(src) if x != 1]
-    out, i, j = [], 0, 0
-    while i < len(d) and j < len(s):
-        gd, gs = [d[i]], [s[j]]
-        i, j = i + 1, j + 1
-        while True:
-            pd, ps = prod(dst[k] for k in gd), prod(src[k] for k in gs)
-            if pd == ps:
-                break
-            if isinstance(pd, int) and isinstance(ps, int):
-                grow_d = pd < ps
-            elif Expr.lift(ps).exact_div(pd) is not None:
-                grow_d = True
-            elif Expr.lift(pd).exact_div(ps) is not None:
-                grow_d = False
-            else:
-                return None
-            if grow_d and i < len(d):
-                gd.append(d[i])
-                i += 1
-            elif not grow_d and j < len(s):
-                gs.append(s[j])
-                j += 1
-            else:
-                return None
-        out.append((gd, gs))
-    return out if i == len(d) and j == len(s) else None
-
-
-def reshape_index(index: tuple, dst: tuple, src: tuple) -> tuple | None:
-    """The source index of a reshape ``src -> dst`` at ``index`` (None: needs a symbolic division)."""
-    groups = _groups(dst, src)
-    if groups is None:
-        return None
-    out: list = [Expr.lift(0)] * len(src)
-    for gd, gs in groups:
-        lin = linear(tuple(index[k] for k in gd), tuple(dst[k] for k in gd))
-        if len(gs) == 1:
-            out[gs[0]] = lin
-            continue
-        strides = []
-        for k in range(len(gs)):
-            st = prod(src[m] for m in gs[k + 1:])
-            if not isinstance(st, int):
-                return None
-            strides.append(st)
-        for k, (axis, st) in enumerate(zip(gs, strides)):
-            q = lin.floordiv(st)
-            out[axis] = q if k == 0 else q % src[axis] if isinstance(src[axis], int) else None
-            if out[axis] is None:
-                return None
-    return tuple(out)
 
 
 def injective(index: tuple, sizes: dict) -> bool:
