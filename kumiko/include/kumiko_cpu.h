@@ -16,8 +16,14 @@
  *                comparisons (giving kvi_t masks of 0 / -1) are plain operators
  *                kv_load, kv_store, kv_loadu_partial, kv_store_partial, kv_tail_mask, kv_select,
  *                kv_zero, kv_broadcast, kv_fma, kv_max, kv_min, kv_sqrt, kv_hsum, kv_hmax, kv_hmin,
- *                kv_exp2, kv_map (lane-wise scalar fallback, e.g. for log2f/erff),
- *                kv_load_f16, kv_store_f16, kv_load_bf16, kv_store_bf16 (full vectors of 16-bit storage)
+ *                kv_exp2, kv_map / kv_map2 (lane-wise scalar fallback, e.g. for log2f/erff/powf),
+ *                kv_load_f16, kv_store_f16, kv_load_bf16, kv_store_bf16 (full vectors of 16-bit storage),
+ *                kv_round_f16, kv_round_bf16 (fp32 lanes rounded to fp16/bf16 and back, as a cast does)
+ *   for generated loop nests (kumiko/kernel/lower_cpu.py)
+ *                kv_maxnan, kv_minnan (numpy's NaN-propagating max/min, lane-wise kk_maxf/kk_minf),
+ *                kv_any, kv_hmax_nan, kv_hmin_nan (horizontal max/min of a vector accumulator whose NaN
+ *                lanes were tracked in a mask), kv_mask_broadcast, kv_load_bool, kv_store_bool (bool
+ *                storage <-> kvi_t masks), kv_affine_ge, kv_affine_eq (lane masks of an affine guard)
  *
  * The vector width follows what the compiler targets (-march=native on the build machine):
  * AVX-512F -> 16 floats, AVX/AVX2 -> 8, otherwise 4 (SSE, NEON, or GCC's generic lowering).
@@ -174,10 +180,18 @@ typedef uint16_t kvh_t __attribute__((vector_size(KUMIKO_VW * 2))); /* a vector 
 
 KUMIKO_INLINE kv_t kv_zero(void) { kv_t z = {0}; return z; }
 
-KUMIKO_INLINE kv_t kv_broadcast(float x) {
+KUMIKO_INLINE kv_t kv_broadcast(float x) { /* one broadcast instruction (hoisted out of loops); keeps -0.0 */
+#if defined(__AVX512F__)
+    return (kv_t)_mm512_set1_ps(x);
+#elif defined(__AVX__) && KUMIKO_VW == 8
+    return (kv_t)_mm256_set1_ps(x);
+#elif defined(__SSE__) && KUMIKO_VW == 4
+    return (kv_t)_mm_set1_ps(x);
+#else
     kv_t v;
-    for (int i = 0; i < KUMIKO_VW; i++) v[i] = x; /* a broadcast instruction; keeps -0.0 (0 + x would not) */
+    for (int i = 0; i < KUMIKO_VW; i++) v[i] = x;
     return v;
+#endif
 }
 
 /* Full-vector loads and stores; any alignment. */
@@ -339,5 +353,85 @@ KUMIKO_INLINE void kv_store_bf16(uint16_t* p, kv_t v) {
     kvh_t h = __builtin_convertvector(r, kvh_t);
     memcpy(p, &h, sizeof h);
 }
+
+/* fp32 lanes rounded to the nearest fp16 / bf16 and widened back: a cast to a 16-bit float in
+ * compute (cexpr.cast: kk_h2f(kk_f2h(x))), bit-identical with the scalar conversions. */
+KUMIKO_INLINE kv_t kv_round_f16(kv_t v) {
+#if defined(__AVX512F__)
+    return (kv_t)_mm512_cvtph_ps(_mm512_cvtps_ph((__m512)v, 0));
+#elif defined(__F16C__) && KUMIKO_VW == 8
+    return (kv_t)_mm256_cvtph_ps(_mm256_cvtps_ph((__m256)v, 0));
+#else
+    kv_t r;
+    for (int i = 0; i < KUMIKO_VW; i++) r[i] = kumiko_f16_to_f32(kumiko_f32_to_f16(v[i]));
+    return r;
+#endif
+}
+
+KUMIKO_INLINE kv_t kv_round_bf16(kv_t v) {
+    kvu_t x = (kvu_t)v, lsb = (x >> 16) & 1u;
+    kvu_t rne = ((x + 0x7fffu + lsb) >> 16) << 16;
+    kvu_t nan = (kvu_t)((x & 0x7fffffffu) > 0x7f800000u);
+    return (kv_t)((nan & (((x >> 16) | 0x40u) << 16)) | (~nan & rne));
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* helpers of the generated loop nests                                                             */
+
+/* numpy's max/min: NaN in either lane gives NaN (lane-wise kk_maxf(a, b) = (a > b || a != a) ? a : b). */
+KUMIKO_INLINE kv_t kv_maxnan(kv_t a, kv_t b) { return kv_select((a > b) | (a != a), a, b); }
+KUMIKO_INLINE kv_t kv_minnan(kv_t a, kv_t b) { return kv_select((a < b) | (a != a), a, b); }
+
+/* Lane-wise scalar function of two vectors (powf). */
+#define kv_map2(fn, a, b) __extension__({ kv_t _kv_a = (a), _kv_b = (b), _kv_out; \
+    for (int _kv_i = 0; _kv_i < KUMIKO_VW; _kv_i++) { _kv_out[_kv_i] = fn(_kv_a[_kv_i], _kv_b[_kv_i]); } _kv_out; })
+
+/* 1 when some lane of the mask is set. */
+KUMIKO_INLINE int kv_any(kvi_t m) {
+#if defined(__AVX512F__)
+    return _mm512_test_epi32_mask((__m512i)m, (__m512i)m) != 0;
+#elif defined(__AVX__) && KUMIKO_VW == 8
+    return !_mm256_testz_si256((__m256i)m, (__m256i)m);
+#else
+    int r = 0;
+    for (int i = 0; i < KUMIKO_VW; i++) r |= m[i] != 0;
+    return r;
+#endif
+}
+
+/* A max/min reduction keeps its accumulator with the fast kv_max/kv_min (one instruction, NaN not kept)
+ * and tracks NaN inputs in a mask (nan |= v != v); these finish it: NaN when any lane saw one. */
+KUMIKO_INLINE float kv_hmax_nan(kv_t acc, kvi_t nan) { return kv_any(nan) ? NAN : kv_hmax(acc); }
+KUMIKO_INLINE float kv_hmin_nan(kv_t acc, kvi_t nan) { return kv_any(nan) ? NAN : kv_hmin(acc); }
+
+/* A bool (0 / nonzero) broadcast to a lane mask (0 / -1). */
+KUMIKO_INLINE kvi_t kv_mask_broadcast(int b) {
+    kvi_t m;
+    for (int i = 0; i < KUMIKO_VW; i++) m[i] = b ? -1 : 0;
+    return m;
+}
+
+/* bool storage (one byte, 0 or 1) to and from lane masks. */
+KUMIKO_INLINE kvi_t kv_load_bool(const unsigned char* p) {
+    kvi_t m;
+    for (int i = 0; i < KUMIKO_VW; i++) m[i] = p[i] ? -1 : 0;
+    return m;
+}
+KUMIKO_INLINE void kv_store_bool(unsigned char* p, kvi_t m) {
+    for (int i = 0; i < KUMIKO_VW; i++) p[i] = (unsigned char)(m[i] != 0);
+}
+
+/* Lane masks of an affine guard over the vectorised axis: lane l is set when c + k*l >= 0 (== 0), c the
+ * constraint's value at lane 0 and k its coefficient of the axis (|k| < 2^20). c is clamped first: the
+ * lanes' signs only depend on it within a few k of zero, so 32-bit lanes are exact. */
+KUMIKO_INLINE kvi_t kv_affine_lanes(long long c, long long k) {
+    const long long lim = 1LL << 28;
+    int32_t c32 = (int32_t)(c < -lim ? -lim : (c > lim ? lim : c));
+    kvi_t v;
+    for (int i = 0; i < KUMIKO_VW; i++) v[i] = c32 + (int32_t)k * i;
+    return v;
+}
+KUMIKO_INLINE kvi_t kv_affine_ge(long long c, long long k) { return kv_affine_lanes(c, k) >= 0; }
+KUMIKO_INLINE kvi_t kv_affine_eq(long long c, long long k) { return kv_affine_lanes(c, k) == 0; }
 
 #endif /* KUMIKO_CPU_H */

@@ -3,6 +3,10 @@
 Index arithmetic is ``long long``; ``floor(E/q)`` becomes ``kk_fdiv(E, q)`` (floor, not C's truncation).
 Size symbols are the variables ``s_<name>`` read from the ABI's ``syms`` array. 16-bit floats are
 stored as ``uint16_t`` and computed in ``float``; bool is stored as ``unsigned char``.
+
+The ``v*`` functions are the vector spellings the CPU loop nest uses for a loop over a contiguous axis
+(``kumiko_cpu.h``'s ``kv_t``: KUMIKO_VW float lanes; bools become ``kvi_t`` lane masks of 0 / -1).
+They return None where a value has no vector form; the loop then stays scalar.
 """
 from __future__ import annotations
 
@@ -48,12 +52,34 @@ def index(e, axes: set) -> str:
     return "(" + " + ".join(parts) + ")" if len(parts) > 1 else parts[0]
 
 
-def offset(idx: tuple, shape: tuple, axes: set) -> str:
-    """Row-major offset of ``idx`` into ``shape``."""
+def offset_expr(idx: tuple, shape: tuple) -> Expr:
+    """Row-major offset of ``idx`` into ``shape``, symbolic."""
     off: Expr | None = None
     for i, d in zip(idx, shape):
         off = Expr.lift(i) if off is None else off * d + i
-    return index(off if off is not None else Expr.lift(0), axes)
+    return off if off is not None else Expr.lift(0)
+
+
+def offset(idx: tuple, shape: tuple, axes: set) -> str:
+    """Row-major offset of ``idx`` into ``shape``."""
+    return index(offset_expr(idx, shape), axes)
+
+
+def stride(e, var: str) -> int | None:
+    """How far ``e`` moves when ``var`` grows by one: 0 when ``var`` does not occur, the integer
+    coefficient when it occurs only as a plain degree-1 term, None otherwise (times a size symbol,
+    inside a floor division)."""
+    e = Expr.lift(e)
+    k = 0
+    for mono, c in e.terms:
+        for a in mono:
+            if isinstance(a, Sym) and a.name == var:
+                if mono != (a,):
+                    return None
+                k = c
+            elif isinstance(a, FloorDiv) and var in a.num.symbols():
+                return None
+    return k
 
 
 def load(buf: str, off: str, dt: dtypes.DType) -> str:
@@ -128,3 +154,62 @@ def binary(fn: str, a: str, b: str, ct: str) -> str:
         return f"powf({a}, {b})" if ct == "float" else f"pow({a}, {b})"
     ops = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
     return f"(({a}) {ops[fn]} ({b}))"
+
+
+# vectors -------------------------------------------------------------------------------------------------
+#: compute dtypes whose values are float lanes (kv_t) in a vector loop
+VFLOAT = ("fp32", "fp16", "bf16")
+_VLOAD = {"fp32": "kv_load", "fp16": "kv_load_f16", "bf16": "kv_load_bf16", "bool": "kv_load_bool"}
+_VSTORE = {"fp32": "kv_store", "fp16": "kv_store_f16", "bf16": "kv_store_bf16", "bool": "kv_store_bool"}
+VUNARY = {"neg": "(-({x}))", "exp2": "kv_exp2({x})", "log2": "kv_map(log2f, {x})", "sqrt": "kv_sqrt({x})",
+          "rsqrt": "(kv_broadcast(1.0f) / kv_sqrt({x}))", "relu": "kv_max(kv_zero(), {x})", "erf": "kv_map(erff, {x})"}
+
+
+def vkind(dt: dtypes.DType | None) -> str | None:
+    """'f' for float lanes, 'm' for bool lane masks, None for what stays scalar (i32, fp64)."""
+    if dt is None or dt.name in VFLOAT:
+        return "f"
+    return "m" if dt.name == "bool" else None
+
+
+def vtype(kind: str) -> str:
+    return "kv_t" if kind == "f" else "kvi_t"
+
+
+def vbroadcast(v: str, kind: str) -> str:
+    return f"kv_broadcast({v})" if kind == "f" else f"kv_mask_broadcast({v})"
+
+
+def vload(buf: str, off: str, dt: dtypes.DType) -> str | None:
+    """KUMIKO_VW consecutive elements from ``buf + off`` (None: no vector form for this storage)."""
+    fn = _VLOAD.get(dt.name)
+    return f"{fn}({buf} + {off})" if fn else None
+
+
+def vstore_fn(dt: dtypes.DType) -> str | None:
+    return _VSTORE.get(dt.name)
+
+
+def vcast(v: str, src: dtypes.DType, to: dtypes.DType) -> str | None:
+    """The vector form of ``cast`` (masks in and out for bool); None where it has none."""
+    sk, tk = vkind(src), vkind(to)
+    if sk is None or tk is None:
+        return None
+    if sk == "m":
+        return v if tk == "m" else f"kv_select({v}, kv_broadcast(1.0f), kv_zero())"
+    if tk == "m":
+        return f"(({v}) != kv_zero())"
+    return {"fp16": f"kv_round_f16({v})", "bf16": f"kv_round_bf16({v})"}.get(to.name, v)
+
+
+def vbinary(fn: str, a: str, b: str, kind: str) -> str | None:
+    """Lane-wise ``binary`` of two vectors of ``kind``; comparisons give masks."""
+    if kind == "m":      # bools as 0 / -1 masks: max is or, min and mul are and; lt/le from the truth table
+        return {"max": f"({a} | {b})", "min": f"({a} & {b})", "mul": f"({a} & {b})", "eq": f"({a} == {b})",
+                "ne": f"({a} != {b})", "lt": f"(~{a} & {b})", "le": f"(~{a} | {b})"}.get(fn)
+    if fn in ("max", "min"):
+        return f"kv_{fn}nan({a}, {b})"
+    if fn == "pow":
+        return f"kv_map2(powf, {a}, {b})"
+    ops = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
+    return f"({a} {ops[fn]} {b})"

@@ -16,7 +16,7 @@ from kumiko import dtypes
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.gpu_ir import Param, SimtKernel
 from kumiko.kernel.loops import Assign, Decl, For, If
-from kumiko.kernel.lower_cpu import CpuLowering, _reused_reduce_axes
+from kumiko.kernel.lower_cpu import CpuLowering, reused_reduce_axes
 from kumiko.region.ssa import Guard, Reduce, Ref, Region, RExpr, Select
 from kumiko.symbolic import prod
 
@@ -56,7 +56,7 @@ class SimtLowering(CpuLowering):
         inner: set = set()
         for let in self.r.lets:
             if let.name not in self.precomputed:
-                inner |= _reused_reduce_axes(let.expr, set(iters))
+                inner |= reused_reduce_axes(let.expr, set(iters))
         self.inner = tuple(a for a in iters if a in inner)
         self.outer = tuple(a for a in iters if a not in inner)
         self.lets = {x.name: x for x in self.r.lets}

@@ -3,7 +3,8 @@
 Expressions inside statements are C expression strings built by ``kumiko.kernel.cexpr`` from the
 region (index arithmetic, loads with their dtype conversions, math). Statements carry structure the
 renderer and later passes need: loops (with ``parallel``/``collapse`` for OpenMP and ``vector`` for
-SIMD hints), guarded blocks, scratch arrays with their extent, stores to MemRefs.
+SIMD hints), OpenMP parallel regions (per-thread scratch, then worksharing loops), guarded blocks,
+scratch arrays with their extent, stores to MemRefs, and vector stores of ``kumiko_cpu.h``'s lanes.
 """
 from __future__ import annotations
 
@@ -32,11 +33,22 @@ class Store:
 
 
 @dataclass(frozen=True)
+class VecStore:
+    """``fn(buf + offset, value)``: KUMIKO_VW lanes stored with a ``kumiko_cpu.h`` helper (kv_store, ...)."""
+    fn: str
+    buf: str
+    offset: str
+    value: str
+
+
+@dataclass(frozen=True)
 class Scratch:
-    """A thread-private scratch array (freed at the end of the enclosing block)."""
+    """A thread-private scratch array: heap (freed at the end of the enclosing block), or on the stack
+    (``stack``: ``size`` is a small constant)."""
     ctype: str
     name: str
     size: str
+    stack: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,14 @@ class For:
     collapse: int = 1
     vector: int = 0          # a SIMD hint (``#pragma omp simd``) when > 0
     workshare: bool = False  # an ``omp for`` inside an enclosing parallel region
+    tail: bool = False       # the scalar remainder of a vector loop (< KUMIKO_VW iterations): never parallel
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """``#pragma omp parallel { body }``: the body runs once per thread (its Scratch arrays are the
+    thread's own); the loops inside that share out work are ``workshare`` Fors."""
+    body: tuple
 
 
 @dataclass(frozen=True)
@@ -79,7 +99,7 @@ class Raw:
 #: into a diagnostic (0 is success, anything else an internal error)
 STATUS_BAD_INDEX = 2
 
-Stmt = Union[Decl, Assign, Store, Scratch, For, If, Block, Comment, Raw]
+Stmt = Union[Decl, Assign, Store, VecStore, Scratch, For, Parallel, If, Block, Comment, Raw]
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,74 @@ KUMIKO_KERNEL ints(void** b, const long long* s) {
     }
     return 0;
 }
+/* helpers of generated loop nests. vround: n a multiple of KUMIKO_VW; the scalar twins alongside */
+KUMIKO_KERNEL vround(void** b, const long long* s) {
+    const float* x = b[0]; float* h = b[1]; float* bf = b[2]; float* hs = b[3]; float* bfs = b[4];
+    for (long long i = 0; i < s[0]; i += KUMIKO_VW) {
+        kv_store(h + i, kv_round_f16(kv_load(x + i)));
+        kv_store(bf + i, kv_round_bf16(kv_load(x + i)));
+    }
+    for (long long i = 0; i < s[0]; i++) {
+        hs[i] = kumiko_f16_to_f32(kumiko_f32_to_f16(x[i]));
+        bfs[i] = kumiko_bf16_to_f32(kumiko_f32_to_bf16(x[i]));
+    }
+    return 0;
+}
+/* lane-wise NaN max/min and powf of two vectors; n a multiple of KUMIKO_VW */
+KUMIKO_KERNEL vnanmax(void** b, const long long* s) {
+    const float* x = b[0]; const float* y = b[1]; float* mx = b[2]; float* mn = b[3]; float* pw = b[4];
+    for (long long i = 0; i < s[0]; i += KUMIKO_VW) {
+        kv_t a = kv_load(x + i), c = kv_load(y + i);
+        kv_store(mx + i, kv_maxnan(a, c));
+        kv_store(mn + i, kv_minnan(a, c));
+        kv_store(pw + i, kv_map2(powf, a, c));
+    }
+    return 0;
+}
+/* row max/min as the loop nest emits them: kv_max/kv_min accumulators, NaN lanes in a mask, a scalar tail */
+KUMIKO_KERNEL rows_nan(void** b, const long long* s) {
+    const float* x = b[0]; float* out = b[1];
+    long long R = s[0], C = s[1];
+    for (long long r = 0; r < R; r++) {
+        const float* row = x + r * C;
+        kv_t mx = kv_broadcast(-INFINITY), mn = kv_broadcast(INFINITY);
+        kvi_t nan = kv_mask_broadcast(0);
+        float smx = -INFINITY, smn = INFINITY;
+        long long c = 0;
+        for (; c < C - (KUMIKO_VW - 1); c += KUMIKO_VW) {
+            kv_t v = kv_load(row + c);
+            nan = nan | (v != v);
+            mx = kv_max(mx, v);
+            mn = kv_min(mn, v);
+        }
+        for (; c < C; c++) {
+            smx = (smx > row[c] || smx != smx) ? smx : row[c];
+            smn = (smn < row[c] || smn != smn) ? smn : row[c];
+        }
+        float hx = kv_hmax_nan(mx, nan), hn = kv_hmin_nan(mn, nan);
+        out[2 * r] = (smx > hx || smx != smx) ? smx : hx;
+        out[2 * r + 1] = (smn < hn || smn != smn) ? smn : hn;
+    }
+    return 0;
+}
+/* masks: affine lanes for (c, k) pairs, bool loads/stores, broadcast, any */
+KUMIKO_KERNEL masks(void** b, const long long* s) {
+    const long long* ck = b[0]; int32_t* ge = b[1]; int32_t* eq = b[2];
+    const unsigned char* bl = b[3]; unsigned char* bl_out = b[4]; int32_t* misc = b[5];
+    for (long long i = 0; i < s[0]; i++) {
+        kvi_t g = kv_affine_ge(ck[2 * i], ck[2 * i + 1]), e = kv_affine_eq(ck[2 * i], ck[2 * i + 1]);
+        memcpy(ge + i * KUMIKO_VW, &g, sizeof g);
+        memcpy(eq + i * KUMIKO_VW, &e, sizeof e);
+    }
+    for (long long i = 0; i < s[1]; i += KUMIKO_VW) {
+        kvi_t m = kv_load_bool(bl + i);
+        misc[4 + i / KUMIKO_VW] = kv_any(m);
+        kv_store_bool(bl_out + i, ~m);
+    }
+    kvi_t t = kv_mask_broadcast(5), f = kv_mask_broadcast(0);
+    misc[0] = t[0]; misc[1] = t[KUMIKO_VW - 1]; misc[2] = f[0]; misc[3] = kv_any(f);
+    return 0;
+}
 KUMIKO_KERNEL misc(void** b, const long long* s) {
     (void)s;
     float* out = b[0];
@@ -282,3 +350,82 @@ def test_broadcast_sqrt_map_and_nan_max(mod):
     assert (out[vw:2 * vw] == np.sqrt(np.float32(2))).all()
     assert (out[2 * vw:3 * vw] == 3.0).all()
     assert np.isnan(out[3 * vw:]).all()
+
+
+# helpers of generated loop nests (kumiko/kernel/lower_cpu.py) ---------------------------------------------
+
+def test_vector_rounding_casts_match_the_scalar_ones(mod):
+    x = _hard_floats()
+    n = x.size - x.size % 64
+    x = np.ascontiguousarray(x[:n])
+    h, bf, hs, bfs = (np.empty(n, np.float32) for _ in range(4))
+    _run(mod, "vround", [x, h, bf, hs, bfs], [n])
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_h = x.astype(np.float16).astype(np.float32)
+        want_b = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    for got, scalar, want in ((h, hs, want_h), (bf, bfs, want_b)):
+        nan = np.isnan(want)
+        assert np.isnan(got[nan]).all() and np.isnan(scalar[nan]).all()
+        assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+        assert np.array_equal(scalar[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def test_nan_max_min_and_pow_lanes(mod):
+    rng = np.random.default_rng(7)
+    n = 64 * 8
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    x[::7] = np.nan
+    y[::5] = np.nan
+    x[3::11] = np.inf
+    y[4::13] = -np.inf
+    x[1], y[1] = 0.0, -0.0
+    y[2] = x[2]
+    mx, mn, pw = (np.empty(n, np.float32) for _ in range(3))
+    _run(mod, "vnanmax", [x, y, mx, mn, pw], [n])
+    with np.errstate(invalid="ignore"):
+        want_mx = np.where((x > y) | np.isnan(x), x, y)        # kk_maxf: (a > b || a != a) ? a : b
+        want_mn = np.where((x < y) | np.isnan(x), x, y)
+        want_pw = np.power(np.abs(x), y)
+    assert np.array_equal(mx.view(np.uint32)[~np.isnan(want_mx)], want_mx.view(np.uint32)[~np.isnan(want_mx)])
+    assert np.array_equal(np.isnan(mx), np.isnan(np.maximum(x, y)))
+    assert np.array_equal(mn.view(np.uint32)[~np.isnan(want_mn)], want_mn.view(np.uint32)[~np.isnan(want_mn)])
+    assert np.array_equal(np.isnan(mn), np.isnan(np.minimum(x, y)))
+    pos = x >= 0
+    np.testing.assert_allclose(pw[pos], want_pw[pos], rtol=1e-6)
+
+
+@pytest.mark.parametrize("cols", [1, 7, 9, 16, 37])
+def test_nan_tracking_row_max_min(mod, cols):
+    rng = np.random.default_rng(cols)
+    x = rng.standard_normal((6, cols)).astype(np.float32)
+    x[1, 0] = np.nan
+    x[2, cols - 1] = np.nan
+    x[3, cols // 2] = np.nan
+    x[4, 0] = np.inf
+    x[5, :] = -np.inf
+    out = np.zeros((6, 2), np.float32)
+    _run(mod, "rows_nan", [x, out], [6, cols])
+    want = np.stack([x.max(1), x.min(1)], 1)
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+    assert np.array_equal(out[~np.isnan(want)], want[~np.isnan(want)])
+
+
+def test_masks_affine_lanes_and_bools(mod):
+    vw = WIDTH.get(mod.variant, cpu_features()["vector_width_f32"])
+    pairs = [(c, k) for c in range(-40, 41, 3) for k in (-3, -1, 0, 1, 2)]
+    pairs += [(c, k) for c in (10 ** 12, -10 ** 12, 2 ** 31, -2 ** 31 - 5, 2 ** 28 + 3) for k in (-7, 1, 5)]
+    ck = np.array(pairs, np.int64)
+    ge = np.zeros((len(pairs), vw), np.int32)
+    eq = np.zeros((len(pairs), vw), np.int32)
+    bl = np.random.default_rng(2).random(8 * vw) < 0.3
+    bl[:vw] = False
+    bl_out = np.zeros(8 * vw, np.bool_)
+    misc = np.zeros(4 + 8, np.int32)
+    _run(mod, "masks", [ck, ge, eq, bl.view(np.uint8), bl_out.view(np.uint8), misc], [len(pairs), 8 * vw])
+    lanes = ck[:, :1] + ck[:, 1:] * np.arange(vw)
+    assert np.array_equal(ge, -(lanes >= 0).astype(np.int32))
+    assert np.array_equal(eq, -(lanes == 0).astype(np.int32))
+    assert np.array_equal(bl_out, ~bl)
+    assert list(misc[:4]) == [-1, -1, 0, 0]
+    assert list(misc[4:]) == [int(bl[i * vw:(i + 1) * vw].any()) for i in range(8)]
