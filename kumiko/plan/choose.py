@@ -4,13 +4,13 @@ The machine decides the vector width (AVX-512: 16 floats, AVX2: 8, else 4 with S
 from it the register micro-tile: MR x NR with NR = 2 vectors and MR as large as the vector registers
 allow (MR*2 accumulators + 2 B vectors + 1 broadcast <= the register count). Cache blocks follow the
 usual analysis for a 32 KiB L1 / >= 512 KiB L2: a KC x NR panel of B stays in L1 (KC = 256), an
-MC x KC block of A in L2 (MC a multiple of MR near 120), NC large. A region whose structure is a
-contraction (found by ``kumiko.kernel.contract.find_contraction``, never by op name) gets the packed
-algorithm; every other region the generic loop nest with its outer loops in parallel.
+MC x KC block of A in L2 (MC a multiple of MR near 120), NC large. These are upper bounds: the kernel
+evens the blocks out at run time (equal K blocks, the rows of each thread in equal MR-multiples, N blocks
+of whole window groups when a pooling window is fused). A region whose structure is a contraction (found
+by ``kumiko.kernel.contract.find_contraction``, never by op name) gets the packed algorithm; every other
+region the generic loop nest with its outer loops in parallel.
 """
 from __future__ import annotations
-
-import math
 
 from kumiko.kernel.contract import find_contraction
 from kumiko.kernel.lower_cpu import CpuLowering
@@ -40,10 +40,6 @@ def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
                          bind={"outer": "omp"}, epilogue=tuple(epilogue(region)))
     mr, nr = micro_tile(vw)
     mc = max(mr, 120 // mr * mr)
-    if c.outer is not None:      # whole windows per block: MC a multiple of both MR and the window size
-        ws = math.prod(a.size for a in c.outer.axes)
-        step = mr * ws // math.gcd(mr, ws)
-        mc = max(step, 120 // step * step)
     return make_plan(arch, algo_choice={"contraction": "packed"}, micro=(mr, nr), tile=(mc, 2048 // nr * nr, 256),
                      vectorize={"width": vw, "axis": "n"}, bind={"m.o": "omp", "n.o(pack)": "omp"},
                      cache=({"tensor": "x", "where": "pack", "at": "k.o"},

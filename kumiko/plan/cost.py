@@ -5,7 +5,8 @@ with FLOPs and bytes derived from the region itself: every arithmetic node count
 the iteration space it is evaluated at (reductions included), and bytes are the compulsory traffic of
 the region's MemRefs (inputs read once, outputs written once) plus, for the packed contraction, the
 re-reads the blocking implies (A re-read per N block, B per M block). Penalties: a micro-tile that
-wastes lanes at the edges (padding fraction), and too few parallel blocks for the cores.
+wastes lanes at the edges (padding fraction), and the uneven share of the busiest thread (the kernel
+splits whole MR row panels or NR column panels between threads, whichever is more even).
 
 ``candidates(plan)`` varies the cache blocks of a packed plan (10-20 points), pruned by the STOP
 conditions: the A block must fit in ~80% of L2, a B panel in ~80% of L1.
@@ -115,11 +116,16 @@ def estimate(region: Region, plan: Plan, env: dict, m: Machine, mnk: tuple | Non
         mr, nr = plan.micro
         b += 4 * (mm * kk * max(1, math.ceil(nn / nc)) + kk * nn * max(1, math.ceil(mm / mc)))
         waste = (math.ceil(mm / mr) * mr * math.ceil(nn / nr) * nr) / max(1, mm * nn) - 1
-        blocks = math.ceil(mm / mc)
-        imbalance = (math.ceil(blocks / m.cores) * m.cores) / blocks - 1 if blocks else 0
+        # the kernel splits the rows (whole MR panels) or the NR panels between threads, whichever is more even
+        imbalance = min(_uneven(math.ceil(mm / mr), m.cores), _uneven(math.ceil(nn / nr), m.cores))
         penalty = waste + imbalance
     t = max(f / (m.peak_gflops * 1e9 * eff), b / (m.bandwidth_gbs * 1e9)) * (1 + penalty)
     return Estimate(t, f, b, penalty)
+
+
+def _uneven(units: int, cores: int) -> float:
+    """How much longer than an even share the busiest of ``cores`` threads works on ``units`` equal units."""
+    return (math.ceil(units / cores) * cores) / units - 1 if units else 0.0
 
 
 def candidates(plan: Plan, m: Machine) -> list[Plan]:

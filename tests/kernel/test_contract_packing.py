@@ -1,0 +1,239 @@
+"""The packed contraction path (kumiko/kernel/contract.py) against the Tiny IR evaluator: index-table
+packing (contiguous, strided, guarded at the edges), the per-element fallback, the operand swap, the
+thread splits (M, N, whole batch points) and the fused window epilogue, at sizes that are not multiples
+of the micro-tile or the cache blocks, and with cache blocks small enough that every path runs several
+blocks."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import kumiko
+from kumiko import Tensor
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def check(g, shapes=None, tile=None, tol=1e-5, seed=0, want=None, packed=True):
+    """Compile for cpu (with cache blocks ``tile`` on every packed region), compare with the evaluator;
+    return the generated source."""
+    exe = kumiko.compile(g, "cpu")
+    if tile is not None:
+        plans = {k: replace(p, tile=tile) if p.algo == "packed" else p for k, p in exe._run.plans.items()}
+        exe = kumiko.compile(g, "cpu", plans=plans)
+    src = exe._run.source
+    assert any(p.algo == "packed" for p in exe._run.plans.values()) or not packed
+    for w in want or ():
+        assert w in src, w
+    ins = exe.random_inputs(seed, shapes)
+    out, ref = exe(**ins), kumiko.compile(g, "eval")(**ins)
+    for k in ref:
+        assert out[k].shape == ref[k].shape and out[k].dtype == ref[k].dtype, k
+        assert rel(out[k], ref[k]) < tol, (k, rel(out[k], ref[k]))
+    return src
+
+
+SMALL = (12, 32, 8)        # MC, NC, KC: several blocks along every axis at test sizes
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 3, 37), (13, 50, 9), (65, 17, 70)])
+@pytest.mark.parametrize("tile", [None, SMALL])
+def test_gemm_odd_sizes(m, n, k, tile):
+    a, b = Tensor.input("a", ("M", "K")), Tensor.input("b", ("K", "N"))
+    g = ((a @ b) + Tensor.input("c", ("N",))).relu().graph("y")
+    check(g, {"M": m, "N": n, "K": k}, tile, want=["index tables"])
+
+
+@pytest.mark.parametrize("ta,tb", [(True, False), (False, True), (True, True)])
+def test_gemm_transposed_operands_are_gathered(ta, tb):
+    a = Tensor.input("a", ("K", "M")).T if ta else Tensor.input("a", ("M", "K"))
+    b = Tensor.input("b", ("N", "K")).T if tb else Tensor.input("b", ("K", "N"))
+    g = (a @ b).graph("y")
+    for tile in (None, SMALL):
+        check(g, {"M": 23, "N": 29, "K": 19}, tile)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 9])
+def test_batched_matmul_splits(batch):
+    """B=2 and 9 run whole batch points per thread; 1 and 3 split each block between threads."""
+    q, k = Tensor.input("q", ("B", 3, "S", 8)), Tensor.input("k", ("B", 3, 8, "T"))
+    g = (q @ k).graph("y")
+    check(g, {"B": batch, "S": 11, "T": 21}, SMALL)
+    check(g, {"B": batch, "S": 5, "T": 70})
+
+
+def test_m_split_and_n_split():
+    """A tall product splits rows between threads, a wide one the N panels."""
+    a, b = Tensor.input("a", ("M", "K")), Tensor.input("b", ("K", "N"))
+    g = (a @ b).graph("y")
+    check(g, {"M": 200, "N": 5, "K": 13}, SMALL)
+    check(g, {"M": 3, "N": 300, "K": 13}, SMALL)
+
+
+@pytest.mark.parametrize("stride,padding,dilation,groups", [
+    (1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 2, 1), (1, 1, 1, 2), (2, 0, 1, 2), (1, (0, 2), 1, 1)])
+@pytest.mark.parametrize("tile", [None, SMALL])
+def test_conv_variants(stride, padding, dilation, groups, tile):
+    x = Tensor.input("x", ("N", 4, "H", "W"))
+    w = Tensor.input("w", (6, 4 // groups, 3, 3))
+    g = x.conv2d(w, stride=stride, padding=padding, dilation=dilation, groups=groups).relu().graph("y")
+    check(g, {"N": 2, "H": 9, "W": 11}, tile, packed=groups == 1)   # a grouped conv is not one contraction
+    check(g, {"N": 1, "H": 5, "W": 5}, tile, packed=groups == 1)
+
+
+@pytest.mark.parametrize("tile", [None, SMALL, (6, 16, 8)])
+@pytest.mark.parametrize("hw", [(8, 8), (7, 9), (4, 34)])
+def test_conv_relu_maxpool_window_epilogue(tile, hw):
+    """The pooled conv swaps operands (pixels on the N side) and reduces windows along columns; with
+    NC smaller than a window group, a block is one group."""
+    x = Tensor.input("x", ("N", 3, "H", "W"))
+    w = Tensor.input("w", (5, 3, 3, 3))
+    g = x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y")
+    src = check(g, {"N": 2, "H": hw[0], "W": hw[1]}, tile, want=["index tables"])
+    assert "kk_G" in src
+
+
+def test_window_epilogue_with_rows_split_between_threads():
+    """Many output channels and one window group: the threads split the rows and share the B panels."""
+    x, w = Tensor.input("x", ("N", 3, "H", "W")), Tensor.input("w", (64, 3, 3, 3))
+    g = x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y")
+    check(g, {"N": 1, "H": 2, "W": 6})
+    check(g, {"N": 2, "H": 3, "W": 7}, SMALL)
+
+
+def test_conv_stride1_puts_pixels_on_the_n_side():
+    x = Tensor.input("x", ("N", 8, "H", "W"))
+    w = Tensor.input("w", (16, 8, 3, 3))
+    g = x.conv2d(w, padding=1).graph("y")
+    src = check(g, {"N": 2, "H": 13, "W": 21}, SMALL)
+    comment = next(line for line in src.splitlines() if "/* contraction" in line)
+    n_part = comment.split(", N ")[1]
+    assert "'i2'" in n_part and "'i3'" in n_part    # the output pixels are the N (vector) side
+
+
+@pytest.mark.parametrize("dt,tol", [("fp16", 1e-2), ("bf16", 2e-2)])
+def test_half_precision_operands_are_converted_while_packing(dt, tol):
+    x = Tensor.input("x", ("N", 4, "H", "W"), dtype=dt)
+    w = Tensor.input("w", (6, 4, 3, 3), dtype=dt)
+    g = x.conv2d(w, padding=1).relu().graph("y")
+    check(g, {"N": 2, "H": 7, "W": 10}, SMALL, tol=tol)
+    a, b = Tensor.input("a", ("M", "K"), dtype=dt), Tensor.input("b", ("K", "N"), dtype=dt)
+    check((a @ b).graph("y"), {"M": 9, "N": 20, "K": 17}, SMALL, tol=tol)
+
+
+def test_pointwise_map_of_the_operand_is_packed_from_tables():
+    a, b = Tensor.input("a", ("M", "K")), Tensor.input("b", ("K", "N"))
+    g = (a.relu() @ (b * 2.0).exp()).graph("y")
+    check(g, {"M": 10, "N": 19, "K": 7}, SMALL, want=["index tables"])
+
+
+def test_gathered_operand_falls_back_to_per_element_packing():
+    e, w = Tensor.input("e", ("V", 8)), Tensor.input("w", (8, "N"))
+    idx = Tensor.input("idx", ("T",), dtype="i32")
+    g = (e.take(idx, axis=0) @ w).graph("y")
+    exe = kumiko.compile(g, "cpu")
+    src = exe._run.source
+    rng = np.random.default_rng(0)
+    ins = {"e": rng.standard_normal((13, 8), dtype=np.float32), "w": rng.standard_normal((8, 21), dtype=np.float32),
+           "idx": rng.integers(0, 13, (17,)).astype(np.int32)}
+    np.testing.assert_allclose(exe(**ins)["y"], ins["e"][ins["idx"]] @ ins["w"], rtol=1e-5, atol=1e-5)
+    assert src
+
+
+def test_padded_with_a_nonzero_value_falls_back_to_per_element_packing():
+    a, b = Tensor.input("a", ("M", "K")), Tensor.input("b", ("K", "N"))
+    g = (a.pad(((1, 2), (0, 0)), value=1.5) @ b).graph("y")
+    check(g, {"M": 9, "N": 18, "K": 5}, SMALL, want=["per element"])
+
+
+def test_upsampled_input_conv():
+    """Nearest upsampling then a conv: the input index floor((oh + kh - 1)/2) mixes pixels and K."""
+    x = Tensor.input("x", (1, 2, 5, 6))
+    up = x.reshape(1, 2, 5, 1, 6, 1).expand(1, 2, 5, 2, 6, 2).reshape(1, 2, 10, 12)
+    w = Tensor.input("w", (3, 2, 3, 3))
+    g = up.conv2d(w, padding=1).graph("y")
+    for tile in (None, SMALL):
+        check(g, None, tile)
+
+
+@pytest.mark.parametrize("flags", [("-mno-avx2",), ("-march=x86-64",)])
+def test_scalar_packing_without_avx2(monkeypatch, flags):
+    """The masked-load / gather packing is AVX2 code; without AVX2 the scalar branch packs the same."""
+    from kumiko.runtime import cpu as cpu_rt
+    monkeypatch.setattr(cpu_rt, "DEFAULT_FLAGS", tuple(cpu_rt.DEFAULT_FLAGS) + flags)
+    x = Tensor.input("x", ("N", 3, "H", "W"))
+    w = Tensor.input("w", (5, 3, 3, 3))
+    check(x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y"), {"N": 2, "H": 7, "W": 9}, SMALL)
+    a, b = Tensor.input("a", ("K", "M")).T, Tensor.input("b", ("K", "N"))
+    check((a @ b).graph("y"), {"M": 13, "N": 21, "K": 10}, SMALL)
+
+
+_THREADS_SCRIPT = r"""
+import numpy as np, kumiko
+from kumiko import Tensor
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+a, b = Tensor.input("a", ("M", "K")), Tensor.input("b", ("K", "N"))
+gemm = ((a @ b) + Tensor.input("c", ("N",))).relu().graph("y")
+q, k = Tensor.input("q", ("B", "S", 8)), Tensor.input("k", ("B", 8, "T"))
+bmm = (q @ k).graph("y")
+x, w = Tensor.input("x", ("N", 3, "H", "W")), Tensor.input("w", (5, 3, 3, 3))
+pool = x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y")
+pool64 = x.conv2d(Tensor.input("w", (64, 3, 3, 3)), padding=1).relu().max_pool2d(2, 2).graph("y")
+for g, shapes in ((gemm, {"M": 61, "N": 45, "K": 30}), (gemm, {"M": 5, "N": 200, "K": 7}),
+                  (bmm, {"B": 3, "S": 13, "T": 20}), (bmm, {"B": 7, "S": 4, "T": 3}),
+                  (pool, {"N": 3, "H": 6, "W": 10}), (pool64, {"N": 1, "H": 2, "W": 6})):
+    exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+    ins = exe.random_inputs(0, shapes)
+    out, want = exe(**ins), ref(**ins)
+    assert all(rel(out[n], want[n]) < 1e-5 for n in want), shapes
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_thread_counts(threads, tmp_path):
+    """Every split at 1 thread and at an odd thread count (uneven shares of rows, panels, batch points)."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "OMP_NUM_THREADS": threads}
+    r = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
+def test_zero_sizes():
+    """An empty K is the epilogue of zero; an empty M, N or output window group computes nothing (and
+    divides by nothing)."""
+    a, b = Tensor.input("a", ("M", "K")), Tensor.input("b", ("K", "N"))
+    g = ((a @ b) + Tensor.input("c", ("N",))).relu().graph("y")
+    for shapes in ({"M": 3, "N": 5, "K": 0}, {"M": 0, "N": 5, "K": 3}, {"M": 3, "N": 0, "K": 3}):
+        check(g, shapes)
+    x, w = Tensor.input("x", ("N", 2, "H", "W")), Tensor.input("w", (3, 2, 3, 3))
+    check(x.conv2d(w, stride=2).graph("y"), {"N": 2, "H": 2, "W": 2})
+    check(x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y"), {"N": 2, "H": 1, "W": 5})
+
+
+@pytest.mark.parametrize("micro,tile,width", [((12, 32), (24, 64, 16), 8), ((6, 8), (12, 32, 8), 4)])
+def test_other_micro_tiles(micro, tile, width):
+    """The AVX-512 machine's 12 x 32 tile (two 8-lane chunks, the second short) and the 4-lane 6 x 8 one,
+    run here with the vector types of the plan."""
+    x, w = Tensor.input("x", ("N", 3, "H", "W")), Tensor.input("w", (5, 3, 3, 3))
+    a, b = Tensor.input("a", ("K", "M")).T, Tensor.input("b", ("N", "K")).T
+    for g, shapes in ((x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y"), {"N": 2, "H": 7, "W": 9}),
+                      ((a @ b).relu().graph("y"), {"M": 29, "N": 37, "K": 21}),
+                      ((Tensor.input("a2", ("M", "K")) @ Tensor.input("b2", ("K", "N"))).graph("y"),
+                       {"M": 31, "N": 70, "K": 19})):
+        exe = kumiko.compile(g, "cpu")
+        plans = {k: replace(p, micro=micro, tile=tile, vectorize=tuple(
+            (n, width if n == "width" else v) for n, v in p.vectorize)) if p.algo == "packed" else p
+            for k, p in exe._run.plans.items()}
+        exe = kumiko.compile(g, "cpu", plans=plans)
+        assert f"kk_micro_{micro[0]}x{micro[1]}_v{width}(" in exe._run.source
+        ins = exe.random_inputs(3, shapes)
+        out, ref = exe(**ins), kumiko.compile(g, "eval")(**ins)
+        assert rel(out["y"], ref["y"]) < 1e-5
