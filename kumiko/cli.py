@@ -169,6 +169,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     for name, p in getattr(built, "plans", {}).items():
         extra = f" micro {p.micro[0]}x{p.micro[1]} blocks {list(p.tile)}" if p.algo == "packed" else ""
         print(f"  {name}: {p.algo} ({p.arch}, vector width {p.vector_width}){extra}")
+    runner = getattr(built, "runner", None)
+    for step in getattr(runner, "steps", ()):
+        if len(step.regions) > 1:
+            print(f"  {' + '.join(step.regions)}: one kernel {step.fn} (row-block pipeline; "
+                  "the deferred buffer between them is never written)")
     if out_dir is not None and stages:
         print(f"  dumps in {out_dir}")
     return 0

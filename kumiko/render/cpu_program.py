@@ -1,13 +1,18 @@
 """One C translation unit for a whole Program: every region's kernel, with the vector types and the
-micro-kernels its plans need. Deterministic: the same program and plans give byte-identical source."""
+micro-kernels its plans need. Deterministic: the same program and plans give byte-identical source.
+
+A region whose deferred output feeds the next region's contraction row by row is run together with it
+in one kernel (``kumiko.kernel.stream``); the returned ``Step``s say which function runs which regions
+with which buffers."""
 from __future__ import annotations
 
 from kumiko.kernel.contract import lower_contraction_region, micro_kernel, vector_types
 from kumiko.kernel.lower_cpu import CpuLowering
+from kumiko.kernel.stream import find_pipe, lower_pipe, micro_kernel_rows, pipe_buffers
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Program
 from kumiko.render.c import render_program
-from kumiko.runtime.program import program_symbols
+from kumiko.runtime.program import Step, program_symbols
 
 
 def kernel_name(program: Program, k: int) -> str:
@@ -15,15 +20,33 @@ def kernel_name(program: Program, k: int) -> str:
     return f"kumiko_{k}_{safe}"
 
 
-def render_cpu_program(program: Program, plans: dict[str, Plan]) -> tuple[str, dict[str, str], tuple]:
-    """(C source, region name -> C function name, the syms order)."""
+def render_cpu_program(program: Program, plans: dict[str, Plan], fuse: bool = True
+                       ) -> tuple[str, dict[str, str], tuple, tuple[Step, ...]]:
+    """(C source, region name -> C function name, the syms order, the calls in execution order)."""
     syms = program_symbols(program)
-    kernels, names, micros = [], {}, set()
+    kernels, names, micros, rows_micros, steps = [], {}, set(), set(), []
     vw = 4
+    fused_into: set = set()
     for k, r in enumerate(program.regions):
+        if r.name in fused_into:
+            continue
         name = kernel_name(program, k)
-        names[r.name] = name
         plan = plans[r.name]
+        pipe = find_pipe(program, k, syms, plans) if fuse else None
+        if pipe is not None:
+            r1 = program.regions[k + 1]
+            name = f"{name}__{kernel_name(program, k + 1).split('_', 2)[2]}"
+            cname = {n: f"b{i}" for i, n in enumerate(pipe_buffers(pipe))}
+            kernels.append(lower_pipe(pipe, plans[r1.name], syms, name, cname, r.notes + r1.notes))
+            micros.add((plan.micro[0], plan.micro[1], plan.vector_width))
+            rows_micros.add((plan.micro[0], plan.micro[1], plan.vector_width))
+            vw = plan.vector_width
+            names[r.name] = names[r1.name] = name
+            fused_into.add(r1.name)
+            steps.append(Step(name, (r.name, r1.name), pipe_buffers(pipe)))
+            continue
+        names[r.name] = name
+        steps.append(Step(name, (r.name,), tuple(n for n, _ in r.inputs) + tuple(o.name for o in r.outputs)))
         lo = CpuLowering(r, syms, name)
         kern = None
         if plan.algo == "packed":
@@ -34,5 +57,6 @@ def render_cpu_program(program: Program, plans: dict[str, Plan]) -> tuple[str, d
         if kern is None:
             kern = CpuLowering(r, syms, name).lower()
         kernels.append(kern)
-    extra = vector_types(vw) + "\n".join(micro_kernel(*m) for m in sorted(micros)) if micros else ""
-    return render_program(kernels, extra), names, syms
+    extra = vector_types(vw) + "\n".join([micro_kernel(*m) for m in sorted(micros)] +
+                                          [micro_kernel_rows(*m) for m in sorted(rows_micros)]) if micros else ""
+    return render_program(kernels, extra), names, syms, tuple(steps)

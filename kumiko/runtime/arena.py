@@ -63,11 +63,14 @@ def memref_nbytes(m: MemRef, env: Mapping[str, int]) -> int:
     return n
 
 
-def lifetimes(program: Program) -> dict[str, tuple[int, int]]:
-    """Buffer name -> (first writer, last reader) as region indices."""
+def lifetimes(program: Program, step_of: Mapping[str, int] | None = None) -> dict[str, tuple[int, int]]:
+    """Buffer name -> (first writer, last reader) as region indices, or as indices of the calls that run
+    them (``step_of``: region name -> call; regions fused into one kernel share a call, so their buffers
+    are live together)."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}
-    for k, r in enumerate(program.regions):
+    for j, r in enumerate(program.regions):
+        k = step_of[r.name] if step_of is not None else j
         for o in r.outputs:
             first.setdefault(o.name, k)
         for name, _ in r.inputs:
@@ -79,9 +82,10 @@ def lifetimes(program: Program) -> dict[str, tuple[int, int]]:
     return out
 
 
-def plan_arena(program: Program, env: Mapping[str, int], align: int = ALIGN) -> ArenaPlan:
+def plan_arena(program: Program, env: Mapping[str, int], align: int = ALIGN,
+               step_of: Mapping[str, int] | None = None) -> ArenaPlan:
     """Offsets for ``program.buffers`` at the sizes ``env`` gives; deterministic for a given program."""
-    life = lifetimes(program)
+    life = lifetimes(program, step_of)
     sizes = {name: memref_nbytes(m, env) for name, m in program.buffers}
     aligns = {name: max(align, m.alignment) for name, m in program.buffers}
     order = sorted(program.buffers, key=lambda b: (-sizes[b[0]], life[b[0]][0], b[0]))

@@ -13,9 +13,14 @@ It owns everything between numpy and the kernels, so the code generator only emi
   Poisoning is a verifier: on unless ``KUMIKO_SPEC=0`` (or ``poison=False``), read at each call;
 - each region's function gets ``bufs`` = its inputs then its outputs (``region.inputs`` order, then
   ``region.outputs`` order) and ``syms`` = the values of ``program_symbols(program)`` (sorted names).
+  A code generator that runs several regions in one function (``kumiko.kernel.stream``: a deferred
+  buffer handed from one region to the next inside the kernel) says so with ``Step``s; a buffer no step
+  passes is never allocated.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Mapping
 
 import ml_dtypes
@@ -76,26 +81,50 @@ def poison(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+@dataclass(frozen=True)
+class Step:
+    """One call of a compiled program: the C function, the regions it runs (in order), and the names of
+    the buffers it gets as ``bufs``, in ABI order."""
+    fn: str
+    regions: tuple
+    buffers: tuple
+
+
+def region_steps(program: Program, fn_names: Mapping[str, str]) -> tuple[Step, ...]:
+    """One step per region: its inputs then its outputs."""
+    return tuple(Step(fn_names[r.name], (r.name,), tuple(n for n, _ in r.inputs) + tuple(o.name for o in r.outputs))
+                 for r in program.regions)
+
+
 class CpuProgram:
     """A Program whose regions are functions of a loaded C module; call it like the evaluator."""
 
     def __init__(self, program: Program, module: CModule, fn_names: Mapping[str, str], *,
-                 poison: bool | None = None):
+                 poison: bool | None = None, steps: tuple[Step, ...] | None = None):
         missing = [r.name for r in program.regions if r.name not in fn_names]
         if missing:
             raise KumikoError("E1703", at=f"program {program.name}", why=f"no kernel function for regions {missing}",
                               suggestion="Give fn_names an entry for every region.")
-        self.program, self.module = program, module
+        self.module = module
+        self.setup(program, steps if steps is not None else region_steps(program, fn_names), poison)
+        self.kernels = [(st, module.fn(st.fn)) for st in self.steps]
+
+    def setup(self, program: Program, steps: tuple[Step, ...], poison: bool | None) -> None:
+        """The buffer-handling state (also used by runners that launch kernels some other way)."""
+        self.program, self.steps = program, steps
         self.poison = poison          # None: follow KUMIKO_SPEC (poison unless it is 0)
         self.symbols = program_symbols(program)
-        self.kernels = [(r, module.fn(fn_names[r.name])) for r in program.regions]
+        used = {b for st in steps for b in st.buffers}
+        # buffers handed between regions inside one kernel are never allocated
+        self._planned = dataclasses.replace(program, buffers=tuple(b for b in program.buffers if b[0] in used))
         self._arenas: dict[tuple, tuple[ArenaPlan, np.ndarray]] = {}
 
     # -- buffers ----------------------------------------------------------------------------------
     def arena(self, env: Mapping[str, int]) -> tuple[ArenaPlan, np.ndarray]:
         key = tuple(env.get(s) for s in self.symbols)
         if key not in self._arenas:
-            plan = plan_arena(self.program, env)
+            step_of = {r: k for k, st in enumerate(self.steps) for r in st.regions}
+            plan = plan_arena(self._planned, env, step_of=step_of)
             self._arenas[key] = (plan, aligned_empty((max(plan.size, ALIGN),), np.uint8, plan.align))
         return self._arenas[key]
 
@@ -137,7 +166,7 @@ class CpuProgram:
                               "value", suggestion="Bind it through an input's shape (or give it in env).") from None
         if do_poison:
             raw.fill(0xFF)
-        memrefs = dict(self.program.buffers)
+        memrefs = dict(self._planned.buffers)
         for s in plan.slots:
             m = memrefs[s.name]
             shape = tuple(dim_eval(d, env) for d in m.shape)
@@ -155,18 +184,19 @@ class CpuProgram:
     def __call__(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
         syms = self.syms(env)
         bufs = self.buffers(inputs, env)
-        for region, fn in self.kernels:
+        for step, fn in self.kernels:
+            where = f"region {' + '.join(step.regions)}"
             try:
-                arrays = [bufs[n] for n, _ in region.inputs] + [bufs[o.name] for o in region.outputs]
+                arrays = [bufs[n] for n in step.buffers]
             except KeyError as e:
-                raise KumikoError("E1703", at=f"region {region.name}", why=f"buffer {e.args[0]!r} is neither a "
+                raise KumikoError("E1703", at=where, why=f"buffer {e.args[0]!r} is neither a "
                                   "program input, output nor intermediate") from None
             rc = fn(arrays, syms)
             if rc == STATUS_BAD_INDEX:     # the generated code's data-dependent index check (gather)
-                raise KumikoError("E1015", at=f"region {region.name}", why="a gather index is out of range for "
+                raise KumikoError("E1015", at=where, why="a gather index is out of range for "
                                   "the tensor it reads", suggestion="Pass indices within the gathered axis.",
                                   sizes=dict(env))
             if rc != 0:
-                raise KumikoError("E1704", at=f"region {region.name}", why=f"kernel {fn.name} returned {rc}",
+                raise KumikoError("E1704", at=where, why=f"kernel {fn.name} returned {rc}",
                                   sizes=dict(env))
         return {n: bufs[n] for n, _ in self.program.outputs}

@@ -38,9 +38,9 @@ class CompiledCpu:
 
 
 def _build(tiny: TinyGraph, program: Program, plans: dict[str, Plan]) -> CompiledCpu:
-    source, names, _ = render_cpu_program(program, plans)
+    source, names, _, steps = render_cpu_program(program, plans)
     module = build_c(source, name=tiny.name)
-    return CompiledCpu(program, plans, source, module, CpuProgram(program, module, names))
+    return CompiledCpu(program, plans, source, module, CpuProgram(program, module, names, steps=steps))
 
 
 def compile_cpu(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, features: dict | None = None,

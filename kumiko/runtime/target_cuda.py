@@ -28,7 +28,7 @@ from kumiko.region import form_regions
 from kumiko.region.ssa import Program
 from kumiko.render.cuda import render_cuda
 from kumiko.runtime.emu import CONFIGS, EmuConfig, EmuModule, build
-from kumiko.runtime.program import CpuProgram, program_symbols
+from kumiko.runtime.program import CpuProgram, program_symbols, region_steps
 from kumiko.symbolic import dim_eval, prod
 from kumiko.tiny.ir import TinyGraph
 
@@ -174,10 +174,9 @@ class GpuRunner(CpuProgram):
 
     def __init__(self, program: Program, module: EmuModule, launches: list[Launch], *, poison: bool | None = None):
         # CpuProgram's state without its C module: the buffer logic (checks, poison, arena) is shared
-        self.program, self.module, self.poison = program, module, poison
-        self.symbols = program_symbols(program)
+        self.module = module
+        self.setup(program, region_steps(program, {r.name: r.name for r in program.regions}), poison)
         self.launches = launches
-        self._arenas = {}
 
     def __call__(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
         syms = dict(zip(self.symbols, self.syms(env)))

@@ -1,0 +1,448 @@
+"""Row-block fusion of a producer/consumer pair of contraction regions: the CPU's answer to seed 001
+§6.9 (``materialize: "deferred"`` hands a value to the next region on the same core, with no round trip
+through memory) and §15.3 (attention as ``streaming_softmax``).
+
+The pair is found from the regions' structure, never from op names:
+
+- the **producer** ``k0`` is a contraction ``c0`` (batch, one M axis, one N axis, K) followed by a *row
+  program*: lets whose reductions run only over the N axis (a row softmax, a row normalisation, ...). It
+  yields one fp32 buffer ``P[batch, M, N]`` that is ``deferred`` (read by the next region only);
+- the **consumer** ``k1`` is a contraction ``c1`` whose M-side operand is exactly ``P`` read at
+  (batch, M, K1) - the same batch and row axes, with P's N axis as its reduce axis - plus a pointwise
+  epilogue; its N-side operand does not read ``P``.
+
+One kernel then runs both, a block of ``BM`` rows at a time (``BM`` a multiple of the micro-tile's MR):
+
+1. (parallel) both N-side operands are packed once, for every batch point, into full-K panels; for each
+   batch point the runtime notes whether ``c1``'s panel is all finite;
+2. (parallel over batch x row blocks) the block's rows of ``c0``'s M-side operand are packed and the
+   micro-kernels fill an ``S`` tile [BM x N]. A micro-tile whose every point fails the guard under which
+   the accumulator is *only* consumed (a causal mask: ``select(i >= j, s, -inf)``) is not computed - its
+   values would be discarded. The generic loop-nest emitter then runs the row program on the tile's rows
+   (its outer loops pinned to the block) and stores ``P`` straight into ``c1``'s packed A-panel layout,
+   so ``P`` never reaches memory. The columns where the block's ``P`` is nonzero bound ``c1``'s K range:
+   when ``c1``'s panel is finite, ``0 * v`` adds nothing and skipping is exact (fully masked key blocks
+   cost nothing). ``c1``'s micro-kernels, epilogue and store follow.
+
+The result equals running the two regions one after the other (same operations per element, the same
+summation order within each micro-kernel), which the tests check against the numpy evaluator.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+from kumiko.kernel import cexpr as C
+from kumiko.kernel.contract import Contraction, ContractionLowering, find_contraction, pointwise_epilogue
+from kumiko.kernel.loops import Block, Comment, Decl, For, If, Kernel, Param, Raw, Store
+from kumiko.kernel.lower_cpu import CpuLowering, _hoisted, reused_reduce_axes
+from kumiko.plan.plan import Plan
+from kumiko.region.ssa import Guard, Program, Read, Reduce, Ref, RExpr, Select
+from kumiko.symbolic import Expr
+
+#: rows per block, in micro-tiles: the S and P tiles of a block (BM x N floats each) stay in L2
+BLOCK_MICRO_ROWS = 4
+
+
+@dataclass
+class RowPipe:
+    lo0: CpuLowering
+    c0: Contraction
+    lo1: CpuLowering
+    c1: Contraction
+    p: str                     # the deferred buffer the pair never writes
+    guards: tuple              # Guard, ...: the accumulator of c0 is only consumed where one holds
+
+
+def _reads(e: RExpr) -> set:
+    if isinstance(e, Read):
+        return {e.tensor}
+    out: set = set()
+    for k in ("x", "y", "then", "other", "operand", "by", "body"):
+        if hasattr(e, k):
+            out |= _reads(getattr(e, k))
+    if isinstance(e, Select) and not isinstance(e.pred, Guard):
+        out |= _reads(e.pred)
+    return out
+
+
+def acc_guards(lets: tuple, acc: str, yielded: tuple = ()) -> tuple | None:
+    """The guards under which the value of ``acc`` is observed, when that is the only way it is observed.
+
+    Lets computed pointwise from ``acc`` are followed; every other use must sit in the ``then`` branch
+    of a guarded Select at the same point. None when some use escapes (a reduction over it, or a
+    yielded let computed from it): then every point is needed."""
+    derived, guards = {acc}, []
+
+    def walk(e: RExpr, guard: Guard | None, reduced: bool) -> bool | None:
+        """True: e's value depends on a derived let outside any guard (pointwise); None: escapes."""
+        if isinstance(e, Ref):
+            if e.name not in derived:
+                return False
+            if guard is not None:
+                guards.append(guard)
+                return False
+            return None if reduced else True
+        if isinstance(e, Select) and isinstance(e.pred, Guard):
+            t = walk(e.then, e.pred if guard is None else guard, reduced)
+            o = walk(e.other, guard, reduced)
+            if t is None or o is None:
+                return None
+            return t or o
+        hit = False
+        for k in ("x", "y", "then", "other", "operand", "by", "body"):
+            if hasattr(e, k):
+                r = walk(getattr(e, k), guard, reduced or isinstance(e, Reduce))
+                if r is None:
+                    return None
+                hit = hit or r
+        if isinstance(e, Select) and not isinstance(e.pred, Guard):
+            r = walk(e.pred, guard, reduced)
+            if r is None:
+                return None
+            hit = hit or r
+        return hit
+
+    for let in lets:
+        if let.name == acc:
+            continue
+        r = walk(let.expr, None, False)
+        if r is None:
+            return None
+        if r:
+            derived.add(let.name)
+    if derived & set(yielded):
+        return None
+    return tuple(dict.fromkeys(guards)) if guards else None
+
+
+def find_pipe(program: Program, k: int, syms: tuple, plans: dict) -> RowPipe | None:
+    """The row-block pipeline of regions ``k`` and ``k + 1``, when their structure allows it."""
+    if k + 1 >= len(program.regions):
+        return None
+    r0, r1 = program.regions[k], program.regions[k + 1]
+    p0, p1 = plans[r0.name], plans[r1.name]
+    if p0.algo != "packed" or p1.algo != "packed" or p0.micro != p1.micro or p0.arch != p1.arch:
+        return None
+    if len(r0.outputs) != 1 or r0.outputs[0].materialize != "deferred":
+        return None
+    p = r0.outputs[0].name
+    pm = r0.outputs[0].memref
+    if pm.dtype.name != "fp32" or p in dict(program.outputs) or \
+            any(p in dict(r.inputs) for j, r in enumerate(program.regions) if j != k + 1) or \
+            p not in dict(r1.inputs) or len(r0.yields) != 1 or r0.yields[0].cast is not None:
+        return None
+    lo0 = CpuLowering(r0, syms, "probe0")
+    c0 = find_contraction(lo0)
+    if c0 is None or c0.outer is not None or len(c0.m_axes) != 1 or len(c0.n_axes) != 1:
+        return None
+    (m0,), (n0,) = c0.m_axes, c0.n_axes
+    iters0 = [a.name for a in r0.iters]
+    if set(lo0.types[c0.let].axes) != set(iters0) or iters0 != [*c0.batch, m0, n0]:
+        return None       # P is laid out [batch..., M, N]: a block's rows are one contiguous slab
+    rest = [x for x in r0.lets if x.name != c0.let]
+    if any(not reused_reduce_axes(x.expr, set(iters0)) <= {n0} for x in rest):
+        return None
+    lo1 = CpuLowering(r1, syms, "probe1")
+    c1 = find_contraction(lo1)
+    if c1 is None or c1.outer is not None or not c1.pointwise or len(c1.m_axes) != 1 or len(c1.k_axes) != 1:
+        return None
+    x1 = c1.x
+    if not isinstance(x1, Read) or x1.tensor != p or x1.flat or p in _reads(c1.y):
+        return None
+    if any(p in _reads(x.expr) for x in r1.lets if x.name != c1.let):
+        return None
+    names = [e.as_symbol() for e in x1.index]
+    if None in names or len(names) != len(iters0):
+        return None
+    to1 = dict(zip(iters0, names))
+    if to1[n0] != c1.k_axes[0].name or to1[m0] != c1.m_axes[0] or tuple(to1[a] for a in c0.batch) != c1.batch:
+        return None
+    size1 = dict(lo1.sizes, **{a.name: a.size for a in c1.k_axes})
+    if any(Expr.lift(lo0.sizes[a]) != Expr.lift(size1[to1[a]]) for a in iters0):
+        return None
+    guards = acc_guards(r0.lets, c0.let, tuple(y.src for y in r0.yields)) or ()
+    return RowPipe(lo0, c0, lo1, c1, p, guards)
+
+
+def _pin(s, bounds: dict):
+    """Loops over the batch and row axes run over the block only."""
+    if isinstance(s, For):
+        body = tuple(_pin(b, bounds) for b in s.body)
+        # a pinned axis always encloses the N loop, so it is never a vector loop (step 1, no tail)
+        assert s.var not in bounds or (s.step == "1" and not getattr(s, "tail", False)), s.var
+        lo, hi = bounds.get(s.var, (s.lo, s.hi))
+        return dataclasses.replace(s, lo=lo, hi=hi, body=body, parallel=False, collapse=1)
+    if isinstance(s, Block):
+        return Block(tuple(_pin(b, bounds) for b in s.body))
+    if isinstance(s, If):
+        return If(s.cond, tuple(_pin(b, bounds) for b in s.then), tuple(_pin(b, bounds) for b in s.other))
+    return s
+
+
+def _box_max(e: Expr, box: dict) -> Expr:
+    """The largest value of affine ``e`` over a box {axis: (lo var, hi var)}: each axis at the end its
+    coefficient's sign picks."""
+    return e.subs({a: Expr.sym(hi if e.coeff(a) > 0 else lo) for a, (lo, hi) in box.items()})
+
+
+def _affine_in(e: Expr, axes) -> bool:
+    rest = e - sum((Expr.sym(a) * e.coeff(a) for a in axes), Expr.lift(0))
+    return not (rest.symbols() & set(axes))
+
+
+def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, notes: tuple) -> Kernel:
+    lo0, c0, lo1, c1 = pipe.lo0, pipe.c0, pipe.lo1, pipe.c1
+    mr, nr = plan.micro
+    vw = plan.vector_width
+    kc = plan.tile[2]
+    bm = mr * BLOCK_MICRO_ROWS
+    lo0.cname = lo1.cname = cname
+    lo1.n_tmp = 1000                      # temporaries of the two lowerings never share a name
+    cl0, cl1 = ContractionLowering(lo0, c0, plan), ContractionLowering(lo1, c1, plan)
+    for lo, c in ((lo0, c0), (lo1, c1)):
+        for a in c.k_axes:
+            lo.sizes[a.name] = a.size
+        lo.ty.add_axes(c.k_axes)
+    k0 = tuple(a.name for a in c0.k_axes)
+    k1 = c1.k_axes[0].name
+    micro = f"kk_micro_{mr}x{nr}_v{vw}"
+    s: list = [
+        Comment(f"row-block pipeline: {lo0.r.name} (contraction {c0.let} + row program) -> {lo1.r.name} "
+                f"(contraction {c1.let} + epilogue); {pipe.p} stays in the block's packed panels; "
+                f"micro {mr}x{nr}, BM={bm}, KC={kc}"),
+        Decl("const long long", "kk_B", cl0.size(c0.batch)),
+        Decl("const long long", "kk_M", cl0.size(c0.m_axes)),
+        Decl("const long long", "kk_N0", cl0.size(c0.n_axes)),
+        Decl("const long long", "kk_K0", cl0.size(k0)),
+        Decl("const long long", "kk_N1", cl1.size(c1.n_axes)),
+        Decl("const long long", "kk_K1", "kk_N0"),
+        Decl("const long long", "kk_N0p", f"(kk_N0 + {nr - 1}) / {nr} * {nr}"),
+        Decl("const long long", "kk_N1p", f"(kk_N1 + {nr - 1}) / {nr} * {nr}"),
+        Decl("const long long", "kk_nblk", f"(kk_M + {bm - 1}) / {bm}"),
+        Raw("float* kk_Y0 = (float*)aligned_alloc(64, (size_t)((kk_B * kk_N0p * kk_K0 * 4 + 63) / 64 * 64));\n"
+            "float* kk_Y1 = (float*)aligned_alloc(64, (size_t)((kk_B * kk_N1p * kk_K1 * 4 + 63) / 64 * 64));\n"
+            "unsigned char* kk_fin = (unsigned char*)malloc((size_t)kk_B);"),
+    ]
+    # 1. pack both N-side operands for every batch point: panels [jr][p][NR] over the full K
+    for c, cl, ybuf, npad, ksz, kaxes in ((c0, cl0, "kk_Y0", "kk_N0p", "kk_K0", k0),
+                                          (c1, cl1, "kk_Y1", "kk_N1p", "kk_K1", (k1,))):
+        nsz = "kk_N0" if c is c0 else "kk_N1"
+        bat: list = []
+        cl.decompose("kk_b", c.batch, bat)
+        pk: list = []
+        cl.decompose("p", kaxes, pk)
+        nb: list = []
+        cl.decompose("jr + j", c.n_axes, nb)
+        yv = cl.operand(c.y, yb := [])
+        inner = For("j", "0", str(nr), (
+            Decl("float", "kk_v", "0.0f"),
+            If(f"jr + j < {nsz}", tuple(nb) + tuple(yb) + (Raw(f"kk_v = {yv};"),)),
+            Store(ybuf, f"(kk_b * {npad} + jr) * {ksz} + p*{nr} + j", "kk_v")))
+        s.append(For("kk_b", "0", "kk_B", tuple(bat) + (
+            For("jr", "0", npad, (For("p", "0", ksz, tuple(pk) + (inner,)),), step=str(nr)),), parallel=True))
+    s.append(For("kk_b", "0", "kk_B", (
+        Decl("const float*", "kk_y", "kk_Y1 + kk_b * kk_N1p * kk_K1"),
+        Decl("int", "kk_ok", "1"),
+        For("t", "0", "kk_N1p * kk_K1", (Raw("kk_ok &= (kk_y[t] - kk_y[t] == 0.0f);"),)),
+        Store("kk_fin", "kk_b", "(unsigned char)kk_ok")), parallel=True))
+
+    # 2. per (batch point, block of rows)
+    blk: list = [Decl("const long long", "kk_b", "kk_u / kk_nblk"),
+                 Decl("const long long", "kk_ic", f"(kk_u % kk_nblk) * {bm}"),
+                 Decl("const long long", "kk_rows", f"(kk_M - kk_ic < {bm} ? kk_M - kk_ic : {bm})"),
+                 Decl("const long long", "kk_mcb", f"(kk_rows + {mr - 1}) / {mr} * {mr}")]
+    # 2a. pack the block's rows of c0's M-side operand: panels [ir][p][MR] over the full K0
+    bat0: list = []
+    cl0.decompose("kk_b", c0.batch, bat0)
+    ma: list = []
+    cl0.decompose("kk_ic + ir + i", c0.m_axes, ma)
+    pk0: list = []
+    cl0.decompose("p", k0, pk0)
+    xv = cl0.operand(c0.x, xb := [])
+    pack_a = For("ir", "0", "kk_mcb", (For("i", "0", str(mr), (
+        If("ir + i < kk_rows",
+           tuple(ma) + (For("p", "0", "kk_K0", tuple(pk0) + tuple(xb) + (
+               Store("kk_A0", f"ir*kk_K0 + p*{mr} + i", xv),)),),
+           (For("p", "0", "kk_K0", (Store("kk_A0", f"ir*kk_K0 + p*{mr} + i", "0.0f"),)),)),)),), step=str(mr))
+    # 2b. S tile = A0 * Y0, skipping micro-tiles that every guard on the accumulator rejects
+    # the S tile's rows are exactly N0 long (the row program indexes it like the region's own array);
+    # a last panel narrower than NR goes through the small tile kk_Ct and is copied in
+    call0 = Raw(f"const int kk_full = jr + {nr} <= kk_N0;\n"
+                f"float* kk_c = kk_full ? kk_S + ir*kk_N0 + jr : kk_Ct;\n"
+                f"const long long kk_ldc = kk_full ? kk_N0 : {nr};\n"
+                f"for (long long pc = 0; pc < kk_K0; pc += {kc}) {{\n"
+                f"  const long long kcb = kk_K0 - pc < {kc} ? kk_K0 - pc : {kc};\n"
+                f"  {micro}(kcb, kk_A0 + ir*kk_K0 + pc*{mr}, kk_Y0 + (kk_b * kk_N0p + jr) * kk_K0 + pc*{nr}, "
+                "kk_c, kk_ldc, pc > 0);\n"
+                "}\n"
+                "if (!kk_full)\n"
+                f"  for (long long i = 0; i < {mr}; ++i)\n"
+                "    for (long long j = 0; jr + j < kk_N0; ++j) kk_S[(ir + i)*kk_N0 + jr + j] = "
+                f"kk_Ct[i*{nr} + j];")
+    skip = _skip_condition(pipe, mr, nr)
+    tiles = For("jr", "0", "kk_N0p", (For("ir", "0", "kk_mcb", (
+        If(skip, (), (call0,)) if skip else call0,), step=str(mr)),), step=str(nr))
+    # 2c. the row program on the block's rows, P into the packed A panels of c1
+    rp = _row_program(pipe)
+    # 2d. the K range of c1 where the block's P is nonzero (exact to skip when c1's panel is finite)
+    krange = Raw("long long kk_klo = 0, kk_khi = kk_K1;\n"
+                 "if (kk_fin[kk_b]) {\n"
+                 "  kk_klo = kk_K1; kk_khi = 0;\n"
+                 "  for (long long ii = 0; ii < kk_rows; ++ii) {\n"
+                 "    const float* kk_r = kk_P + ii*kk_K1;\n"
+                 "    long long j = kk_K1;\n"
+                 "    for (; j - 8 >= kk_khi; j -= 8) {   /* eight at a time, then one by one */\n"
+                 "      int kk_z = 1;\n"
+                 "      for (int t = 1; t <= 8; ++t) kk_z &= kk_r[j - t] == 0.0f;\n"
+                 "      if (!kk_z) break;\n"
+                 "    }\n"
+                 "    while (j > kk_khi && kk_r[j - 1] == 0.0f) --j;\n"
+                 "    kk_khi = j > kk_khi ? j : kk_khi;\n"
+                 "    long long l = 0;\n"
+                 "    while (l < kk_klo && kk_r[l] == 0.0f) ++l;\n"
+                 "    kk_klo = l < kk_klo ? l : kk_klo;\n"
+                 "  }\n"
+                 "}")
+    # 2e. O tile = P * Y1 over [klo, khi), then c1's epilogue
+    rows = micro_rows_name(mr, nr, vw)
+    call1 = Raw(f"if (kk_khi <= kk_klo) {rows}(0, kk_P, kk_K1, kk_Y1, kk_O + ir*kk_N1p + jr, kk_N1p, 0);\n"
+                f"for (long long pc = kk_klo; pc < kk_khi; pc += {kc}) {{\n"
+                f"  const long long kcb = kk_khi - pc < {kc} ? kk_khi - pc : {kc};\n"
+                f"  {rows}(kcb, kk_P + ir*kk_K1 + pc, kk_K1, kk_Y1 + (kk_b * kk_N1p + jr) * kk_K1 + pc*{nr}, "
+                f"kk_O + ir*kk_N1p + jr, kk_N1p, pc > kk_klo);\n"
+                "}")
+    tiles1 = For("jr", "0", "kk_N1p", (For("ir", "0", "kk_mcb", (call1,), step=str(mr)),), step=str(nr))
+    blk += [Block(tuple(bat0) + (pack_a, tiles)), rp, krange, tiles1, _epilogue1(pipe, cl1)]
+    s.append(Raw("#pragma omp parallel\n{\n"
+                 f"float* kk_A0 = (float*)aligned_alloc(64, (size_t)(({bm} * kk_K0 * 4 + 63) / 64 * 64));\n"
+                 f"float* kk_S = (float*)aligned_alloc(64, (size_t)(({bm} * kk_N0 * 4 + 63) / 64 * 64));\n"
+                 f"float kk_Ct[{mr * nr}] __attribute__((aligned(64)));\n"
+                 f"float* kk_P = (float*)aligned_alloc(64, (size_t)(({bm} * kk_K1 * 4 + 63) / 64 * 64));\n"
+                 f"float* kk_O = (float*)aligned_alloc(64, (size_t)(({bm} * kk_N1p * 4 + 63) / 64 * 64));"))
+    s.append(For("kk_u", "0", "kk_B * kk_nblk", tuple(blk), workshare=True))
+    s.append(Raw("free(kk_A0); free(kk_S); free(kk_P); free(kk_O);\n}"))
+    s.append(Raw("free(kk_Y0); free(kk_Y1); free(kk_fin);"))
+    params = tuple(Param(cname[n], C.STORAGE[m.dtype.name], const) for n, (m, const) in _params(pipe).items())
+    gather = lo0.uses_gather or lo1.uses_gather
+    return Kernel(name, params, syms, tuple(s), notes, gather_check=gather)
+
+
+def micro_rows_name(mr: int, nr: int, vw: int) -> str:
+    return f"kk_micro_rows_{mr}x{nr}_v{vw}"
+
+
+def micro_kernel_rows(mr: int, nr: int, vw: int) -> str:
+    """The micro-kernel with A read from MR rows of a row-major tile (``a[i*lda + p]``) instead of a
+    packed panel: the row program stores P contiguously along its rows (vector stores), and each step
+    of the K loop reads one element of each of the MR rows."""
+    nv = nr // vw
+    lines = [f"static void {micro_rows_name(mr, nr, vw)}(long long kc, const float* KUMIKO_RESTRICT a, long long lda, "
+             "const float* KUMIKO_RESTRICT b, float* KUMIKO_RESTRICT c, long long ldc, int acc) {"]
+    accs = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
+    for i in range(mr):
+        for v in range(nv):
+            lines.append(f"  kk_vf {accs[i][v]} = acc ? *(const kk_vfu*)(c + {i}*ldc + {v * vw}) : (kk_vf){{0}};")
+    for i in range(mr):
+        lines.append(f"  const float* KUMIKO_RESTRICT a{i} = a + {i}*lda;")
+    lines.append("  for (long long p = 0; p < kc; ++p) {")
+    for v in range(nv):
+        lines.append(f"    kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});")
+    for i in range(mr):
+        lines.append(f"    {{ const float s{i} = a{i}[p]; kk_vf x{i} = (kk_vf){{{', '.join([f's{i}'] * vw)}}};")
+        lines.append("      " + " ".join(f"{accs[i][v]} += x{i} * b{v};" for v in range(nv)) + " }")
+    lines.append("  }")
+    for i in range(mr):
+        for v in range(nv):
+            lines.append(f"  *(kk_vfu*)(c + {i}*ldc + {v * vw}) = {accs[i][v]};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _params(pipe: RowPipe) -> dict:
+    """The fused kernel's buffers, in ABI order: the producer's inputs, the consumer's inputs but P,
+    then the consumer's outputs. name -> (MemRef, read-only)."""
+    out: dict = {}
+    for n, m in pipe.lo0.r.inputs:
+        out[n] = (m, True)
+    for n, m in pipe.lo1.r.inputs:
+        if n != pipe.p:
+            out.setdefault(n, (m, True))
+    for o in pipe.lo1.r.outputs:
+        out[o.name] = (o.memref, False)
+    return out
+
+
+def pipe_buffers(pipe: RowPipe) -> tuple:
+    return tuple(_params(pipe))
+
+
+def _skip_condition(pipe: RowPipe, mr: int, nr: int) -> str:
+    """C condition true when the micro-tile (rows kk_ic+ir.., columns jr..) fails every guard."""
+    if not pipe.guards:
+        return ""
+    (m0,), (n0,) = pipe.c0.m_axes, pipe.c0.n_axes
+    box = {m0: ("kk_mlo", "kk_mhi"), n0: ("kk_nlo", "kk_nhi")}
+    scope = set(pipe.lo0.iters) | {"kk_mlo", "kk_mhi", "kk_nlo", "kk_nhi"}
+    fails = []
+    for g in pipe.guards:
+        dead = []
+        for e, op in g.constraints:
+            if op != "ge" or not _affine_in(e, box):
+                continue
+            dead.append(f"({C.index(_box_max(e, box), scope)} < 0)")
+        if not dead:
+            return ""
+        fails.append("(" + " || ".join(dead) + ")")
+    bounds = ("const long long kk_mlo = kk_ic + ir, kk_mhi = kk_ic + (ir + {mr} < kk_rows ? ir + {mr} : kk_rows) - 1, "
+              "kk_nlo = jr, kk_nhi = (jr + {nr} < kk_N0 ? jr + {nr} : kk_N0) - 1;").format(mr=mr, nr=nr)
+    return "({ " + bounds + " " + " && ".join(fails) + "; })"
+
+
+def _row_program(pipe: RowPipe) -> Block:
+    """The producer's lets after its contraction on the block's rows, by the generic loop-nest emitter
+    (vectorised along N like any row program). Its accumulator is the S tile and its output P the P
+    tile: both are named through pointers offset so that the region's own row-major indexing
+    (``[batch..., m, n]``) lands in the block's tile - the block's rows are one contiguous slab of P,
+    and the S tile has the same row length."""
+    lo0, c0 = pipe.lo0, pipe.c0
+    (m0,), (n0,) = c0.m_axes, c0.n_axes
+    rp = copy.copy(lo0)
+    rp.r = dataclasses.replace(lo0.r, lets=tuple(x for x in lo0.r.lets if x.name != c0.let))
+    rp.storage, rp.n_tmp = {}, 500
+    rp.cname = dict(lo0.cname, **{pipe.p: "kk_Pv"})
+    tree = rp.schedule()
+    rp.plan_storage(tree)
+    rp.storage[c0.let] = ("array", "kk_Sv", (m0, n0))
+    rp.red_axes = []
+    body = rp.emit_items(tree, ())
+    pre: list = [Raw("/* the tiles seen at the region's own offsets (never dereferenced outside the block) */\n"
+                     "float* const kk_Sv = kk_S - kk_ic*kk_N0;\n"
+                     "float* const kk_Pv = kk_P - (kk_b*kk_M + kk_ic)*kk_N0;")]
+    # batch values under names of their own (the pinned loops declare the axis names themselves)
+    flat = "kk_b"
+    names = list(c0.batch)
+    for k, a in enumerate(reversed(names)):
+        size = C.index(lo0.sizes[a], set())
+        if k == len(names) - 1:
+            pre.append(Decl("const long long", f"kk_bv_{a}", flat))
+        else:
+            pre.append(Decl("const long long", f"kk_bv_{a}", f"({flat}) % {size}"))
+            flat = f"({flat}) / {size}"
+    bounds = {a: (f"kk_bv_{a}", f"kk_bv_{a} + 1") for a in c0.batch}
+    bounds[m0] = ("kk_ic", "kk_ic + kk_rows")
+    return Block(tuple(pre) + tuple(_hoisted(_pin(b, bounds)) for b in body))
+
+
+def _epilogue1(pipe: RowPipe, cl1: ContractionLowering) -> For:
+    lo, c = pipe.lo1, pipe.c1
+    ep: list = []
+    cl1.decompose("kk_ic + ii", c.m_axes, ep)
+    en: list = []
+    cl1.decompose("jj", c.n_axes, en)
+    bat: list = []
+    cl1.decompose("kk_b", c.batch, bat)
+    out = pointwise_epilogue(lo, c)
+    body = tuple(en) + (Decl("float", "kk_acc", "kk_O[ii*kk_N1p + jj]"),) + tuple(out)
+    return Block(tuple(bat) + (For("ii", "0", "kk_rows", tuple(ep) + (For("jj", "0", "kk_N1", body),)),))
