@@ -539,15 +539,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def select(spec: str) -> list[Workload]:
+def select(spec: str, workloads: dict | None = None) -> list:
+    """Workloads by comma-separated keys or key prefixes before a '-' (``W1`` = ``W1-1024,W1-2048``)."""
+    workloads = WORKLOADS if workloads is None else workloads
     if spec == "all":
-        return list(WORKLOADS.values())
+        return list(workloads.values())
     out = []
     for part in (s.strip() for s in spec.split(",") if s.strip()):
-        hits = [w for k, w in WORKLOADS.items() if k == part] or \
-               [w for k, w in WORKLOADS.items() if k.split("-")[0] == part]
+        hits = [w for k, w in workloads.items() if k == part] or \
+               [w for k, w in workloads.items() if k.split("-")[0] == part]
         if not hits:
-            raise SystemExit(f"unknown workload {part!r}; choose from {', '.join(WORKLOADS)}")
+            raise SystemExit(f"unknown workload {part!r}; choose from {', '.join(workloads)}")
         out += [w for w in hits if w not in out]
     return out
 

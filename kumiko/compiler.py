@@ -1,8 +1,8 @@
 """The stable public entry points: ``load``, ``compile`` and the ``Executable`` they produce.
 
-Targets plug in behind ``compile`` by name (``eval`` now; ``cpu``, ``cuda-emu``, ``cuda`` as their
-backends land). Every target takes and returns numpy arrays keyed by signature names, binds symbolic
-sizes from the inputs' shapes, and checks dtypes and shapes with diagnostics.
+Targets plug in behind ``compile`` by name: ``eval``, ``cpu``, ``cuda-emu`` and ``cuda`` (a real GPU
+through cuda-bindings; without one it raises E1501). Every target takes and returns numpy arrays keyed by
+signature names, binds symbolic sizes from the inputs' shapes, and checks dtypes and shapes with diagnostics.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from kumiko.tiny.ir import TinyGraph
 #: target name -> factory(tiny graph, options) -> callable(inputs, env) -> outputs
 TARGETS: dict[str, Callable[..., Callable]] = {}
 #: targets that are planned but not built yet, with the issue that brings them
-PLANNED = {"cuda": "the CUDA backend (a real GPU through cuda-bindings)"}
+PLANNED: dict[str, str] = {}
 DEFAULT_TARGET = "cpu"
 
 
@@ -151,3 +151,4 @@ def compile(program: Graph | TinyGraph, target: str = DEFAULT_TARGET, **options)
 # targets past the evaluator register themselves on import
 import kumiko.runtime.target_cpu  # noqa: E402,F401
 import kumiko.runtime.target_cuda  # noqa: E402,F401
+import kumiko.runtime.target_cuda_gpu  # noqa: E402,F401

@@ -159,8 +159,9 @@ class _KernelFn:
 # ------------------------------------------------------------------------------------------------
 # building and the cache
 
-def cache_root() -> Path:
-    """``<KUMIKO_CACHE>/cpu``; with the cache off (``KUMIKO_CACHE=0``), a per-process temporary directory."""
+def cache_root(kind: str = "cpu") -> Path:
+    """``<KUMIKO_CACHE>/<kind>`` (``cpu`` shared objects, ``cubin`` GPU images); with the cache off
+    (``KUMIKO_CACHE=0``), under a per-process temporary directory."""
     base = knobs.cache_dir()
     if base is None:
         if not _TEMP_CACHE:
@@ -168,11 +169,12 @@ def cache_root() -> Path:
             _TEMP_CACHE.append(tmp)
             atexit.register(shutil.rmtree, tmp, True)
         base = _TEMP_CACHE[0]
-    return base / "cpu"
+    return base / kind
 
 
-def _header_digest(source: str) -> str:
-    """The headers of kumiko/include the source names: editing kumiko_cpu.h must invalidate old builds."""
+def header_digest(source: str) -> str:
+    """The headers of kumiko/include the source names: editing kumiko_cpu.h (or kumiko_cuda.cuh, which
+    holds the PTX) must invalidate old builds."""
     h = hashlib.sha256()
     for p in sorted(INCLUDE_DIR.iterdir()) if INCLUDE_DIR.is_dir() else ():
         if p.is_file() and p.name in source:
@@ -182,7 +184,7 @@ def _header_digest(source: str) -> str:
 
 def cache_key(source: str, flags: Sequence[str]) -> str:
     h = hashlib.sha256()
-    for part in (source, "\0".join(flags), compiler_version(), _header_digest(source)):
+    for part in (source, "\0".join(flags), compiler_version(), header_digest(source)):
         h.update(part.encode())
         h.update(b"\x00\x01")
     if any(f.startswith(("-march=native", "-mtune=native", "-mcpu=native")) for f in flags):

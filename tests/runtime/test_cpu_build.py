@@ -63,7 +63,7 @@ def test_key_covers_source_flags_and_header():
     assert k == cache_key(src, cpu.DEFAULT_FLAGS)
     assert k != cache_key(SRC % "2.0f", cpu.DEFAULT_FLAGS)
     assert k != cache_key(src, (*cpu.DEFAULT_FLAGS, "-O2"))
-    assert cpu._header_digest(src) != cpu._header_digest("no header named here")
+    assert cpu.header_digest(src) != cpu.header_digest("no header named here")
 
 
 def test_truncated_entry_is_rebuilt(cache):

@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""kumiko's ``cuda`` target against PyTorch (cuBLAS, SDPA) on the same GPU.
+
+Workloads in fp16 (fp32 accumulation): GEMM 4096^3 and 8192^3 (torch.matmul = cuBLAS), GEMM + bias + ReLU
+4096^3 (torch.addmm + relu), attention and causal attention B=8 H=16 S=2048 D=64
+(torch.nn.functional.scaled_dot_product_attention). Every runner gets the same random inputs (never
+zeros), already on the device; kumiko's output, from a full poisoned run, is checked against torch's
+(relative L2 < 1e-2). Times are GPU times by CUDA events on the default stream (kumiko: its launches
+only; inputs stay on the device, no poisoning), median and min of --reps runs (>= 10) after --warmup runs.
+The ratio is kumiko's median over torch's (> 1: kumiko slower); "% of torch" is its inverse. The issue's
+goal for the SM80-path GEMM on an H100 is >= 60% of cuBLAS.
+
+    python bench/bench_gpu.py                          # everything; appends a section to bench/RESULTS.md
+    python bench/bench_gpu.py --quick                  # small sizes, nothing appended (a smoke run)
+    python bench/bench_gpu.py --workloads gemm-4096,attn --reps 20 --json out.json
+
+Without a GPU (no cuda-bindings, driver or device) it says so and exits 0; without torch it times kumiko only.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import math
+import platform
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))       # run from a checkout without installing
+
+import kumiko  # noqa: E402
+from kumiko import Tensor  # noqa: E402
+from kumiko.diagnostics import KumikoError  # noqa: E402
+from kumiko.runtime.cuda_driver import CudaDevice, device_available  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("kumiko_bench_cpu", HERE / "bench.py")
+cpu_bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cpu_bench)        # the CPU bench's helpers: rel_l2, _commit, _fmt
+rel_l2, _fmt = cpu_bench.rel_l2, cpu_bench._fmt
+REL_L2_LIMIT = 1e-2
+
+
+@dataclass
+class Workload:
+    key: str
+    title: str
+    sizes: dict
+    quick: dict
+    graph: Callable[[dict], "kumiko.Graph"]
+    torch: Callable                          # (torch, inputs on the device, sizes) -> tensor
+    flops: Callable[[dict], float]
+
+
+def _gemm(bias_relu: bool):
+    def build(sz):
+        a, b = Tensor.input("A", ("M", "K"), dtype="fp16"), Tensor.input("B", ("K", "N"), dtype="fp16")
+        y = a @ b
+        if bias_relu:
+            y = (y + Tensor.input("bias", ("N",), dtype="fp16")).relu()
+        return y.graph("y", name="gemm_bias_relu" if bias_relu else "gemm")
+    return build
+
+
+def _attn(causal: bool):
+    def build(sz):
+        q, k, v = (Tensor.input(n, ("B", "H", "S", sz["D"]), dtype="fp16") for n in ("Q", "K", "V"))
+        y = q.scaled_dot_product_attention(k, v, is_causal=causal, scale=1.0 / math.sqrt(sz["D"]))
+        return y.graph("y", name="attention_causal" if causal else "attention")
+    return build
+
+
+def _torch_attn(causal):
+    return lambda t, i, sz: t.nn.functional.scaled_dot_product_attention(i["Q"], i["K"], i["V"], is_causal=causal,
+                                                                         scale=1.0 / math.sqrt(sz["D"]))
+
+
+def _gemm_flops(sz):
+    return 2.0 * sz["M"] * sz["N"] * sz["K"]
+
+
+def _attn_flops(sz):                        # QK^T and PV; causal counts the full square, as bench.py does
+    return 4.0 * sz["B"] * sz["H"] * sz["S"] * sz["S"] * sz["D"]
+
+
+ATTN = {"B": 8, "H": 16, "S": 2048, "D": 64}
+ATTN_QUICK = {"B": 1, "H": 2, "S": 128, "D": 64}
+WORKLOADS = {w.key: w for w in [
+    Workload("gemm-4096", "fp16 GEMM 4096^3", {"M": 4096, "N": 4096, "K": 4096}, {"M": 256, "N": 256, "K": 256},
+             _gemm(False), lambda t, i, sz: t.matmul(i["A"], i["B"]), _gemm_flops),
+    Workload("gemm-8192", "fp16 GEMM 8192^3", {"M": 8192, "N": 8192, "K": 8192}, {"M": 512, "N": 384, "K": 256},
+             _gemm(False), lambda t, i, sz: t.matmul(i["A"], i["B"]), _gemm_flops),
+    Workload("gemm_bias_relu-4096", "fp16 GEMM + bias + ReLU 4096^3", {"M": 4096, "N": 4096, "K": 4096},
+             {"M": 200, "N": 136, "K": 200}, _gemm(True),
+             lambda t, i, sz: t.relu(t.addmm(i["bias"], i["A"], i["B"])), _gemm_flops),
+    Workload("attn", "fp16 attention B=8 H=16 S=2048 D=64", ATTN, ATTN_QUICK, _attn(False), _torch_attn(False),
+             _attn_flops),
+    Workload("attn-causal", "fp16 causal attention B=8 H=16 S=2048 D=64", ATTN, ATTN_QUICK, _attn(True),
+             _torch_attn(True), _attn_flops),
+]}
+
+
+@dataclass
+class Row:
+    workload: str
+    runner: str
+    median_ms: float | None = None
+    min_ms: float | None = None
+    tflops: float | None = None
+    ratio: float | None = None               # kumiko median / torch median
+    rel_l2: float | None = None
+    note: str = ""
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def _timer(dev: CudaDevice, torch):
+    """CUDA-event timing on the default stream for both runners (torch's current stream must be it)."""
+    if torch is not None and torch.cuda.current_stream().cuda_stream != 0:
+        raise SystemExit("torch's current stream is not the default stream; run without CUDA_API_PER_THREAD_DEFAULT_"
+                         "STREAM so both runners are timed on the same stream")
+    return lambda fn, reps, warmup: dev.time_ms(fn, reps=reps, warmup=warmup)
+
+
+def bench_workload(wl: Workload, args, dev: CudaDevice, torch) -> list[Row]:
+    sz = wl.quick if args.quick else wl.sizes
+    print(f"\n{wl.key}: {wl.title}{' (quick sizes ' + str(sz) + ')' if args.quick else ''}")
+    exe = kumiko.compile(wl.graph(sz), "cuda")
+    inputs = exe.random_inputs(args.seed, sz)
+    timer = _timer(dev, torch)
+    rows = []
+    out = exe(**inputs)["y"]                      # a full run: poisoned outputs, checked below
+    prog = exe._run.runner()
+    b = prog.bind(exe.bind(inputs))
+    prog.upload(b, inputs)
+    ms = timer(lambda: prog.enqueue(b), args.reps, args.warmup)
+    plans = ", ".join(f"{p.algo} {'x'.join(map(str, p.tile)) if p.algo == 'mma' else ''}".strip()
+                      for p in exe._run.plans.values())
+    k = Row(wl.key, "kumiko[cuda]", statistics.median(ms), min(ms), note=f"{len(b.launches)} kernels ({plans}), "
+            f"{exe._run.gpu_arch}")
+    k.tflops = wl.flops(sz) / (k.median_ms * 1e-3) / 1e12
+    rows.append(k)
+    if torch is not None:
+        dt = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32}
+        tin = {n: torch.from_numpy(v.astype(np.float32)).to("cuda", dt[v.dtype]) for n, v in inputs.items()}
+        ref = wl.torch(torch, tin, sz)
+        torch.cuda.synchronize()
+        tms = timer(lambda: wl.torch(torch, tin, sz), args.reps, args.warmup)
+        t = Row(wl.key, "torch", statistics.median(tms), min(tms), note=f"torch {torch.__version__}")
+        t.tflops = wl.flops(sz) / (t.median_ms * 1e-3) / 1e12
+        k.rel_l2 = rel_l2(out.astype(np.float32), ref.float().cpu().numpy())
+        k.ratio = k.median_ms / t.median_ms
+        t.ratio, t.rel_l2 = 1.0, 0.0
+        rows.append(t)
+        del tin, ref
+        torch.cuda.empty_cache()
+    prog.release()
+    for r in rows:
+        print(f"  {r.runner:14s} median {r.median_ms:9.3f} ms  min {r.min_ms:9.3f} ms  {r.tflops:8.2f} TFLOP/s"
+              + (f"  kumiko/torch {k.ratio:.2f} ({100 / k.ratio:.0f}% of torch)" if r is k and k.ratio else "")
+              + (f"  rel L2 {k.rel_l2:.1e}" if r is k and k.rel_l2 is not None else ""))
+    return rows
+
+
+def machine(dev: CudaDevice, torch) -> dict:
+    from kumiko.runtime.cubin import find_nvcc, nvcc_version
+    d = dev.describe()
+    return {"gpu": d["name"], "cc": d["cc"], "sm_count": d["sm_count"], "memory_gib": round(d["total_mem"] / 2**30, 1),
+            "driver_cuda": d["driver"], "nvcc": nvcc_version(find_nvcc()).split("|")[0].strip(),
+            "python": platform.python_version(), "numpy": np.__version__,
+            "torch": torch.__version__ if torch is not None else None,
+            "cpu": platform.processor() or platform.machine(),
+            "kumiko_commit": cpu_bench._commit()}
+
+
+def results_markdown(rows: list[Row], args, m: dict) -> str:
+    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    lines = [f"## {when}: target `cuda` (bench/bench_gpu.py){' (quick sizes)' if args.quick else ''}", "",
+             f"- machine: {m['gpu']} (compute capability {m['cc']}, {m['sm_count']} SMs, {m['memory_gib']} GiB), "
+             f"driver CUDA {m['driver_cuda']}, {m['nvcc']}; python {m['python']}, numpy {m['numpy']}, torch "
+             f"{m['torch']}; kumiko {m['kumiko_commit']}",
+             f"- command: `python bench/bench_gpu.py {' '.join(args.argv)}`",
+             f"- GPU time by CUDA events on the default stream, median and min of {args.reps} runs after "
+             f"{args.warmup} warm-up; kumiko times its launches only (inputs on the device, no poisoning); ratio = "
+             f"kumiko's median / torch's (> 1: kumiko slower); rel L2 of kumiko's output (a full, poisoned run) "
+             f"against torch's (limit {REL_L2_LIMIT}); causal attention counts the full square", "",
+             "| workload | runner | median ms | min ms | TFLOP/s | kumiko/torch | % of torch | rel L2 | note |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        pct = "-" if not r.ratio or r.runner != "kumiko[cuda]" else f"{100 / r.ratio:.0f}%"
+        l2 = "-" if r.rel_l2 is None else "ref" if r.runner == "torch" else \
+            f"{r.rel_l2:.1e}{'' if r.rel_l2 < REL_L2_LIMIT else ' FAIL'}"
+        lines.append(f"| {r.workload} | {r.runner} | {_fmt(r.median_ms)} | {_fmt(r.min_ms)} | "
+                     f"{_fmt(r.tflops, '{:.1f}')} | {_fmt(r.ratio if r.runner != 'torch' else None, '{:.2f}')} | "
+                     f"{pct} | {l2} | {r.note} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--workloads", default="all", help=f"comma-separated keys or prefixes ({', '.join(WORKLOADS)})")
+    p.add_argument("--reps", type=int, default=20, help="timed runs per runner (default 20, at least 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of the whole path")
+    p.add_argument("--no-torch", action="store_true", help="time kumiko only")
+    p.add_argument("--append", dest="append", action="store_true", default=None,
+                   help="append to the results file (default for full runs)")
+    p.add_argument("--no-append", dest="append", action="store_false", help="do not append (default for --quick)")
+    p.add_argument("--results", default=str(HERE / "RESULTS.md"))
+    p.add_argument("--json", help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+    args.argv = argv
+    if args.reps < 10 and not args.quick:
+        p.error("--reps must be >= 10 (medians of fewer runs are noise)")
+    if args.append is None:
+        args.append = not args.quick
+    return args
+
+
+def select(spec: str) -> list[Workload]:
+    return cpu_bench.select(spec, WORKLOADS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    ok, why = device_available()
+    if not ok:
+        print(f"bench_gpu: no GPU for the cuda target ({why}); nothing measured.")
+        return 0
+    dev = CudaDevice.get(0)
+    torch = None if args.no_torch else _torch()
+    if torch is None and not args.no_torch:
+        print("bench_gpu: torch with CUDA is not available; timing kumiko only")
+    m = machine(dev, torch)
+    print(f"machine: {m}")
+    rows: list[Row] = []
+    try:
+        for wl in select(args.workloads):
+            rows += bench_workload(wl, args, dev, torch)
+    except KumikoError as e:
+        print(e.render(), file=sys.stderr)
+        return 2
+    if args.append:
+        with Path(args.results).open("a") as f:
+            f.write("\n" + results_markdown(rows, args, m))
+        print(f"\nappended to {args.results}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": m, "rows": [r.__dict__ for r in rows]}, indent=2))
+    bad = [r for r in rows if r.rel_l2 is not None and r.rel_l2 >= REL_L2_LIMIT]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

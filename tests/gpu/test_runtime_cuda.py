@@ -1,0 +1,317 @@
+"""The ``cuda`` target's host side, tested without a GPU.
+
+What needs no device is exercised for real here: the diagnostics when there is no cuda-bindings, driver or
+device (never a traceback), the CUresult -> diagnostic mapping, arch selection, kernelParams packing
+(checked against the parameter codes the emulator build of the same source exports), and the whole
+``CudaProgram`` run - device buffers, arena offsets, scratch, poisoning, grids, packed parameters - with
+the CUDA emulator's launch entry points (which take cuLaunchKernel's kernelParams) standing in for
+cuLaunchKernel and host memory for device memory. tests/gpu/test_runtime_gpu.py runs the same on a GPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+import kumiko
+from kumiko.diagnostics import KumikoError
+from kumiko.runtime import cuda_driver, emu, emu_worker
+from kumiko.runtime.cuda_driver import CudaDevice, arch_for_cc, cubin_runs_on, cuda_error, device_available
+from kumiko.runtime.target_cuda import compile_cuda
+from kumiko.runtime.target_cuda_gpu import (
+    POISON_BYTE,
+    CudaProgram,
+    launch_dims,
+    pack_params,
+    param_ctype,
+)
+
+from .conftest import EXAMPLES, STEMS, graph, rel_l2
+
+HAVE_GPU, GPU_REASON = device_available()
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
+
+
+def _bindings():
+    return pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
+
+
+# ------------------------------------------------------------------------------------------------
+# no device: a diagnostic, never a traceback
+
+@pytest.mark.skipif(HAVE_GPU, reason=f"a GPU is present ({GPU_REASON}); test_runtime_gpu.py covers it")
+def test_cuda_target_without_a_device_is_a_diagnostic(capsys):
+    from kumiko.cli import main
+    with pytest.raises(KumikoError) as e:
+        kumiko.compile(graph("gemm_bias_relu", "fp16"), "cuda")
+    assert e.value.code == "E1501" and "cuda-emu" in e.value.suggestion
+    assert main(["run", str(EXAMPLES / "gemm_bias_relu.json"), "--target", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "E1501" in err and "Traceback" not in err
+
+
+def test_missing_cuda_bindings_is_a_diagnostic(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)       # `from cuda.bindings import driver` fails
+    monkeypatch.setattr(CudaDevice, "_open", {})
+    with pytest.raises(KumikoError) as e:
+        CudaDevice.get(0)
+    assert e.value.code == "E1501" and "cuda-bindings is not installed" in e.value.why
+    assert "kumiko[cuda]" in e.value.suggestion
+    ok, why = device_available()
+    assert not ok and "cuda-bindings" in why
+
+
+def test_cli_lists_cuda_as_a_target(capsys):
+    from kumiko.cli import main
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert "cuda" in out and "cuda: planned" not in out
+
+
+# ------------------------------------------------------------------------------------------------
+# errors, arch selection
+
+def test_cuda_errors_map_to_diagnostics():
+    drv = _bindings()
+    R = drv.CUresult
+    cases = {"CUDA_ERROR_ILLEGAL_ADDRESS": ("E1704", True), "CUDA_ERROR_LAUNCH_FAILED": ("E1704", True),
+             "CUDA_ERROR_MISALIGNED_ADDRESS": ("E1704", True), "CUDA_ERROR_OUT_OF_MEMORY": ("E1704", False),
+             "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": ("E1703", False), "CUDA_ERROR_INVALID_VALUE": ("E1703", False),
+             "CUDA_ERROR_NO_BINARY_FOR_GPU": ("E1701", False), "CUDA_ERROR_INVALID_IMAGE": ("E1701", False),
+             "CUDA_ERROR_NO_DEVICE": ("E1501", False), "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH": ("E1501", False)}
+    for name, (code, sticky) in cases.items():
+        d = cuda_error(getattr(R, name), "cuLaunchKernel", "kernel kumiko_0_k_C2", grid=[1, 1, 1])
+        assert d.code == code, name
+        assert d.at == "kernel kumiko_0_k_C2" and name in d.why and d.details["cuda_error"] == name
+        assert bool(d.details.get("sticky")) is sticky, name
+        assert "kumiko_0_k_C2" in d.render()
+    with pytest.raises(KumikoError) as e:
+        cuda_driver._ok((R.CUDA_ERROR_OUT_OF_MEMORY, 0), "cuMemAlloc", "output C2", bytes=1 << 40)
+    assert e.value.code == "E1704" and e.value.details["bytes"] == 1 << 40
+    assert cuda_driver._ok((R.CUDA_SUCCESS, 7), "x", "y") == 7
+    assert cuda_driver._ok((R.CUDA_SUCCESS,), "x", "y") is None
+
+
+def test_arch_from_compute_capability():
+    assert arch_for_cc(8, 0) == "sm_80" and arch_for_cc(8, 6) == "sm_86" and arch_for_cc(8, 9) == "sm_89"
+    assert arch_for_cc(9, 0) == "sm_90a" and arch_for_cc(10, 0) == "sm_100" and arch_for_cc(12, 0) == "sm_120"
+    with pytest.raises(KumikoError) as e:
+        arch_for_cc(7, 5)
+    assert e.value.code == "E1501" and "sm_80" in e.value.why
+    assert cubin_runs_on("sm_80", (8, 0)) and cubin_runs_on("sm_80", (8, 6)) and not cubin_runs_on("sm_86", (8, 0))
+    assert cubin_runs_on("sm_90a", (9, 0)) and not cubin_runs_on("sm_80", (9, 0))
+    assert not cubin_runs_on("sm_90a", (10, 0))
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="a GPU is present: test_runtime_gpu.py makes these calls for real")
+def test_driver_calls_marshal_their_arguments():
+    """Every driver call CudaDevice makes gets arguments cuda-bindings accepts: without a driver each call gets
+    as far as loading libcuda (cuda-bindings converts arguments first, so a wrong type is a TypeError)."""
+    drv = _bindings()
+    dev = object.__new__(CudaDevice)      # no device here: only the argument conversion is exercised
+    dev.drv, dev.handle, dev.ctx, dev._stream = drv, drv.CUdevice(0), drv.CUcontext(), drv.CUstream(0)
+    arr = np.zeros(64, np.float16)
+    from kumiko.kernel.gpu_ir import Param
+    argv, _ = pack_params((Param("y", "float"), Param("n", "long long", pointer=False)), [0x1000, 7])
+    calls = [lambda: dev.attribute("COMPUTE_CAPABILITY_MAJOR"), dev.activate, lambda: dev.alloc(100, "x"),
+             lambda: dev.free(0x1000), lambda: dev.upload(0x1000, arr, "x"), lambda: dev.download(arr, 0x1000, "x"),
+             lambda: dev.fill(0x1000, POISON_BYTE, 128, "x"), lambda: dev.load_module(b"\x7fELF", "m"),
+             lambda: dev.function(drv.CUmodule(), "kumiko_k"), lambda: dev.unload_module(drv.CUmodule()),
+             lambda: dev.set_dynamic_smem(drv.CUfunction(), "k", 100000),
+             lambda: dev.launch(drv.CUfunction(), "k", (2, 1, 1), (128, 1, 1), 0, argv), lambda: dev.sync("k"),
+             lambda: dev.time_ms(lambda: None, reps=1, warmup=0)]
+    for call in calls:
+        with pytest.raises(Exception) as e:
+            call()
+        assert type(e.value).__name__ == "DynamicLibNotFoundError" or "driver" in str(e.value), repr(e.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# kernel parameters
+
+_CODE_BYTES = {"i64": 8, "u64": 8, "i32": 4, "u32": 4, "f32": 4, "f64": 8, "bool": 1}
+
+
+@needs_gxx
+@pytest.mark.parametrize("stem", ["gemm_bias_relu", "attention_causal"])
+def test_params_match_the_exported_signature(gpu_cache, stem):
+    """Each packed slot has the size of the parameter the compiled kernel declares (KUMIKO_ENTRY's codes)."""
+    c = compile_cuda(graph(stem, "fp16").tiny)
+    mod = c.module("deferred")
+    for k in c.kernels:
+        sig = mod.signature(k.name)
+        assert len(sig) == len(k.params), (k.name, sig)
+        for code, p in zip(sig, k.params):
+            want = 8 if code.startswith(("ptr:", "cptr:")) else _CODE_BYTES[code]
+            assert ctypes.sizeof(param_ctype(p)) == want, (k.name, p, code)
+
+
+def test_pack_params_bytes():
+    from kumiko.kernel.gpu_ir import Param
+    params = (Param("b0", "uint16_t", True, True), Param("x", "float"), Param("s_M", "long long", pointer=False),
+              Param("n", "int", pointer=False), Param("f", "float", pointer=False))
+    argv, keep = pack_params(params, [0x7F00DEADBEEF00, 0x1000, 1 << 40, -3, 0.5])
+    def at(i, ct):
+        return ct.from_address(argv[i]).value
+    assert at(0, ctypes.c_uint64) == 0x7F00DEADBEEF00 and at(1, ctypes.c_uint64) == 0x1000
+    assert at(2, ctypes.c_longlong) == 1 << 40 and at(3, ctypes.c_int) == -3 and at(4, ctypes.c_float) == 0.5
+    with pytest.raises(KumikoError) as e:
+        pack_params(params, [1, 2])
+    assert e.value.code == "E1703"
+    with pytest.raises(KumikoError) as e:
+        param_ctype(Param("q", "__half2", pointer=False))
+    assert e.value.code == "E1703"
+
+
+def test_launch_dims_and_limits():
+    c = compile_cuda(graph("gemm_bias_relu", "fp16").tiny)
+    ln = c.launches[0]
+    grid, block = launch_dims(ln, {"M": 130, "N": 65, "K": 7})
+    assert grid == (2, 3, 1) and block == (ln.block, 1, 1)
+    with pytest.raises(KumikoError) as e:
+        launch_dims(ln, {"M": 64 * 70000, "N": 64, "K": 8})       # grid.y past 65535
+    assert e.value.code == "E1703"
+
+
+# ------------------------------------------------------------------------------------------------
+# CudaProgram through the emulator's kernelParams entry points
+
+class EmuLaunches:
+    """Host memory and the emulator's ``kumiko_launch_NAME(..., void** kernelParams, ...)``: the parts of
+    CudaDevice that CudaProgram calls, so its buffers, offsets, poisoning and packed parameters run for real."""
+
+    smem_optin = emu.SMEM_LIMIT["sm80"]
+
+    def __init__(self, module: emu.EmuModule):
+        self.module, self.lib = module, module._load()
+        self.mem: dict[int, np.ndarray] = {}
+        self.launched: list[str] = []
+
+    def functions(self, kernels):
+        return {k: emu_worker.bind(self.lib, k)[0] for k in kernels}
+
+    def alloc(self, nbytes, what):
+        raw = np.empty(max(nbytes, 1) + 256, np.uint8)
+        ptr = raw.ctypes.data + (-raw.ctypes.data) % 256
+        self.mem[ptr] = raw
+        return ptr
+
+    def free(self, ptr):
+        del self.mem[ptr]
+
+    def upload(self, ptr, arr, what):
+        ctypes.memmove(ptr, arr.ctypes.data, arr.nbytes)
+
+    def download(self, arr, ptr, what):
+        ctypes.memmove(arr.ctypes.data, ptr, arr.nbytes)
+
+    def fill(self, ptr, byte, nbytes, what):
+        ctypes.memset(ptr, byte, nbytes)
+
+    def set_dynamic_smem(self, fn, kernel, nbytes):
+        pass
+
+    def launch(self, fn, kernel, grid, block, smem, argv):
+        emu_worker.configure(self.lib, self.module.config.runtime_options())
+        rc, err, _ = emu_worker.call(self.lib, fn, grid, block, smem, argv)
+        if rc:
+            raise emu._fault(err, self.module, kernel) if err else KumikoError("E1702", at=kernel, why=f"rc {rc}")
+        self.launched.append(kernel)
+
+    def sync(self, what, **details):
+        pass
+
+
+def _emu_program(stem: str, dtype: str = "fp16", **kw) -> tuple[CudaProgram, EmuLaunches]:
+    c = compile_cuda(graph(stem, dtype).tiny)
+    be = EmuLaunches(c.module("deferred"))
+    return CudaProgram(c, be, be.functions({ln.kernel for ln in c.launches}), **kw), be
+
+
+@needs_gxx
+@pytest.mark.parametrize("stem", STEMS)
+def test_cuda_program_runs_the_examples_through_kernel_params(gpu_cache, stem):
+    prog, be = _emu_program(stem)
+    g = graph(stem, "fp16")
+    ref = kumiko.compile(g, "eval")
+    for seed, shapes in ((1, None), (2, {k: v + 5 for k, v in g.symbols.items()})):
+        ins = ref.random_inputs(seed, shapes)
+        env = ref.bind(ins, None)
+        out = prog(ins, env)
+        want = ref(**ins)
+        errs = {k: rel_l2(out[k], want[k]) for k in want}
+        assert all(e < 1e-2 for e in errs.values()), (stem, shapes, errs)
+    assert be.launched and len(prog._bound) == 2
+    prog.release()
+    assert not be.mem, "every allocation is freed"
+
+
+@needs_gxx
+def test_cuda_program_poisons_and_reuses_buffers(gpu_cache):
+    prog, be = _emu_program("attention_row_softmax")
+    g = graph("attention_row_softmax", "fp16")
+    ref = kumiko.compile(g, "eval")
+    ins = ref.random_inputs(0)
+    env = ref.bind(ins, None)
+    b = prog.bind(env)
+    assert prog.bind(env) is b and [w for _, _, w in b.poison] == ["output P", "scratch a_v_n9"]
+    prog.upload(b, ins)
+    prog.fill_poison(b)
+    before = prog.download(b)["P"]
+    assert (before.view(np.uint16) == POISON_BYTE * 0x101).all(), "outputs are 0xFF before the kernels run"
+    prog.enqueue(b)
+    prog.wait(b)
+    assert np.isfinite(prog.download(b)["P"].astype(np.float32)).all()
+    n_alloc = len(be.mem)
+    prog(ins, env)                                 # same sizes: same buffers
+    assert len(be.mem) == n_alloc
+    with pytest.raises(KumikoError) as e:
+        prog({k: v for k, v in ins.items() if k != "Q"}, env)
+    assert e.value.code == "E1015"
+    with pytest.raises(KumikoError) as e:
+        prog({**ins, "Q": ins["Q"].astype(np.float32)}, env)
+    assert e.value.code == "E1015"
+    prog.release()
+
+
+@needs_gxx
+def test_cuda_program_fp32_and_zero_sizes(gpu_cache):
+    prog, _ = _emu_program("gemm_bias_relu", "fp32")
+    g = graph("gemm_bias_relu", "fp32")
+    ref = kumiko.compile(g, "eval")
+    ins = ref.random_inputs(3, {"M": 37, "N": 19, "K": 11})
+    out = prog(ins, ref.bind(ins, None))
+    assert rel_l2(out["C2"], ref(**ins)["C2"]) < 1e-5
+    ins = ref.random_inputs(3, {"M": 0, "N": 19, "K": 11})
+    assert prog(ins, ref.bind(ins, None))["C2"].shape == (0, 19)
+    prog.release()
+
+
+def test_smem_over_the_device_limit_is_rejected():
+    c = compile_cuda(graph("gemm_bias_relu", "fp16").tiny)
+
+    class Tiny:
+        smem_optin = 16 * 1024
+
+    with pytest.raises(KumikoError) as e:
+        CudaProgram(c, Tiny(), {ln.kernel: None for ln in c.launches})
+    assert e.value.code == "E1801" and e.value.details["hazard"] == "smem"
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="a GPU is present: bench/bench_gpu.py measures there")
+def test_gpu_bench_exits_cleanly_without_a_gpu(tmp_path, capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("kumiko_bench_gpu", EXAMPLES.parent / "bench" / "bench_gpu.py")
+    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+        results = tmp_path / "RESULTS.md"
+        assert mod.main(["--results", str(results)]) == 0
+    finally:
+        sys.modules.pop(spec.name, None)
+        sys.modules.pop("kumiko_bench_cpu", None)
+    assert "no GPU" in capsys.readouterr().out and not results.exists()
