@@ -169,16 +169,25 @@ def find_contraction(lo: CpuLowering) -> Contraction | None:
     return None
 
 
-def micro_kernel(mr: int, nr: int, vw: int) -> str:
+def micro_name(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
+    return f"kk_micro_{'rows_' if a_rows else ''}{mr}x{nr}_v{vw}"
+
+
+def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
     """An MR x NR register-blocked micro-kernel: C[MR][NR] (+)= sum_p A[p][MR] * B[p][NR].
 
     The accumulators start at zero and C is added at the end (``acc``), its rows prefetched at the start:
-    a C tile that comes from L3 then costs no stall before the first multiply-add."""
+    a C tile that comes from L3 then costs no stall before the first multiply-add. With ``a_rows`` A is
+    not a packed panel but MR rows of a row-major tile (``a[i*lda + p]``, an extra ``lda`` argument): the
+    row-block pipeline (``kumiko.kernel.stream``) stores P along its rows and multiplies it in place."""
     nv = nr // vw
-    name = f"kk_micro_{mr}x{nr}_v{vw}"
-    lines = [f"static void {name}(long long kc, const float* KUMIKO_RESTRICT a, const float* KUMIKO_RESTRICT b, "
+    a_arg = "const float* KUMIKO_RESTRICT a, long long lda" if a_rows else "const float* KUMIKO_RESTRICT a"
+    lines = [f"static void {micro_name(mr, nr, vw, a_rows)}(long long kc, {a_arg}, const float* KUMIKO_RESTRICT b, "
              "float* KUMIKO_RESTRICT c, long long ldc, int acc) {"]
     accs = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
+    if a_rows:
+        for i in range(mr):
+            lines.append(f"  const float* KUMIKO_RESTRICT a{i}r = a + {i}*lda;")
     for i in range(mr):
         lines.append(f"  __builtin_prefetch(c + {i}*ldc, 0, 3); __builtin_prefetch(c + {i}*ldc + {nr - 1}, 0, 3);")
     for i in range(mr):
@@ -187,7 +196,8 @@ def micro_kernel(mr: int, nr: int, vw: int) -> str:
     for v in range(nv):
         lines.append(f"    kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});")
     for i in range(mr):
-        lines.append(f"    {{ const float s{i} = a[p*{mr} + {i}]; kk_vf a{i} = (kk_vf){{{', '.join([f's{i}'] * vw)}}};")
+        src = f"a{i}r[p]" if a_rows else f"a[p*{mr} + {i}]"
+        lines.append(f"    {{ const float s{i} = {src}; kk_vf a{i} = (kk_vf){{{', '.join([f's{i}'] * vw)}}};")
         lines.append("      " + " ".join(f"{accs[i][v]} += a{i} * b{v};" for v in range(nv)) + " }")
     lines.append("  }")
     lines.append("  if (acc) {")
@@ -905,7 +915,7 @@ class ContractionLowering:
         pack_b = self._pack(B, "kk_q0", "kk_q1", "kk_jc", "kk_jc + kk_ncur", "kk_Bc")
         pack_a = self._pack(A, "0", f"kk_mcb / {mr}", "kk_ic", "kk_M", "kk_Ap")
         micro = For("kk_jr", "0", "kk_np", (For("kk_ir", "0", "kk_mcb", (
-            Raw(f"kk_micro_{mr}x{nr}_v{self.vw}(kk_kcb, kk_Ac + kk_ir*kk_lda, kk_Bc + kk_jr*{nr}*kk_kcb, "
+            Raw(f"{micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, kk_Bc + kk_jr*{nr}*kk_kcb, "
                 f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), step=str(mr)),))
         block = [Decl("const long long", "kk_mcb", "kk_m1 - kk_ic < kk_mblk ? kk_m1 - kk_ic : kk_mblk"),
                  If("!kk_ares", tuple(pack_a)),

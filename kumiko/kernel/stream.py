@@ -34,7 +34,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from kumiko.kernel import cexpr as C
-from kumiko.kernel.contract import Contraction, ContractionLowering, find_contraction, pointwise_epilogue
+from kumiko.kernel.contract import (
+    Contraction,
+    ContractionLowering,
+    find_contraction,
+    micro_name,
+    pointwise_epilogue,
+)
 from kumiko.kernel.loops import Block, Comment, Decl, For, If, Kernel, Param, Raw, Store
 from kumiko.kernel.lower_cpu import CpuLowering, _hoisted, reused_reduce_axes
 from kumiko.plan.plan import Plan
@@ -207,7 +213,7 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
         lo.ty.add_axes(c.k_axes)
     k0 = tuple(a.name for a in c0.k_axes)
     k1 = c1.k_axes[0].name
-    micro = f"kk_micro_{mr}x{nr}_v{vw}"
+    micro = micro_name(mr, nr, vw)
     s: list = [
         Comment(f"row-block pipeline: {lo0.r.name} (contraction {c0.let} + row program) -> {lo1.r.name} "
                 f"(contraction {c1.let} + epilogue); {pipe.p} stays in the block's packed panels; "
@@ -306,7 +312,7 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
                  "  }\n"
                  "}")
     # 2e. O tile = P * Y1 over [klo, khi), then c1's epilogue
-    rows = micro_rows_name(mr, nr, vw)
+    rows = micro_name(mr, nr, vw, a_rows=True)
     call1 = Raw(f"if (kk_khi <= kk_klo) {rows}(0, kk_P, kk_K1, kk_Y1, kk_O + ir*kk_N1p + jr, kk_N1p, 0);\n"
                 f"for (long long pc = kk_klo; pc < kk_khi; pc += {kc}) {{\n"
                 f"  const long long kcb = kk_khi - pc < {kc} ? kk_khi - pc : {kc};\n"
@@ -327,37 +333,6 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
     params = tuple(Param(cname[n], C.STORAGE[m.dtype.name], const) for n, (m, const) in _params(pipe).items())
     gather = lo0.uses_gather or lo1.uses_gather
     return Kernel(name, params, syms, tuple(s), notes, gather_check=gather)
-
-
-def micro_rows_name(mr: int, nr: int, vw: int) -> str:
-    return f"kk_micro_rows_{mr}x{nr}_v{vw}"
-
-
-def micro_kernel_rows(mr: int, nr: int, vw: int) -> str:
-    """The micro-kernel with A read from MR rows of a row-major tile (``a[i*lda + p]``) instead of a
-    packed panel: the row program stores P contiguously along its rows (vector stores), and each step
-    of the K loop reads one element of each of the MR rows."""
-    nv = nr // vw
-    lines = [f"static void {micro_rows_name(mr, nr, vw)}(long long kc, const float* KUMIKO_RESTRICT a, long long lda, "
-             "const float* KUMIKO_RESTRICT b, float* KUMIKO_RESTRICT c, long long ldc, int acc) {"]
-    accs = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
-    for i in range(mr):
-        for v in range(nv):
-            lines.append(f"  kk_vf {accs[i][v]} = acc ? *(const kk_vfu*)(c + {i}*ldc + {v * vw}) : (kk_vf){{0}};")
-    for i in range(mr):
-        lines.append(f"  const float* KUMIKO_RESTRICT a{i} = a + {i}*lda;")
-    lines.append("  for (long long p = 0; p < kc; ++p) {")
-    for v in range(nv):
-        lines.append(f"    kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});")
-    for i in range(mr):
-        lines.append(f"    {{ const float s{i} = a{i}[p]; kk_vf x{i} = (kk_vf){{{', '.join([f's{i}'] * vw)}}};")
-        lines.append("      " + " ".join(f"{accs[i][v]} += x{i} * b{v};" for v in range(nv)) + " }")
-    lines.append("  }")
-    for i in range(mr):
-        for v in range(nv):
-            lines.append(f"  *(kk_vfu*)(c + {i}*ldc + {v * vw}) = {accs[i][v]};")
-    lines.append("}")
-    return "\n".join(lines)
 
 
 def _params(pipe: RowPipe) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kumiko.kernel.contract import lower_contraction_region, micro_kernel, vector_types
 from kumiko.kernel.lower_cpu import CpuLowering
-from kumiko.kernel.stream import find_pipe, lower_pipe, micro_kernel_rows, pipe_buffers
+from kumiko.kernel.stream import find_pipe, lower_pipe, pipe_buffers
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Program
 from kumiko.render.c import render_program
@@ -57,6 +57,7 @@ def render_cpu_program(program: Program, plans: dict[str, Plan], fuse: bool = Tr
         if kern is None:
             kern = CpuLowering(r, syms, name).lower()
         kernels.append(kern)
-    extra = vector_types(vw) + "\n".join([micro_kernel(*m) for m in sorted(micros)] +
-                                          [micro_kernel_rows(*m) for m in sorted(rows_micros)]) if micros else ""
+    kernels_c = [micro_kernel(*m) for m in sorted(micros)]
+    kernels_c += [micro_kernel(*m, a_rows=True) for m in sorted(rows_micros)]
+    extra = vector_types(vw) + "\n".join(kernels_c) if micros else ""
     return render_program(kernels, extra), names, syms, tuple(steps)
