@@ -298,22 +298,33 @@ KUMIKO_HREDUCE(kv_hsum, KUMIKO_OP_ADD)
 KUMIKO_HREDUCE(kv_hmax, KUMIKO_OP_MAX)
 KUMIKO_HREDUCE(kv_hmin, KUMIKO_OP_MIN)
 
-/* Vector exp2: the same steps and constants as kumiko_exp2 above, lane-wise. */
-KUMIKO_INLINE kv_t kv_exp2(kv_t x) {
-    kvi_t nan = x != x;
-    x = kv_max(kv_broadcast(-151.0f), kv_min(kv_broadcast(129.0f), x));
-    kv_t magic = kv_broadcast(12582912.0f);
-    kv_t n = (x + magic) - magic;
-    kv_t f = x - n;
+/* Vector exp2: the same steps and constants as kumiko_exp2 above, lane-wise. With AVX-512, n is rounded
+ * by vrndscaleps and p * 2^n is one vscalefps: both round p * 2^n once, as kumiko_exp2's two exact-then-one
+ * rounding multiplies do (p * 2^k1 stays normal for k >= -151), so the results agree bit for bit. */
+KUMIKO_INLINE kv_t kv_exp2_poly(kv_t f) {   /* 2^f for |f| <= 0.5 */
     kv_t p = kv_fma(kv_broadcast(KUMIKO_EXP2_P6), f, kv_broadcast(KUMIKO_EXP2_P5));
     p = kv_fma(p, f, kv_broadcast(KUMIKO_EXP2_P4));
     p = kv_fma(p, f, kv_broadcast(KUMIKO_EXP2_P3));
     p = kv_fma(p, f, kv_broadcast(KUMIKO_EXP2_P2));
     p = kv_fma(p, f, kv_broadcast(KUMIKO_EXP2_P1));
-    p = kv_fma(p, f, kv_broadcast(1.0f));
+    return kv_fma(p, f, kv_broadcast(1.0f));
+}
+
+KUMIKO_INLINE kv_t kv_exp2(kv_t x) {
+#if defined(__AVX512F__)
+    x = kv_max(kv_broadcast(-151.0f), kv_min(kv_broadcast(129.0f), x));   /* a NaN lane stays NaN */
+    const __m512 n = _mm512_roundscale_ps((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return (kv_t)_mm512_scalef_ps((__m512)kv_exp2_poly(x - (kv_t)n), n);
+#else
+    kvi_t nan = x != x;
+    x = kv_max(kv_broadcast(-151.0f), kv_min(kv_broadcast(129.0f), x));
+    kv_t magic = kv_broadcast(12582912.0f);
+    kv_t n = (x + magic) - magic;
+    kv_t p = kv_exp2_poly(x - n);
     kvi_t k = __builtin_convertvector(kv_select(nan, kv_zero(), n), kvi_t), k1 = k / 2, k2 = k - k1;
     kv_t r = p * (kv_t)((k1 + 127) << 23) * (kv_t)((k2 + 127) << 23);
     return kv_select(nan, x, r);
+#endif
 }
 
 /* Full vectors of fp16 / bf16 storage (KUMIKO_VW elements) to and from fp32 lanes. */
@@ -406,9 +417,8 @@ KUMIKO_INLINE float kv_hmin_nan(kv_t acc, kvi_t nan) { return kv_any(nan) ? NAN 
 
 /* A bool (0 / nonzero) broadcast to a lane mask (0 / -1). */
 KUMIKO_INLINE kvi_t kv_mask_broadcast(int b) {
-    kvi_t m;
-    for (int i = 0; i < KUMIKO_VW; i++) m[i] = b ? -1 : 0;
-    return m;
+    const kvi_t zero = {0};
+    return zero - (int32_t)(b != 0);
 }
 
 /* bool storage (one byte, 0 or 1) to and from lane masks. */
@@ -426,10 +436,16 @@ KUMIKO_INLINE void kv_store_bool(unsigned char* p, kvi_t m) {
  * lanes' signs only depend on it within a few k of zero, so 32-bit lanes are exact. */
 KUMIKO_INLINE kvi_t kv_affine_lanes(long long c, long long k) {
     const long long lim = 1LL << 28;
-    int32_t c32 = (int32_t)(c < -lim ? -lim : (c > lim ? lim : c));
-    kvi_t v;
-    for (int i = 0; i < KUMIKO_VW; i++) v[i] = c32 + (int32_t)k * i;
-    return v;
+    const int32_t c32 = (int32_t)(c < -lim ? -lim : (c > lim ? lim : c));
+    /* vector arithmetic on a constant 0, 1, 2, ... (a lane-by-lane loop here became 16 inserts per call) */
+#if KUMIKO_VW == 16
+    const kvi_t iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#elif KUMIKO_VW == 8
+    const kvi_t iota = {0, 1, 2, 3, 4, 5, 6, 7};
+#else
+    const kvi_t iota = {0, 1, 2, 3};
+#endif
+    return c32 + iota * (int32_t)k;
 }
 KUMIKO_INLINE kvi_t kv_affine_ge(long long c, long long k) { return kv_affine_lanes(c, k) >= 0; }
 KUMIKO_INLINE kvi_t kv_affine_eq(long long c, long long k) { return kv_affine_lanes(c, k) == 0; }

@@ -225,8 +225,9 @@ static inline int omp_get_thread_num(void) { return 0; }
 /* Scratch kept by each thread between calls, grow-only, shared by the contraction kernels of this program
  * (they run one at a time on a thread): a fresh multi-MiB allocation per call is fresh pages, and the page
  * faults cost more than a large GEMM's packing. Slots: 0 accumulator tile, 1 B panels, 2-3 index tables,
- * 4 the thread's A panels. A slot above 64 MiB is freed at the end of the call. */
-#define KK_SCRATCH_SLOTS 5
+ * 4 the thread's A panels; 5-9 and 0 the row-block pipeline (kumiko.kernel.stream). A slot above 64 MiB is
+ * freed at the end of the call. */
+#define KK_SCRATCH_SLOTS 10
 static _Thread_local void* kk_scratch_p[KK_SCRATCH_SLOTS];
 static _Thread_local size_t kk_scratch_n[KK_SCRATCH_SLOTS];
 __attribute__((unused)) static void* kk_scratch(int slot, size_t bytes) {

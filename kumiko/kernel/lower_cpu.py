@@ -141,6 +141,7 @@ class CpuLowering:
         self.name = name
         self.parallel = parallel
         self.sizes = {a.name: a.size for a in self.r.iters}
+        self.extent: dict = {}                   # axis -> loop trip count when it differs from its size
         self.iters = _loop_order([a.name for a in self.r.iters], self.r.lets, self.types)
         self.memrefs = dict(self.r.inputs)
         self.memrefs.update({o.name: o.memref for o in self.r.outputs})
@@ -238,6 +239,11 @@ class CpuLowering:
                 self.decl_at.setdefault(it.path[:shared], []).append(name)
 
     # emission ----------------------------------------------------------------------------------------
+    def trip(self, axis: str, size=None):
+        """How far the loops over ``axis`` run: its size, unless ``extent`` cuts them short (a caller that
+        computes a prefix of the axis; array strides keep using ``sizes``)."""
+        return self.extent.get(axis, self.sizes[axis] if size is None else size)
+
     def tmp(self) -> str:
         self.n_tmp += 1
         return f"t{self.n_tmp}"
@@ -340,7 +346,7 @@ class CpuLowering:
         upd = {"sum": f"{acc} + {v}", "max": C.binary("max", acc, v, ct), "min": C.binary("min", acc, v, ct)}[e.op]
         inner: tuple = tuple(body) + (Assign(acc, upd),)
         for a in reversed(e.axes):
-            inner = (For(a.name, "0", C.index(a.size, set()), inner),)
+            inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)
         for a in e.axes:
             self.red_axes.remove(a.name)
         out.append(Block(inner))
@@ -433,6 +439,12 @@ class CpuLowering:
             return C.vkind(e.to), v
         if isinstance(e, Binary):
             hint2 = self.dt(e.x) or self.dt(e.y)
+            if e.fn == "div" and not self.varies(e.y) and self.ctype(e) == "float":
+                # a divisor the same for every lane (a row's sum): one division per vector loop, then a
+                # multiply per lane (vdivps is ~10x a vmulps; within 1.5 ulp of x / y, as PyTorch's softmax)
+                ka, a = self.vexpr(e.x, out, hint2)
+                if ka == "f":
+                    return "f", f"({a} * kv_broadcast(1.0f / ({self.expr(e.y, out, hint2)})))"
             (ka, a), (kb, b) = self.vexpr(e.x, out, hint2), self.vexpr(e.y, out, hint2)
             v = C.vbinary(e.fn, a, b, ka) if ka == kb else None
             if v is None:
@@ -519,7 +531,7 @@ class CpuLowering:
             self.red_axes.remove(a.name)
         inner: tuple = tuple(body)
         for a in reversed(e.axes):
-            inner = (For(a.name, "0", C.index(a.size, set()), inner),)
+            inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)
         out.append(Block(inner))
         if nan is not None:
             out.append(Assign(acc, f"kv_select({nan}, kv_broadcast(NAN), {acc})"))
@@ -529,7 +541,7 @@ class CpuLowering:
         """A reduction in scalar context, vectorised along its innermost axis: vector accumulators, a
         scalar tail per outer point, one horizontal reduction at the end. None: it stays scalar."""
         last = e.axes[-1]
-        n_const = Expr.lift(last.size).as_int()
+        n_const = Expr.lift(self.trip(last.name, last.size)).as_int()
         if C.vkind(e.dtype) != "f" or C.COMPUTE[e.dtype.name] != "float" or \
                 (n_const is not None and n_const < MIN_VECTOR_TRIP):
             return None
@@ -549,7 +561,7 @@ class CpuLowering:
         finally:
             self._vctx = outer
             self._vnames -= set(ctx.vlets)
-        n = C.index(last.size, set())
+        n = C.index(self.trip(last.name, last.size), set())
         body: list = list(vb)
         self._vupdate(e.op, acc, nan, v, body)
         vloops: tuple = (For(last.name, "0", f"{n} - (KUMIKO_VW - 1)", tuple(body), step="KUMIKO_VW"),)
@@ -577,7 +589,7 @@ class CpuLowering:
         self.red_axes = red
         inner: tuple = vloops + (For(last.name, f"({n}) / KUMIKO_VW * KUMIKO_VW", n, tuple(tail), tail=True),)
         for a in reversed(e.axes[:-1]):
-            inner = (For(a.name, "0", C.index(a.size, set()), inner),)
+            inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)
         h = {"sum": f"kv_hsum({acc})", "max": f"kv_hmax_nan({acc}, {nan})", "min": f"kv_hmin_nan({acc}, {nan})"}[e.op]
         fin = f"{res} + {h}" if e.op == "sum" else C.binary(e.op, res, h, ct)
         out.append(Block(tuple(pre) + inner + (Assign(res, fin),)))
@@ -629,11 +641,11 @@ class CpuLowering:
                 sub = path + (it.lid,)
                 loops = None
                 if self._nest and not self.decl_at.get(sub) and all(x.let is not None for x in it.items):
-                    loops = self.vector_loop(it.axis, self.sizes[it.axis],
+                    loops = self.vector_loop(it.axis, self.trip(it.axis),
                                              lambda items=it.items, sub=sub: self._emit_items(items, sub))
                 if loops is None:
                     body = self._emit_items(it.items, sub)
-                    loops = [For(it.axis, "0", C.index(self.sizes[it.axis], set()), tuple(body))]
+                    loops = [For(it.axis, "0", C.index(self.trip(it.axis), set()), tuple(body))]
                 out += loops
                 continue
             self.red_axes = []
@@ -676,12 +688,12 @@ class CpuLowering:
         """Compute ``let`` into its array over its remaining axes, in loops of its own."""
         _, var, dims = self.storage[let.name]
         last = dims[-1]
-        body = self.vector_loop(last, self.sizes[last], lambda: self.let_stmts(let)) if self._nest else None
+        body = self.vector_loop(last, self.trip(last), lambda: self.let_stmts(let)) if self._nest else None
         if body is None:
-            body = [For(last, "0", C.index(self.sizes[last], set()), tuple(self.let_stmts(let)))]
+            body = [For(last, "0", C.index(self.trip(last), set()), tuple(self.let_stmts(let)))]
         loops: tuple = tuple(body)
         for a in reversed(dims[:-1]):
-            loops = (For(a, "0", C.index(self.sizes[a], set()), loops),)
+            loops = (For(a, "0", C.index(self.trip(a), set()), loops),)
         return Block(loops)
 
     def store(self, value: RExpr) -> list:
@@ -703,7 +715,7 @@ class CpuLowering:
         self.plan_storage(tree)
         self.red_axes: list = []
         body = self.emit_items(tree, ())
-        body = [_parallelize(s) if self.parallel else _hoisted(s) for s in body]
+        body = [_parallelize(s) if self.parallel else hoisted(s) for s in body]
         params = tuple(Param(self.cname[n], C.STORAGE[m.dtype.name], n in dict(self.r.inputs))
                        for n, m in self.memrefs.items())
         return Kernel(self.name, params, self.syms, tuple(body), self.r.notes, gather_check=self.uses_gather)
@@ -763,7 +775,7 @@ def _strip_scratch(s: Stmt, found: list) -> Stmt:
     return s
 
 
-def _hoisted(s: Stmt) -> Stmt:
+def hoisted(s: Stmt) -> Stmt:
     """A serial top-level loop with its scratch arrays allocated once, before it."""
     found: list = []
     s = _strip_scratch(s, found)

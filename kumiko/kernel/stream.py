@@ -41,8 +41,9 @@ from kumiko.kernel.contract import (
     micro_name,
     pointwise_epilogue,
 )
+from kumiko.kernel.elide import Elision, masked_elision, prefix_bound
 from kumiko.kernel.loops import Block, Comment, Decl, For, If, Kernel, Param, Raw, Store
-from kumiko.kernel.lower_cpu import CpuLowering, _hoisted, reused_reduce_axes
+from kumiko.kernel.lower_cpu import CpuLowering, hoisted, reused_reduce_axes
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Guard, Program, Read, Reduce, Ref, RExpr, Select
 from kumiko.symbolic import Expr
@@ -59,6 +60,8 @@ class RowPipe:
     c1: Contraction
     p: str                     # the deferred buffer the pair never writes
     guards: tuple              # Guard, ...: the accumulator of c0 is only consumed where one holds
+    elide: Elision | None = None   # a block's columns past ``bound`` need no row program (checks to run)
+    bound: str = ""               # C: the first such column, from the block's last row ``kk_mhi``
 
 
 def _reads(e: RExpr) -> set:
@@ -169,7 +172,11 @@ def find_pipe(program: Program, k: int, syms: tuple, plans: dict) -> RowPipe | N
     if any(Expr.lift(lo0.sizes[a]) != Expr.lift(size1[to1[a]]) for a in iters0):
         return None
     guards = acc_guards(r0.lets, c0.let, tuple(y.src for y in r0.yields)) or ()
-    return RowPipe(lo0, c0, lo1, c1, p, guards)
+    elide, bound = None, ""
+    if guards:
+        bound = prefix_bound(guards, m0, n0, "kk_mhi", set(iters0), lambda e: C.index(e, {"kk_mhi"})) or ""
+        elide = masked_elision(r0.lets, c0.let, n0, guards, r0.yields[0].src, lo0.types) if bound else None
+    return RowPipe(lo0, c0, lo1, c1, p, guards, elide, bound if elide is not None else "")
 
 
 def _pin(s, bounds: dict):
@@ -200,11 +207,16 @@ def _affine_in(e: Expr, axes) -> bool:
 
 def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, notes: tuple) -> Kernel:
     lo0, c0, lo1, c1 = pipe.lo0, pipe.c0, pipe.lo1, pipe.c1
+    lo0.cname = lo1.cname = cname
+    try:
+        rp = _row_program(pipe)
+    except ValueError:             # the elision's row checks have nowhere to go: every column, every block
+        pipe = dataclasses.replace(pipe, elide=None, bound="")
+        rp = _row_program(pipe)
     mr, nr = plan.micro
     vw = plan.vector_width
     kc = plan.tile[2]
     bm = mr * BLOCK_MICRO_ROWS
-    lo0.cname = lo1.cname = cname
     lo1.n_tmp = 1000                      # temporaries of the two lowerings never share a name
     cl0, cl1 = ContractionLowering(lo0, c0, plan), ContractionLowering(lo1, c1, plan)
     for lo, c in ((lo0, c0), (lo1, c1)):
@@ -224,11 +236,14 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
         Decl("const long long", "kk_K0", cl0.size(k0)),
         Decl("const long long", "kk_N1", cl1.size(c1.n_axes)),
         Decl("const long long", "kk_K1", "kk_N0"),
+        # the P tile's row stride: padded so that MR rows 4 KiB apart do not share an L1 set
+        Decl("const long long", "s_kk_ldP", "(kk_K1 + 15) / 16 * 16 + 16"),
         Decl("const long long", "kk_N0p", f"(kk_N0 + {nr - 1}) / {nr} * {nr}"),
         Decl("const long long", "kk_N1p", f"(kk_N1 + {nr - 1}) / {nr} * {nr}"),
+        Decl("const long long", "s_kk_ldS", "kk_N0p + 16"),
         Decl("const long long", "kk_nblk", f"(kk_M + {bm - 1}) / {bm}"),
-        Raw("float* kk_Y0 = (float*)aligned_alloc(64, (size_t)((kk_B * kk_N0p * kk_K0 * 4 + 63) / 64 * 64));\n"
-            "float* kk_Y1 = (float*)aligned_alloc(64, (size_t)((kk_B * kk_N1p * kk_K1 * 4 + 63) / 64 * 64));\n"
+        Raw("float* kk_Y0 = (float*)kk_scratch(5, sizeof(float) * (size_t)(kk_B * kk_N0p * kk_K0));\n"
+            "float* kk_Y1 = (float*)kk_scratch(6, sizeof(float) * (size_t)(kk_B * kk_N1p * kk_K1));\n"
             "unsigned char* kk_fin = (unsigned char*)malloc((size_t)kk_B);"),
     ]
     # 1. pack both N-side operands for every batch point: panels [jr][p][NR] over the full K
@@ -258,7 +273,14 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
     blk: list = [Decl("const long long", "kk_b", "kk_u / kk_nblk"),
                  Decl("const long long", "kk_ic", f"(kk_u % kk_nblk) * {bm}"),
                  Decl("const long long", "kk_rows", f"(kk_M - kk_ic < {bm} ? kk_M - kk_ic : {bm})"),
-                 Decl("const long long", "kk_mcb", f"(kk_rows + {mr - 1}) / {mr} * {mr}")]
+                 Decl("const long long", "kk_mcb", f"(kk_rows + {mr - 1}) / {mr} * {mr}"),
+                 Decl("long long", "s_kk_nh", "kk_N0")]
+    if pipe.elide is not None:
+        # the block's columns from s_kk_nh on fail every guard for every row: no S tile, no row program,
+        # no P there (exact while c1's panel is finite; see kumiko.kernel.elide)
+        blk.append(If("kk_fin[kk_b]", (Raw("const long long kk_mhi = kk_ic + kk_rows - 1;\n"
+                                           f"s_kk_nh = {pipe.bound};\n"
+                                           "s_kk_nh = s_kk_nh > kk_N0 ? kk_N0 : s_kk_nh < 1 ? 1 : s_kk_nh;"),)))
     # 2a. pack the block's rows of c0's M-side operand: panels [ir][p][MR] over the full K0
     bat0: list = []
     cl0.decompose("kk_b", c0.batch, bat0)
@@ -272,33 +294,25 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
            tuple(ma) + (For("p", "0", "kk_K0", tuple(pk0) + tuple(xb) + (
                Store("kk_A0", f"ir*kk_K0 + p*{mr} + i", xv),)),),
            (For("p", "0", "kk_K0", (Store("kk_A0", f"ir*kk_K0 + p*{mr} + i", "0.0f"),)),)),)),), step=str(mr))
-    # 2b. S tile = A0 * Y0, skipping micro-tiles that every guard on the accumulator rejects
-    # the S tile's rows are exactly N0 long (the row program indexes it like the region's own array);
-    # a last panel narrower than NR goes through the small tile kk_Ct and is copied in
-    call0 = Raw(f"const int kk_full = jr + {nr} <= kk_N0;\n"
-                f"float* kk_c = kk_full ? kk_S + ir*kk_N0 + jr : kk_Ct;\n"
-                f"const long long kk_ldc = kk_full ? kk_N0 : {nr};\n"
-                f"for (long long pc = 0; pc < kk_K0; pc += {kc}) {{\n"
+    # 2b. S tile = A0 * Y0, skipping micro-tiles that every guard on the accumulator rejects. The tile's
+    # rows are s_kk_ldS >= N0p long (a last panel narrower than NR writes into the padding; the padding
+    # also keeps MR rows 4 KiB apart out of one L1 set); the row program indexes it with that stride
+    call0 = Raw(f"for (long long pc = 0; pc < kk_K0; pc += {kc}) {{\n"
                 f"  const long long kcb = kk_K0 - pc < {kc} ? kk_K0 - pc : {kc};\n"
                 f"  {micro}(kcb, kk_A0 + ir*kk_K0 + pc*{mr}, kk_Y0 + (kk_b * kk_N0p + jr) * kk_K0 + pc*{nr}, "
-                "kk_c, kk_ldc, pc > 0);\n"
-                "}\n"
-                "if (!kk_full)\n"
-                f"  for (long long i = 0; i < {mr}; ++i)\n"
-                "    for (long long j = 0; jr + j < kk_N0; ++j) kk_S[(ir + i)*kk_N0 + jr + j] = "
-                f"kk_Ct[i*{nr} + j];")
+                "kk_S + ir*s_kk_ldS + jr, s_kk_ldS, pc > 0);\n"
+                "}")
     skip = _skip_condition(pipe, mr, nr)
-    tiles = For("jr", "0", "kk_N0p", (For("ir", "0", "kk_mcb", (
+    tiles = For("jr", "0", f"(s_kk_nh + {nr - 1}) / {nr} * {nr}", (For("ir", "0", "kk_mcb", (
         If(skip, (), (call0,)) if skip else call0,), step=str(mr)),), step=str(nr))
-    # 2c. the row program on the block's rows, P into the packed A panels of c1
-    rp = _row_program(pipe)
+    # 2c. the row program on the block's rows (rp, emitted first), P into the P tile
     # 2d. the K range of c1 where the block's P is nonzero (exact to skip when c1's panel is finite)
-    krange = Raw("long long kk_klo = 0, kk_khi = kk_K1;\n"
+    krange = Raw("long long kk_klo = 0, kk_khi = s_kk_nh;\n"
                  "if (kk_fin[kk_b]) {\n"
-                 "  kk_klo = kk_K1; kk_khi = 0;\n"
+                 "  kk_klo = s_kk_nh; kk_khi = 0;\n"
                  "  for (long long ii = 0; ii < kk_rows; ++ii) {\n"
-                 "    const float* kk_r = kk_P + ii*kk_K1;\n"
-                 "    long long j = kk_K1;\n"
+                 "    const float* kk_r = kk_P + ii*s_kk_ldP;\n"
+                 "    long long j = s_kk_nh;\n"
                  "    for (; j - 8 >= kk_khi; j -= 8) {   /* eight at a time, then one by one */\n"
                  "      int kk_z = 1;\n"
                  "      for (int t = 1; t <= 8; ++t) kk_z &= kk_r[j - t] == 0.0f;\n"
@@ -313,23 +327,23 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
                  "}")
     # 2e. O tile = P * Y1 over [klo, khi), then c1's epilogue
     rows = micro_name(mr, nr, vw, a_rows=True)
-    call1 = Raw(f"if (kk_khi <= kk_klo) {rows}(0, kk_P, kk_K1, kk_Y1, kk_O + ir*kk_N1p + jr, kk_N1p, 0);\n"
+    call1 = Raw(f"if (kk_khi <= kk_klo) {rows}(0, kk_P, s_kk_ldP, kk_Y1, kk_O + ir*kk_N1p + jr, kk_N1p, 0);\n"
                 f"for (long long pc = kk_klo; pc < kk_khi; pc += {kc}) {{\n"
                 f"  const long long kcb = kk_khi - pc < {kc} ? kk_khi - pc : {kc};\n"
-                f"  {rows}(kcb, kk_P + ir*kk_K1 + pc, kk_K1, kk_Y1 + (kk_b * kk_N1p + jr) * kk_K1 + pc*{nr}, "
+                f"  {rows}(kcb, kk_P + ir*s_kk_ldP + pc, s_kk_ldP, kk_Y1 + (kk_b * kk_N1p + jr) * kk_K1 + pc*{nr}, "
                 f"kk_O + ir*kk_N1p + jr, kk_N1p, pc > kk_klo);\n"
                 "}")
     tiles1 = For("jr", "0", "kk_N1p", (For("ir", "0", "kk_mcb", (call1,), step=str(mr)),), step=str(nr))
     blk += [Block(tuple(bat0) + (pack_a, tiles)), rp, krange, tiles1, _epilogue1(pipe, cl1)]
+    # the thread's tiles and the shared panels persist between calls (kk_scratch: no fresh pages per call)
     s.append(Raw("#pragma omp parallel\n{\n"
-                 f"float* kk_A0 = (float*)aligned_alloc(64, (size_t)(({bm} * kk_K0 * 4 + 63) / 64 * 64));\n"
-                 f"float* kk_S = (float*)aligned_alloc(64, (size_t)(({bm} * kk_N0 * 4 + 63) / 64 * 64));\n"
-                 f"float kk_Ct[{mr * nr}] __attribute__((aligned(64)));\n"
-                 f"float* kk_P = (float*)aligned_alloc(64, (size_t)(({bm} * kk_K1 * 4 + 63) / 64 * 64));\n"
-                 f"float* kk_O = (float*)aligned_alloc(64, (size_t)(({bm} * kk_N1p * 4 + 63) / 64 * 64));"))
+                 f"float* kk_A0 = (float*)kk_scratch(7, sizeof(float) * (size_t)({bm} * kk_K0));\n"
+                 f"float* kk_S = (float*)kk_scratch(8, sizeof(float) * (size_t)({bm} * s_kk_ldS));\n"
+                 f"float* kk_P = (float*)kk_scratch(9, sizeof(float) * (size_t)({bm} * s_kk_ldP));\n"
+                 f"float* kk_O = (float*)kk_scratch(0, sizeof(float) * (size_t)({bm} * kk_N1p));"))
     s.append(For("kk_u", "0", "kk_B * kk_nblk", tuple(blk), workshare=True))
-    s.append(Raw("free(kk_A0); free(kk_S); free(kk_P); free(kk_O);\n}"))
-    s.append(Raw("free(kk_Y0); free(kk_Y1); free(kk_fin);"))
+    s.append(Raw("for (int kk_t = 7; kk_t <= 9; ++kk_t) kk_scratch_trim(kk_t);\nkk_scratch_trim(0);\n}"))
+    s.append(Raw("kk_scratch_trim(5); kk_scratch_trim(6); free(kk_fin);"))
     params = tuple(Param(cname[n], C.STORAGE[m.dtype.name], const) for n, (m, const) in _params(pipe).items())
     gather = lo0.uses_gather or lo1.uses_gather
     return Kernel(name, params, syms, tuple(s), notes, gather_check=gather)
@@ -387,14 +401,18 @@ def _row_program(pipe: RowPipe) -> Block:
     rp.r = dataclasses.replace(lo0.r, lets=tuple(x for x in lo0.r.lets if x.name != c0.let))
     rp.storage, rp.n_tmp = {}, 500
     rp.cname = dict(lo0.cname, **{pipe.p: "kk_Pv"})
+    pm = rp.memrefs[pipe.p]                        # P's rows are s_kk_ldP long in the tile
+    rp.memrefs = dict(rp.memrefs, **{pipe.p: dataclasses.replace(pm, shape=pm.shape[:-1] + (Expr.sym("kk_ldP"),))})
     tree = rp.schedule()
     rp.plan_storage(tree)
     rp.storage[c0.let] = ("array", "kk_Sv", (m0, n0))
     rp.red_axes = []
+    rp.sizes = dict(lo0.sizes, **{n0: Expr.sym("kk_ldS")})     # the S tile's row stride (C: s_kk_ldS) ...
+    rp.extent = {n0: Expr.sym("kk_nh")}            # ... and the columns computed: N0, or the block's prefix
     body = rp.emit_items(tree, ())
     pre: list = [Raw("/* the tiles seen at the region's own offsets (never dereferenced outside the block) */\n"
-                     "float* const kk_Sv = kk_S - kk_ic*kk_N0;\n"
-                     "float* const kk_Pv = kk_P - (kk_b*kk_M + kk_ic)*kk_N0;")]
+                     "float* const kk_Sv = kk_S - kk_ic*s_kk_ldS;\n"
+                     "float* const kk_Pv = kk_P - (kk_b*kk_M + kk_ic)*s_kk_ldP;")]
     # batch values under names of their own (the pinned loops declare the axis names themselves)
     flat = "kk_b"
     names = list(c0.batch)
@@ -407,7 +425,44 @@ def _row_program(pipe: RowPipe) -> Block:
             flat = f"({flat}) / {size}"
     bounds = {a: (f"kk_bv_{a}", f"kk_bv_{a} + 1") for a in c0.batch}
     bounds[m0] = ("kk_ic", "kk_ic + kk_rows")
-    return Block(tuple(pre) + tuple(_hoisted(_pin(b, bounds)) for b in body))
+    prog = tuple(hoisted(_pin(b, bounds)) for b in body)
+    if pipe.elide is None:
+        return Block(tuple(pre) + prog)
+    # each row checks the assumptions of the elision on its row scalars; when one fails, the block's row
+    # program runs again over every column
+    checks = [f"({rp.storage[x][1]} - {rp.storage[x][1]} == 0)" for x in sorted(pipe.elide.finite)]
+    checks += [f"({rp.storage[x][1]} != 0)" for x in sorted(pipe.elide.nonzero)]
+    prog = _append_in_loop(prog, m0, [rp.storage[x][1] for x in pipe.elide.finite | pipe.elide.nonzero],
+                           Raw(f"kk_rowok &= {' & '.join(checks)};" if checks else ""))
+    retry = Raw("if (kk_rowok || s_kk_nh == kk_N0) break;\n"
+                "s_kk_nh = kk_N0;   /* an assumption failed on some row: every column */")
+    return Block(tuple(pre) + (For("kk_try", "0", "2", (Decl("int", "kk_rowok", "1"),) + prog + (retry,)),))
+
+
+def _append_in_loop(stmts: tuple, var: str, names: list, stmt) -> tuple:
+    """``stmts`` with ``stmt`` appended to the body of the loop over ``var``, which must declare each of
+    ``names`` directly in its body (so they are in scope at its end); ValueError when there is no such loop."""
+    hits = 0
+
+    def walk(x):
+        nonlocal hits
+        if isinstance(x, For) and x.var == var:
+            declared = {d.name for d in x.body if isinstance(d, Decl)}
+            if not set(names) <= declared:
+                raise ValueError(f"row scalars {sorted(set(names) - declared)} are not scalars of the row loop")
+            hits += 1
+            return dataclasses.replace(x, body=x.body + (stmt,))
+        if isinstance(x, For):
+            return dataclasses.replace(x, body=tuple(walk(b) for b in x.body))
+        if isinstance(x, Block):
+            return Block(tuple(walk(b) for b in x.body))
+        if isinstance(x, If):
+            return If(x.cond, tuple(walk(b) for b in x.then), tuple(walk(b) for b in x.other))
+        return x
+    out = tuple(walk(x) for x in stmts)
+    if hits != 1:
+        raise ValueError(f"{hits} loops over the row axis {var}")
+    return out
 
 
 def _epilogue1(pipe: RowPipe, cl1: ContractionLowering) -> For:

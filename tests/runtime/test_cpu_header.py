@@ -1,9 +1,10 @@
 """kumiko_cpu.h: every helper generated kernels use, checked against numpy / ml_dtypes bit for bit where
 the result is exact (conversions, tails, integer division) and to an ulp bound where it is not (exp2).
 
-Each check runs for four builds of the header: the host's widest ISA (-march=native), the same without
-F16C (the scalar fp16 conversion path), plain x86-64 (SSE2: 4-wide vectors, no FMA, no masked loads), and
-AVX-512 (16-wide, mask registers; only compiled where the CPU lacks AVX-512).
+Each check runs for five builds of the header: the host's widest ISA (-march=native), the same without
+F16C (the scalar fp16 conversion path), plain x86-64 (SSE2: 4-wide vectors, no FMA, no masked loads), AVX2
+(8-wide, the path an AVX-512 host's native build skips) and AVX-512 (16-wide, mask registers; only
+compiled where the CPU lacks AVX-512).
 """
 import platform
 
@@ -178,8 +179,8 @@ KUMIKO_KERNEL misc(void** b, const long long* s) {
 
 X86 = platform.machine() in ("x86_64", "AMD64")
 VARIANTS = {"native": (), "no-f16c": ("-mno-f16c",), "x86-64": ("-march=x86-64",),
-            "avx512": ("-march=skylake-avx512",)}
-WIDTH = {"x86-64": 4, "avx512": 16}
+            "avx2": ("-march=haswell",), "avx512": ("-march=skylake-avx512",)}
+WIDTH = {"x86-64": 4, "avx2": 8, "avx512": 16}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -191,6 +192,8 @@ def mod(request):
     m = build_c(SOURCE, flags=flags + list(extra) + ["-Wall", "-Wextra", "-Werror"], name=f"hdr_{request.param}")
     if request.param == "avx512" and not cpu_features()["avx512f"]:
         pytest.skip("the AVX-512 build compiled; this CPU cannot run it")
+    if request.param == "avx2" and not cpu_features()["avx2"]:
+        pytest.skip("the AVX2 build compiled; this CPU cannot run it")
     m.variant = request.param
     return m
 
