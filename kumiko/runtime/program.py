@@ -6,8 +6,11 @@ It owns everything between numpy and the kernels, so the code generator only emi
 - inputs are checked against the Program's MemRefs (dtype, shape under ``env``) and copied only when
   they are not C-contiguous or not aligned (64 bytes, or the MemRef's ``alignment`` when larger: the ABI
   promises both to kernels; ``aligned_empty`` makes inputs that need no copy);
-- outputs are fresh 64-byte-aligned arrays **poisoned** before the run (NaN for floats, 0x7f bytes for
-  integers), so an element a kernel forgets to write shows up in tests instead of passing by luck;
+- outputs are 64-byte-aligned arrays **poisoned** before the run (NaN for floats, 0x7f bytes for
+  integers), so an element a kernel forgets to write shows up in tests instead of passing by luck. They
+  are reused (``OutputPool``, PyTorch-caching-allocator style) once nothing outside the runtime can see
+  their memory any more, which saves a large output's first-touch page faults on every call;
+  ``reuse_outputs=False`` gives a fresh array every call;
 - intermediates (``Program.buffers``) live in one arena planned by liveness (``arena.plan_arena``),
   allocated once per shape and poisoned with 0xff bytes (NaN in every float dtype) before each run.
   Poisoning is a verifier: on unless ``KUMIKO_SPEC=0`` (or ``poison=False``), read at each call;
@@ -16,10 +19,15 @@ It owns everything between numpy and the kernels, so the code generator only emi
   A code generator that runs several regions in one function (``kumiko.kernel.stream``: a deferred
   buffer handed from one region to the next inside the kernel) says so with ``Step``s; a buffer no step
   passes is never allocated.
+
+A CpuProgram is not re-entrant: the arena and the output pools are shared by its calls, so one call at a
+time (another thread wants its own CpuProgram, or a lock around the calls).
 """
 from __future__ import annotations
 
 import dataclasses
+import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -63,13 +71,92 @@ def program_symbols(program: Program) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def _nbytes(shape, dt: np.dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+
+
+def _aligned_raw(nbytes: int, align: int) -> tuple[np.ndarray, int]:
+    """A fresh uint8 array that owns its memory, and the offset of its first ``align``-aligned byte."""
+    raw = np.empty(nbytes + align, np.uint8)
+    return raw, (-raw.ctypes.data) % align
+
+
+def _view(raw: np.ndarray, start: int, shape, dt: np.dtype) -> np.ndarray:
+    # numpy collapses the chain: the result's .base is ``raw`` itself, not the slice or the .view
+    return raw[start:start + _nbytes(shape, dt)].view(dt).reshape(shape)
+
+
 def aligned_empty(shape, dtype, align: int = ALIGN) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data pointer is a multiple of ``align``."""
+    """An uninitialised C-contiguous array whose data pointer is a multiple of ``align``.
+
+    Its ``.base`` is the raw uint8 array that owns the memory (``OutputPool`` relies on that)."""
     dt = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    raw = np.empty(n + align, np.uint8)
-    start = (-raw.ctypes.data) % align
-    return raw[start:start + n].view(dt).reshape(shape)
+    raw, start = _aligned_raw(_nbytes(shape, dt), align)
+    return _view(raw, start, shape, dt)
+
+
+def _owner_refs(entry: tuple) -> int:
+    """``sys.getrefcount`` of a pool entry's memory owner (``entry[0]``), always measured the same way."""
+    return sys.getrefcount(entry[0])
+
+
+#: The count ``_owner_refs`` gives for an owner nothing else references: 2 on CPython (the entry tuple's
+#: reference, plus the temporary that ``entry[0]`` makes for getrefcount's argument). Measured here, in the
+#: same way the pool measures, rather than written down, so an interpreter that counts temporaries
+#: differently still gets the right baseline.
+_FREE_REFS = _owner_refs((np.empty(1, np.uint8), 0))
+
+
+class OutputPool:
+    """Output arrays kept for reuse, keyed by (output name, shape, dtype, alignment).
+
+    An array goes back to its caller and stays in the pool; a later call takes it again only once the
+    memory owner (the raw uint8 array ``aligned_empty`` slices, which owns the bytes) is referenced by the
+    pool's entry alone - ``_owner_refs(entry) == _FREE_REFS``. That is the test because every way to see
+    the bytes holds a reference to the owner: every numpy view of it (the array handed out, the user's
+    ``y[0]``, ``y.T``, ``y.reshape(...)``, ``np.asarray(y)``) has ``.base is owner``, as numpy collapses
+    view chains onto the array that owns the data; a memoryview, ``np.frombuffer``, ctypes' ``from_buffer``,
+    ``np.ctypeslib.as_ctypes`` and ``y.ctypes.data_as`` keep such a view alive, and so do
+    ``torch.from_numpy`` and ``torch.from_dlpack``. A reference cycle not yet collected only delays reuse.
+    Not seen (and not to be relied on by callers): a bare integer address (``y.ctypes.data``) kept after
+    the array is dropped, or a weak reference to the owner.
+
+    Each key keeps at most ``per_key`` arrays (2: the usual ``y = exe(...)`` loop still holds the last
+    result while the next call runs, so two arrays alternate); past that, held arrays make fresh ones that
+    the pool does not keep. Each output keeps pools for its ``shapes`` most recently used shapes (symbolic
+    sizes that change), so the memory kept stays bounded. Not thread-safe (see the module docstring).
+    """
+
+    def __init__(self, per_key: int = 2, shapes: int = 4):
+        self.per_key, self.shapes = per_key, shapes
+        #: output name -> OrderedDict((shape, dtype, align) -> [(owner, offset), ...]), oldest key first
+        self._pools: dict[str, OrderedDict[tuple, list[tuple[np.ndarray, int]]]] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], dtype, align: int) -> np.ndarray:
+        """An aligned array for output ``name``: a pooled one nothing else can see, else a fresh one.
+        Its contents are whatever was there (a previous result): the caller poisons it if it wants to."""
+        dt = np.dtype(dtype)
+        key = (tuple(shape), dt, align)
+        by_key = self._pools.setdefault(name, OrderedDict())
+        pool = by_key.get(key)
+        if pool is None:
+            pool = by_key[key] = []
+            if len(by_key) > self.shapes:
+                by_key.popitem(last=False)      # forget the least recently used shape; held arrays stay valid
+        else:
+            by_key.move_to_end(key)
+        for entry in pool:
+            # no local name is bound to the owner while it is counted: the count is the pool's alone
+            if _owner_refs(entry) == _FREE_REFS:
+                return _view(entry[0], entry[1], shape, dt)
+        raw, start = _aligned_raw(_nbytes(shape, dt), align)
+        if len(pool) < self.per_key:
+            pool.append((raw, start))
+        return _view(raw, start, shape, dt)
+
+    def clear(self) -> None:
+        """Forget every pooled array (arrays still held elsewhere stay valid)."""
+        self._pools.clear()
 
 
 def poison(arr: np.ndarray) -> np.ndarray:
@@ -100,19 +187,24 @@ class CpuProgram:
     """A Program whose regions are functions of a loaded C module; call it like the evaluator."""
 
     def __init__(self, program: Program, module: CModule, fn_names: Mapping[str, str], *,
-                 poison: bool | None = None, steps: tuple[Step, ...] | None = None):
+                 poison: bool | None = None, steps: tuple[Step, ...] | None = None, reuse_outputs: bool = True):
         missing = [r.name for r in program.regions if r.name not in fn_names]
         if missing:
             raise KumikoError("E1703", at=f"program {program.name}", why=f"no kernel function for regions {missing}",
                               suggestion="Give fn_names an entry for every region.")
         self.module = module
-        self.setup(program, steps if steps is not None else region_steps(program, fn_names), poison)
+        self.setup(program, steps if steps is not None else region_steps(program, fn_names), poison,
+                   reuse_outputs=reuse_outputs)
         self.kernels = [(st, module.fn(st.fn)) for st in self.steps]
 
-    def setup(self, program: Program, steps: tuple[Step, ...], poison: bool | None) -> None:
+    def setup(self, program: Program, steps: tuple[Step, ...], poison: bool | None, *,
+              reuse_outputs: bool = True) -> None:
         """The buffer-handling state (also used by runners that launch kernels some other way)."""
         self.program, self.steps = program, steps
         self.poison = poison          # None: follow KUMIKO_SPEC (poison unless it is 0)
+        self.reuse_outputs = reuse_outputs    # read at each call; False: a fresh array per output per call
+        self._outputs = OutputPool()
+        self._copies = OutputPool(per_key=1)  # aligned copies of inputs that are unaligned or not contiguous
         self.symbols = program_symbols(program)
         used = {b for st in steps for b in st.buffers}
         # buffers handed between regions inside one kernel are never allocated
@@ -143,12 +235,16 @@ class CpuProgram:
         align = max(ALIGN, m.alignment)
         if arr.flags.c_contiguous and arr.ctypes.data % align == 0:
             return arr
-        out = aligned_empty(arr.shape, arr.dtype, align)
+        # the aligned copy is the runtime's own (never handed out): its memory is reused call after call
+        out = self._copies.take(name, tuple(arr.shape), arr.dtype, align)
         out[...] = arr
         return out
 
     def buffers(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
-        """Every named buffer of one run: checked inputs, fresh (poisoned) outputs, arena views."""
+        """Every named buffer of one run: checked inputs, (poisoned) outputs, arena views.
+
+        Outputs come from the output pool (an array no caller can still see) unless ``reuse_outputs`` is
+        off; poisoning, when on, covers reused arrays too."""
         names = [n for n, _ in self.program.inputs]
         missing = [n for n in names if n not in inputs]
         if missing:
@@ -157,8 +253,9 @@ class CpuProgram:
         try:
             bufs = {n: self._input(n, m, inputs[n], env) for n, m in self.program.inputs}
             for n, m in self.program.outputs:
-                arr = aligned_empty(tuple(dim_eval(d, env) for d in m.shape), m.dtype.np,
-                                    max(ALIGN, m.alignment))
+                shape, align = tuple(dim_eval(d, env) for d in m.shape), max(ALIGN, m.alignment)
+                arr = (self._outputs.take(n, shape, m.dtype.np, align) if self.reuse_outputs
+                       else aligned_empty(shape, m.dtype.np, align))
                 bufs[n] = poison(arr) if do_poison else arr
             plan, raw = self.arena(env)
         except KeyError as e:
