@@ -95,8 +95,8 @@ class _Writer:
         return self.name(x) if isinstance(x, str) else _number(x)
 
     def op(self, op: str, inputs: tuple, attrs: dict) -> str:
-        from kumiko.frontend.lower import _ALIASES, OPS
-        op = op if op in OPS else _ALIASES.get(op.lower(), op)
+        from kumiko.frontend.lower import OP_ALIASES, OPS
+        op = op if op in OPS else OP_ALIASES.get(op.lower(), op)
         fn = attrs.get("fn") if op in ("Elementwise", "Reduce") else None
         ins = [self.operand(x) for x in inputs]
         if op == "Elementwise" and set(attrs) == {"fn"}:

@@ -315,7 +315,7 @@ class Parser:
             if dt is dtypes.fp64:
                 why = f"{t.text!r} is not a graph dtype (kumiko keeps fp64 for reference evaluation only)"
             else:
-                near = _close(t.text, list(DTYPES))
+                near = closest_match(t.text, list(DTYPES))
                 why = f"unknown dtype {t.text!r}" + (f"; did you mean {near!r}?" if near else "")
             raise self.err(t, why, suggestion=f"use one of {', '.join(DTYPES)}")
         self.take()
@@ -515,7 +515,7 @@ def _pos_of(x: Any) -> Pos:
     return x.pos
 
 
-def _close(word: str, options: list[str]) -> str | None:
+def closest_match(word: str, options: list[str]) -> str | None:
     import difflib
     hits = difflib.get_close_matches(word, sorted(set(options)), n=1, cutoff=0.6)
     return hits[0] if hits else None

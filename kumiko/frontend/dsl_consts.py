@@ -13,7 +13,7 @@ import operator
 from typing import TYPE_CHECKING, Any
 
 from kumiko import dtypes
-from kumiko.frontend.dsl import DTYPES, _close
+from kumiko.frontend.dsl import DTYPES, closest_match
 from kumiko.frontend.dsl_ast import Binary, Call, ListLit, Name, Num, Str, TypeAst, Unary
 from kumiko.frontend.graph import TensorType
 from kumiko.symbolic import Expr, dim, dim_json
@@ -105,7 +105,7 @@ class Constants:
             if e.name in f.env:
                 raise self.error(e.pos, f"attribute values are constants, but {e.name!r} is a tensor",
                                  suggestion="pass tensors as inputs, before the attributes: conv2d(x, w, b, stride=2)")
-            near = _close(e.name, [*f.syms, *DTYPES])
+            near = closest_match(e.name, [*f.syms, *DTYPES])
             raise self.error(e.pos, f"unknown name {e.name!r} in an attribute"
                              + (f"; did you mean {near!r}?" if near else ""),
                              suggestion='attributes are numbers, true/false, dtypes, sizes, "strings" and lists')

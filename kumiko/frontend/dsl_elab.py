@@ -16,7 +16,7 @@ from typing import Any
 
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
-from kumiko.frontend.dsl import DSL_DTYPE, QUALIFIERS, Source, _close
+from kumiko.frontend.dsl import DSL_DTYPE, QUALIFIERS, Source, closest_match
 from kumiko.frontend.dsl_ast import (
     Assign,
     Binary,
@@ -401,7 +401,7 @@ class Elaborator(Constants):
         if e.name in self.vocab or e.name in self.graphs:
             what = "graph" if e.name in self.graphs else "op"
             raise self.error(e.pos, f"{e.name!r} is an {what}, not a value", suggestion=f"call it: {e.name}(x)")
-        near = _close(e.name, list(f.env))
+        near = closest_match(e.name, list(f.env))
         raise self.error(e.pos, f"{e.name!r} is not defined" + (f"; did you mean {near!r}?" if near else ""),
                          suggestion="define it before this line (name = ...) or declare it as an input")
 
@@ -411,7 +411,7 @@ class Elaborator(Constants):
             return self.inline(f, e, n)
         cands = self.vocab.get(e.func)
         if not cands:
-            near = _close(e.func, [*self.vocab, *self.graphs])
+            near = closest_match(e.func, [*self.vocab, *self.graphs])
             raise self.error(e.pos, f"unknown op or graph {e.func!r}" + (f"; did you mean {near!r}?" if near else ""),
                              suggestion="call an op of the frontend vocabulary (docs/dsl.md lists them) or a graph "
                              "defined in this file")
@@ -451,7 +451,7 @@ class Elaborator(Constants):
             raise self.error(pos, f"{spelled or op} gives {len(res)} value(s) but {n} names are assigned")
         for key in attrs:
             if key not in rec.read:
-                near = _close(key, sorted(k for k in rec.read if isinstance(k, str)))
+                near = closest_match(key, sorted(k for k in rec.read if isinstance(k, str)))
                 if near:
                     raise self.error((kwpos or {}).get(key, pos), f"{spelled or op} does not use the attribute "
                                      f"{key!r}; did you mean {near!r}?", suggestion=f"write {near}=...")

@@ -91,7 +91,7 @@ def lower_graph(inputs, outputs, tensors, nodes, symbols, name) -> tuple[dict, T
         table[i.tensor] = t
     for n in nodes:
         ctx = Ctx(b, n)
-        key = n.op if n.op in OPS else _ALIASES.get(n.op.lower())
+        key = n.op if n.op in OPS else OP_ALIASES.get(n.op.lower())
         if key is None:
             raise ctx.err("E1006", f"unknown op {n.op!r}", suggestion=f"supported ops: {', '.join(sorted(OPS))}")
         args = [env[x] if isinstance(x, str) else x for x in n.inputs]
@@ -121,7 +121,7 @@ def lower_graph(inputs, outputs, tensors, nodes, symbols, name) -> tuple[dict, T
     return table, tiny
 
 
-_ALIASES = {"matmul": "MatMul", "gemm": "MatMul", "conv": "Conv2D", "conv2d": "Conv2D"}
+OP_ALIASES = {"matmul": "MatMul", "gemm": "MatMul", "conv": "Conv2D", "conv2d": "Conv2D"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -312,10 +312,10 @@ def lower_elementwise(ctx: Ctx, args: list) -> str:
 
 @op("Cast")
 def lower_cast(ctx: Ctx, args: list) -> str:
-    return ctx.b.cast(_one(ctx, args), ctx.dtype_attr("to", ctx.dtype(args[0])))
+    return ctx.b.cast(one_input(ctx, args), ctx.dtype_attr("to", ctx.dtype(args[0])))
 
 
-def _one(ctx: Ctx, args: list) -> str:
+def one_input(ctx: Ctx, args: list) -> str:
     if len(args) != 1 or not isinstance(args[0], str):
         raise ctx.err("E1009", f"{ctx.node.op} takes one tensor input")
     return args[0]
@@ -326,7 +326,7 @@ def _one(ctx: Ctx, args: list) -> str:
 
 @op("Reshape")
 def lower_reshape(ctx: Ctx, args: list) -> str:
-    x = _one(ctx, args)
+    x = one_input(ctx, args)
     shape = list(ctx.attr("shape", None, (list, tuple)) or [])
     src = ctx.shape(x)
     if sum(1 for d in shape if d == -1) > 1:
@@ -346,7 +346,7 @@ def lower_reshape(ctx: Ctx, args: list) -> str:
 
 @op("Permute", "Transpose")
 def lower_permute(ctx: Ctx, args: list) -> str:
-    x = _one(ctx, args)
+    x = one_input(ctx, args)
     rank = len(ctx.shape(x))
     perm = ctx.attr("perm", None)
     perm = tuple(range(rank))[::-1] if perm is None else tuple(perm)
@@ -357,7 +357,7 @@ def lower_permute(ctx: Ctx, args: list) -> str:
 
 @op("Expand")
 def lower_expand(ctx: Ctx, args: list) -> str:
-    x = _one(ctx, args)
+    x = one_input(ctx, args)
     want = list(ctx.attr("shape", None, (list, tuple)) or [])
     src = ctx.shape(x)
     if len(want) < len(src):
@@ -372,7 +372,7 @@ def lower_expand(ctx: Ctx, args: list) -> str:
 
 @op("Pad")
 def lower_pad(ctx: Ctx, args: list) -> str:
-    x = _one(ctx, args)
+    x = one_input(ctx, args)
     rank = len(ctx.shape(x))
     pads = ctx.attr("pads", None, (list, tuple))
     if pads is None or len(pads) != rank or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pads):
@@ -389,7 +389,7 @@ def lower_pad(ctx: Ctx, args: list) -> str:
 
 @op("Slice", "Shrink")
 def lower_slice(ctx: Ctx, args: list) -> str:
-    x = _one(ctx, args)
+    x = one_input(ctx, args)
     shape = ctx.shape(x)
     rank = len(shape)
     if ctx.node.op == "Shrink":
@@ -434,7 +434,7 @@ def lower_slice(ctx: Ctx, args: list) -> str:
 
 @op("Flip")
 def lower_flip(ctx: Ctx, args: list) -> str:
-    x = _one(ctx, args)
+    x = one_input(ctx, args)
     rank = len(ctx.shape(x))
     return ctx.b.flip(x, {ctx.axis(a, rank) for a in ctx.attr("axes", [], (list, tuple))})
 

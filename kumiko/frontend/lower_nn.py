@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from kumiko import dtypes
-from kumiko.frontend.lower import LOG2E, Ctx, _one, broadcast_shapes, count, ew, keepdim, op, same_dtype
+from kumiko.frontend.lower import LOG2E, Ctx, broadcast_shapes, count, ew, keepdim, one_input, op, same_dtype
 from kumiko.symbolic import Expr, dim
 
 # ------------------------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def _pool_geometry(ctx: Ctx, x: str):
 
 @op("MaxPool", "MaxPool2D")
 def lower_maxpool(ctx: Ctx, args: list) -> str:
-    x = _one(ctx, args)
+    x = one_input(ctx, args)
     dt = _numeric(ctx, x)
     shape, kernel, stride, dil, pads, extra, out = _pool_geometry(ctx, x)
     lead = [(0, 0)] * (len(shape) - 2)
@@ -204,7 +204,7 @@ def lower_maxpool(ctx: Ctx, args: list) -> str:
 def lower_avgpool(ctx: Ctx, args: list) -> str:
     """Window sums over the window's element count; the count follows ``count_include_pad`` (default
     true, as PyTorch and tinygrad) and never includes ceil_mode's overflow (PyTorch semantics)."""
-    x = _one(ctx, args)
+    x = one_input(ctx, args)
     dt = _numeric(ctx, x)
     if not dt.is_float:
         raise ctx.err("E1012", f"AvgPool needs a float input, got {dt}")
@@ -250,7 +250,7 @@ def softmax(ctx: Ctx, x: str, axis: int, log: bool = False) -> str:
 
 @op("Softmax", "LogSoftmax")
 def lower_softmax(ctx: Ctx, args: list) -> str:
-    x = _one(ctx, args)
+    x = one_input(ctx, args)
     dt = ctx.dtype(x)
     if not dt.is_float:
         raise ctx.err("E1012", f"Softmax needs a float input, got {dt}")
@@ -350,7 +350,7 @@ def lower_attention(ctx: Ctx, args: list) -> str:
 
 @op("Reduce")
 def lower_reduce(ctx: Ctx, args: list) -> str:
-    x = _one(ctx, args)
+    x = one_input(ctx, args)
     b = ctx.b
     fn = str(ctx.attr("fn", "")).lower()
     if fn not in ("sum", "max", "min", "mean"):
@@ -414,7 +414,7 @@ def lower_gather(ctx: Ctx, args: list) -> str:
 def lower_cumsum(ctx: Ctx, args: list) -> str:
     """Inclusive prefix sum as tinygrad writes it: pad L-1 zeros in front, take length-L windows
     with the VIEW ``(i, j) -> i + j`` and sum each window; exclusive shifts by one first."""
-    x = _one(ctx, args)
+    x = one_input(ctx, args)
     b = ctx.b
     dt = _numeric(ctx, x)
     shape = ctx.shape(x)

@@ -63,7 +63,7 @@ class Piece:
 
     def to_json(self) -> dict:
         cons = [r.parts() for r in self.constraints] if self.constraints else [[ELSE]]
-        return {"constraints": cons, "value": "read" if self.fill is None else _fill_json(self.fill)}
+        return {"constraints": cons, "value": "read" if self.fill is None else fill_json(self.fill)}
 
     @staticmethod
     def from_json(d: Mapping) -> "Piece":
@@ -73,7 +73,7 @@ class Piece:
         return Piece(rs, None if v == "read" else _fill_load(v))
 
 
-def _fill_json(v: Any) -> Any:
+def fill_json(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return {"const": "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")}
     return v

@@ -6,27 +6,10 @@ Nothing here knows op names. The axes of the contraction are classified from the
 output axes that only ``x`` reads are M, those only ``y`` reads are N, those both read are batch, and
 the reduce axes are K.
 
-Orientation and row order. The micro-kernel's B panels are NR rows wide along the vector lanes, so the
-operand whose rows are contiguous in memory goes to the B (N) side: ``x`` and ``y`` swap roles when
-only ``x`` has a unit-stride row axis (a stride-1 convolution's pixels against its weights), and always
-when a window reduction (a pooling consumer computed at the contraction) is fused, so windows run along
-the columns of the accumulator tile. Each side's row axes are ordered by decreasing memory stride (the
-pixels of a pooled conv become ``(n, oh, ow)`` again), which keeps consecutive rows consecutive in
-memory.
-
-Packing through index tables. An operand of the form ``guard ? v(src[index]) : 0`` - nested pad
-Selects over one Read, with casts or pointwise maps of the loaded element - whose index and guard
-expressions split into a part over the row axes, a part over K and a part over batch/sizes (affine
-maps do; a floor division mixing rows and K does not) is packed from tables computed once per call:
-a row offset and a row guard value per row, a K offset and K guard value per K index, a scalar per
-batch point. The row tables are filled with counters (no division per row). A panel (MR or NR rows)
-is classified once per K block: its rows are one contiguous run, two runs (a row of pixels that wraps),
-or apart; each guard's extremes over its rows and over the block's K decide whether every row is
-valid at every k. Then: one copy of R floats per k (a run), or 8 x 8 transposes (rows apart, K
-consecutive: a row-major A); otherwise per k a copy, zeros, or a per-row mask from the guards (AVX2
-masked loads of the runs or a masked gather; scalar code without AVX2). Anything else (a data-dependent
-gather, a non-separable index, a pad of another value) is packed by the generic expression emitter per
-element.
+The code lives in three modules: this one finds the contraction and drives the kernel (blocks, thread
+splits, epilogues); ``kumiko.kernel.pack`` orients the operands and packs their panels (index tables);
+``kumiko.kernel.micro`` generates the micro-kernels and the C helpers they need (``kk_scratch``,
+``kk_pack_rows8``).
 
 Parallelism. One ``omp parallel`` region; the tables are filled cooperatively. The threads split the
 work one of three ways, chosen at run time: whole batch points each (private buffers, no barrier); a
@@ -48,26 +31,14 @@ from dataclasses import dataclass
 
 from kumiko import dtypes
 from kumiko.kernel import cexpr as C
-from kumiko.kernel.loops import Assign, Block, Comment, Decl, For, If, Kernel, Raw, Store
-from kumiko.kernel.lower_cpu import CpuLowering, _refs
+from kumiko.kernel.loops import Assign, Block, Comment, Decl, For, If, Kernel, Param, Raw, Store
+from kumiko.kernel.lower_cpu import CpuLowering, let_refs, parallelize
+from kumiko.kernel.micro import micro_name
+from kumiko.kernel.pack import PanelPacking, Side, advance_counter, panel_sides
 from kumiko.plan.plan import Plan
 from kumiko.region.srnf import free_axes
-from kumiko.region.ssa import (
-    Binary,
-    BroadcastInDim,
-    Cast,
-    Const,
-    Guard,
-    Read,
-    Reduce,
-    Ref,
-    RExpr,
-    Select,
-    Transpose,
-    Unary,
-    VType,
-)
-from kumiko.symbolic import Expr, FloorDiv, Sym, prod
+from kumiko.region.ssa import Binary, Cast, Reduce, Ref, RExpr, Unary, VType
+from kumiko.symbolic import Expr, prod
 
 
 @dataclass(frozen=True)
@@ -138,7 +109,7 @@ def find_contraction(lo: CpuLowering) -> Contraction | None:
                 continue
             (c,) = inner
             f = _substitute(e.body, c, Ref("__acc"))
-            if _has(f, (Reduce,)) or any(name != "__acc" for name, _ in _refs(f)) or \
+            if _has(f, (Reduce,)) or any(name != "__acc" for name, _ in let_refs(f)) or \
                     not all(isinstance(a.size, int) for a in e.axes):
                 continue
             outer, e = let.expr, c
@@ -162,289 +133,13 @@ def find_contraction(lo: CpuLowering) -> Contraction | None:
         full = len(lo.iters)
         pointwise = lo.types[let.name].axes == tuple(a.name for a in r.iters) and all(
             lo.level(o.name) == full and not _has(o.expr, (Reduce,)) and all(
-                not red for _, red in _refs(o.expr)) for o in others) and r.lets.index(let) == 0
+                not red for _, red in let_refs(o.expr)) for o in others) and r.lets.index(let) == 0
         if outer is not None and not pointwise:
             continue
         return Contraction(let.name, x, y, batch, m_axes, n_axes, e.axes, pointwise, outer, f)
     return None
 
 
-def micro_name(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
-    return f"kk_micro_{'rows_' if a_rows else ''}{mr}x{nr}_v{vw}"
-
-
-def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
-    """An MR x NR register-blocked micro-kernel: C[MR][NR] (+)= sum_p A[p][MR] * B[p][NR].
-
-    The accumulators start at zero and C is added at the end (``acc``), its rows prefetched at the start:
-    a C tile that comes from L3 then costs no stall before the first multiply-add. With ``a_rows`` A is
-    not a packed panel but MR rows of a row-major tile (``a[i*lda + p]``, an extra ``lda`` argument): the
-    row-block pipeline (``kumiko.kernel.stream``) stores P along its rows and multiplies it in place."""
-    nv = nr // vw
-    a_arg = "const float* KUMIKO_RESTRICT a, long long lda" if a_rows else "const float* KUMIKO_RESTRICT a"
-    lines = [f"static void {micro_name(mr, nr, vw, a_rows)}(long long kc, {a_arg}, const float* KUMIKO_RESTRICT b, "
-             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {"]
-    accs = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
-    if a_rows:
-        for i in range(mr):
-            lines.append(f"  const float* KUMIKO_RESTRICT a{i}r = a + {i}*lda;")
-    for i in range(mr):
-        lines.append(f"  __builtin_prefetch(c + {i}*ldc, 0, 3); __builtin_prefetch(c + {i}*ldc + {nr - 1}, 0, 3);")
-    for i in range(mr):
-        lines.append("  " + " ".join(f"kk_vf {accs[i][v]} = (kk_vf){{0}};" for v in range(nv)))
-    lines.append("  for (long long p = 0; p < kc; ++p) {")
-    for v in range(nv):
-        lines.append(f"    kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});")
-    for i in range(mr):
-        src = f"a{i}r[p]" if a_rows else f"a[p*{mr} + {i}]"
-        lines.append(f"    {{ const float s{i} = {src}; kk_vf a{i} = (kk_vf){{{', '.join([f's{i}'] * vw)}}};")
-        lines.append("      " + " ".join(f"{accs[i][v]} += a{i} * b{v};" for v in range(nv)) + " }")
-    lines.append("  }")
-    lines.append("  if (acc) {")
-    for i in range(mr):
-        for v in range(nv):
-            lines.append(f"    {accs[i][v]} += *(const kk_vfu*)(c + {i}*ldc + {v * vw});")
-    lines.append("  }")
-    for i in range(mr):
-        for v in range(nv):
-            lines.append(f"  *(kk_vfu*)(c + {i}*ldc + {v * vw}) = {accs[i][v]};")
-    lines.append("}")
-    return "\n".join(lines)
-
-
-#: what the contraction kernels need besides kumiko_cpu.h: the OpenMP thread queries (stubs without OpenMP)
-_HELPERS = """#ifndef KK_CONTRACT_HELPERS
-#define KK_CONTRACT_HELPERS
-#ifdef _OPENMP
-#include <omp.h>
-#else
-static inline int omp_get_max_threads(void) { return 1; }
-static inline int omp_get_num_threads(void) { return 1; }
-static inline int omp_get_thread_num(void) { return 0; }
-#endif
-/* Scratch kept by each thread between calls, grow-only, shared by the contraction kernels of this program
- * (they run one at a time on a thread): a fresh multi-MiB allocation per call is fresh pages, and the page
- * faults cost more than a large GEMM's packing. Slots: 0 accumulator tile, 1 B panels, 2-3 index tables,
- * 4 the thread's A panels; 5-9 and 0 the row-block pipeline (kumiko.kernel.stream). A slot above 64 MiB is
- * freed at the end of the call. */
-#define KK_SCRATCH_SLOTS 10
-static _Thread_local void* kk_scratch_p[KK_SCRATCH_SLOTS];
-static _Thread_local size_t kk_scratch_n[KK_SCRATCH_SLOTS];
-__attribute__((unused)) static void* kk_scratch(int slot, size_t bytes) {
-  if (bytes > kk_scratch_n[slot]) {
-    free(kk_scratch_p[slot]);
-    kk_scratch_p[slot] = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    kk_scratch_n[slot] = kk_scratch_p[slot] ? bytes : 0;
-  }
-  return kk_scratch_p[slot];
-}
-/* at the end of a call: a slot above 64 MiB is given back (its page faults are small next to its work) */
-__attribute__((unused)) static void kk_scratch_trim(int slot) {
-  if (kk_scratch_n[slot] > ((size_t)64 << 20)) {
-    free(kk_scratch_p[slot]);
-    kk_scratch_p[slot] = 0;
-    kk_scratch_n[slot] = 0;
-  }
-}
-#if defined(__AVX__)
-/* dst[p*ld + i] = rows[i][p] for i < nr (<= 8), p < kc: 8 x 8 transposes. A store of a short column spills
- * into the next column's place (rewritten next, or by a later, wider chunk); only the last one is cut. */
-__attribute__((unused, noinline)) static void kk_pack_rows8(float* KUMIKO_RESTRICT dst, long long ld,
-                                                            const float* const* rows, int nr, long long kc) {
-  const float* r[8];
-  for (int i = 0; i < 8; ++i) r[i] = rows[i < nr ? i : 0];
-  long long p = 0;
-  for (; p + 8 <= kc; p += 8) {
-    const __m256 a0 = _mm256_loadu_ps(r[0] + p), a1 = _mm256_loadu_ps(r[1] + p), a2 = _mm256_loadu_ps(r[2] + p);
-    const __m256 a3 = _mm256_loadu_ps(r[3] + p), a4 = _mm256_loadu_ps(r[4] + p), a5 = _mm256_loadu_ps(r[5] + p);
-    const __m256 a6 = _mm256_loadu_ps(r[6] + p), a7 = _mm256_loadu_ps(r[7] + p);
-    const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
-    const __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
-    const __m256 t4 = _mm256_unpacklo_ps(a4, a5), t5 = _mm256_unpackhi_ps(a4, a5);
-    const __m256 t6 = _mm256_unpacklo_ps(a6, a7), t7 = _mm256_unpackhi_ps(a6, a7);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    __m256 o[8];
-    o[0] = _mm256_permute2f128_ps(u0, u4, 0x20); o[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    o[2] = _mm256_permute2f128_ps(u2, u6, 0x20); o[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    o[4] = _mm256_permute2f128_ps(u0, u4, 0x31); o[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    o[6] = _mm256_permute2f128_ps(u2, u6, 0x31); o[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-    for (int j = 0; j < 8; ++j) {
-      if (nr == 8 || p + j + 1 < kc) _mm256_storeu_ps(dst + (p + j) * ld, o[j]);
-      else { float t[8]; _mm256_storeu_ps(t, o[j]); memcpy(dst + (p + j) * ld, t, sizeof(float) * nr); }
-    }
-  }
-  for (; p < kc; ++p)
-    for (int i = 0; i < nr; ++i) dst[p * ld + i] = r[i][p];
-}
-#endif
-#endif
-"""
-
-
-def vector_types(vw: int) -> str:
-    return (f"typedef float kk_vf __attribute__((vector_size({4 * vw})));\n"
-            "typedef kk_vf kk_vfu __attribute__((aligned(4)));\n" + _HELPERS)
-
-
-# index tables -------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Table:
-    """An operand as ``valid ? value(src[o0 + o_row + o_k]) : 0`` where every guard is
-    ``g0 + g_row + g_k (>= | ==) 0``: each part of an index depends on the rows, on K, or on neither
-    (batch axes and sizes: part 0)."""
-    tensor: str
-    dtype: dtypes.DType
-    off: tuple            # (rest, row part, k part): Exprs
-    guards: tuple         # ((op, (rest, row part, k part)), ...)
-    value: RExpr          # the packed value, over Ref("__ld") (the loaded element in its compute type)
-    identity: bool        # value is the fp32 element itself (vector copies apply)
-
-
-def _names(atom) -> set:
-    return {atom.name} if isinstance(atom, Sym) else set(atom.num.symbols())
-
-
-def _parts(e: Expr, rows: set, ks: set) -> tuple | None:
-    """(rest, row part, k part) of ``e``; None when one term mixes rows and K."""
-    out: tuple = ({}, {}, {})
-    for mono, coef in e.terms:
-        names: set = set()
-        for a in mono:
-            names |= _names(a)
-        r, k = bool(names & rows), bool(names & ks)
-        if r and k:
-            return None
-        out[1 if r else 2 if k else 0][mono] = coef
-    return Expr(out[0], e.const), Expr(out[1]), Expr(out[2])
-
-
-def _is_zero(e: RExpr) -> bool:
-    return isinstance(e, Const) and not isinstance(e.value, bool) and float(e.value) == 0.0
-
-
-def _table_form(e: RExpr, memrefs: dict, rows: set, ks: set) -> _Table | None:
-    guards: list = []
-    casts: list = []
-    node = e
-    while True:
-        if isinstance(node, Select) and isinstance(node.pred, Guard) and _is_zero(node.other):
-            guards += list(node.pred.constraints)
-            node = node.then
-        elif isinstance(node, Cast):
-            casts.append(node.to)
-            node = node.x
-        elif isinstance(node, (BroadcastInDim, Transpose)):
-            node = node.operand
-        else:
-            break
-    reads: list = []
-
-    def rebuild(x: RExpr) -> RExpr | None:
-        if isinstance(x, Read):
-            reads.append(x)
-            return Ref("__ld")
-        if isinstance(x, (BroadcastInDim, Transpose)):
-            return rebuild(x.operand)
-        if isinstance(x, Unary):
-            y = rebuild(x.x)
-            return None if y is None else Unary(x.fn, y)
-        if isinstance(x, Cast):
-            y = rebuild(x.x)
-            return None if y is None else Cast(y, x.to)
-        if isinstance(x, Binary) and isinstance(x.y, Const):
-            y = rebuild(x.x)
-            return None if y is None else Binary(x.fn, y, x.y)
-        if isinstance(x, Binary) and isinstance(x.x, Const):
-            y = rebuild(x.y)
-            return None if y is None else Binary(x.fn, x.x, y)
-        return None
-    value = rebuild(node)
-    if value is None or len(reads) != 1:
-        return None
-    for to in reversed(casts):
-        value = Cast(value, to)
-    rd = reads[0]
-    m = memrefs[rd.tensor]
-    if rd.flat:
-        off = Expr.lift(rd.index[0])
-    else:
-        off = Expr.lift(0)
-        for i, d in zip(rd.index, m.shape):
-            off = off * d + i
-    op = _parts(off, rows, ks)
-    gs = []
-    for g, kind in guards:
-        gp = _parts(Expr.lift(g), rows, ks)
-        if op is None or gp is None:
-            return None
-        gs.append((kind, gp))
-    if op is None:
-        return None
-    if m.dtype.name == "fp32" and value == Cast(Ref("__ld"), dtypes.fp32):
-        value = Ref("__ld")
-    identity = value == Ref("__ld") and m.dtype.name == "fp32"
-    return _Table(rd.tensor, m.dtype, op, tuple(gs), value, identity)
-
-
-def _stride(off: Expr, a: str) -> int | None:
-    """How far ``off`` moves when axis ``a`` grows by one, when that is a number (else None)."""
-    k = 0
-    for mono, coef in off.terms:
-        for atom in mono:
-            if isinstance(atom, FloorDiv) and a in atom.num.symbols():
-                return None
-            if isinstance(atom, Sym) and atom.name == a:
-                if mono != (atom,):
-                    return None
-                k = coef
-    return k
-
-
-def _row_order(axes: tuple, t: _Table | None) -> tuple:
-    """Rows ordered by decreasing memory stride (sizes counted as 64): consecutive rows then tend to be
-    consecutive elements. Axes that move nothing or move it non-affinely go outermost."""
-    if t is None:
-        return axes
-
-    def weight(a: str) -> float:
-        w = 0
-        for mono, coef in t.off[1].terms:
-            if any(isinstance(x, FloorDiv) and a in x.num.symbols() for x in mono):
-                return float("inf")
-            if sum(1 for x in mono if isinstance(x, Sym) and x.name == a) == 1:
-                w += abs(coef) * 64 ** (len(mono) - 1)
-        return w or float("inf")
-    return tuple(sorted(axes, key=lambda a: -weight(a)))
-
-
-@dataclass(frozen=True)
-class _Side:
-    key: str              # "a": packed into A panels (the M side), "b": into B panels (the N side)
-    expr: RExpr
-    rows: tuple           # row axes, outermost first: a packed row is the row-major flat index over them
-    r: int                # panel width (MR or NR)
-    table: _Table | None  # None: packed by the generic emitter, element by element
-    count: str            # the C variable holding the number of rows
-
-
-def _unit(rows: tuple, t: _Table | None) -> bool:
-    return t is not None and bool(rows) and _stride(t.off[1], rows[-1]) == 1
-
-
-def _carry(names: tuple, sizes: tuple) -> str:
-    """Advance a row-major counter over ``names`` by one (the outermost never wraps)."""
-    text = f"++{names[0]};"
-    for n, s in zip(names[1:], sizes[1:]):
-        text = f"if (++{n} == {s}) {{ {n} = 0; {text} }}"
-    return text
-
-
-_BIG = "(1LL << 62)"       # beyond any index: the starting point of the panel's guard extremes
-_SMALL = "(1LL << 30)"     # guard values within this use 32-bit vector compares
 _ARES = 65536              # floats of A a thread packs once per batch point for every K (half of a 512 KiB L2)
 
 
@@ -459,186 +154,7 @@ def _split(flat: str, names: tuple, sizes: list, out: list) -> None:
             rest = f"({rest}) / {sz}"
 
 
-def _ld8(arr: str, c0: int) -> str:
-    return f"_mm256_load_si256((const __m256i*)({arr} + {c0}))"
-
-
-class _PackText:
-    """The C text that packs panels of one table-form operand (``ContractionLowering._pack_table``).
-
-    Per K block: whether the K offsets are consecutive, and each guard's extremes over K. Per panel: the
-    rows' offsets relative to the first (one contiguous run, two runs, or a gather), each guard's
-    threshold per row and its extremes over the panel. Then, when every row is valid at every k of the
-    block, one copy per k (a run) or 8 x 8 transposes (rows apart, K consecutive); else per k: a copy
-    (every row valid), zeros (none), or a per-row mask - AVX2 masked loads of the runs or a masked
-    gather, a scalar loop without AVX2 or past 32-bit guard values."""
-
-    def __init__(self, sd: _Side, src: str, at_run: tuple, at_rel: tuple, at_k: tuple):
-        self.t, self.R, self.p, self.src = sd.table, sd.r, f"kk_{sd.key}", src
-        self.G = len(self.t.guards)
-        self.RV = (self.R + 7) // 8 * 8
-        self.vec = self.t.identity              # fp32 elements as they are: vector copies apply
-        self.at_run, self.at_rel, self.at_k = at_run, at_rel, at_k   # (decl of kk_ld, value) at an index
-
-    def block(self, q0: str, q1: str, rowbase: str, limit: str, dst: str) -> list:
-        p, G = self.p, self.G
-        L = ["{", "int kk_kcontig = kk_kcb > 0;     /* the K offsets of the block are consecutive */",
-             f"for (long long kk_k = kk_pc; kk_k < kk_pc + kk_kcb; ++kk_k) "
-             f"kk_kcontig &= {p}ko[kk_k] == {p}ko[kk_pc] + (kk_k - kk_pc);"]
-        L += [f"long long kk_kmin{j} = {_BIG}, kk_kmax{j} = -{_BIG};" for j in range(G)]
-        if G:     # the extremes of each guard's K part over the K block
-            L += ["for (long long kk_k = kk_pc; kk_k < kk_pc + kk_kcb; ++kk_k) {"]
-            L += [f"  kk_kmin{j} = {p}kg{j}[kk_k] < kk_kmin{j} ? {p}kg{j}[kk_k] : kk_kmin{j}; "
-                  f"kk_kmax{j} = {p}kg{j}[kk_k] > kk_kmax{j} ? {p}kg{j}[kk_k] : kk_kmax{j};" for j in range(G)]
-            L += ["}"]
-        L += [f"for (long long kk_q = {q0}; kk_q < {q1}; ++kk_q) {{", *self.panel(rowbase, limit, dst),
-              *self.whole_block(), *self.per_k(), "}", "}"]
-        return L
-
-    def panel(self, rowbase: str, limit: str, dst: str) -> list:
-        R, RV, p = self.R, self.RV, self.p
-        L = [f"  const long long kk_r0 = {rowbase} + kk_q*{R};",
-             f"  const long long kk_nv = {limit} - kk_r0 < {R} ? ({limit} - kk_r0 > 0 ? {limit} - kk_r0 : 0) : {R};",
-             f"  float* KUMIKO_RESTRICT kk_d = {dst} + kk_q*{R}*kk_kcb;",
-             f"  const long long* kk_ro = {p}ro + kk_r0;",
-             f"  const long long kk_base = {p}bo + kk_ro[0];",
-             f"  long long kk_rel[{R}];",
-             f"  for (int kk_r = 0; kk_r < {R}; ++kk_r) kk_rel[kk_r] = kk_r < kk_nv ? kk_ro[kk_r] - kk_ro[0] : 0;",
-             "  /* the rows: one contiguous run (1), two runs [0, kk_s) and [kk_s, kk_nv) (2), or apart (3) */",
-             "  long long kk_s = 0;",
-             "  while (kk_s < kk_nv && kk_rel[kk_s] == kk_s) ++kk_s;",
-             "  const long long kk_d2 = kk_s < kk_nv ? kk_rel[kk_s] - kk_s : 0;",
-             "  int kk_runs = kk_s == kk_nv ? 1 : 2;",
-             "  for (long long kk_r = kk_s; kk_r < kk_nv; ++kk_r) if (kk_rel[kk_r] != kk_d2 + kk_r) kk_runs = 3;"]
-        for j in range(self.G):     # row r is valid at k when the K part (+ batch part) reaches kk_t[r]
-            L += [f"  long long kk_t{j}[{R}], kk_hi{j} = -{_BIG}, kk_lo{j} = {_BIG};",
-                  f"  for (int kk_r = 0; kk_r < kk_nv; ++kk_r) {{ kk_t{j}[kk_r] = -{p}rg{j}[kk_r0 + kk_r]; "
-                  f"kk_hi{j} = kk_t{j}[kk_r] > kk_hi{j} ? kk_t{j}[kk_r] : kk_hi{j}; "
-                  f"kk_lo{j} = kk_t{j}[kk_r] < kk_lo{j} ? kk_t{j}[kk_r] : kk_lo{j}; }}"]
-        if self.vec:
-            L += ["#if defined(__AVX2__)",
-                  f"  KUMIKO_ALIGN(32) int kk_l1[{RV}], kk_l2[{RV}], kk_ri[{RV}];",
-                  "  int kk_small = 1;",
-                  f"  for (int kk_r = 0; kk_r < {RV}; ++kk_r) {{",
-                  "    kk_l1[kk_r] = kk_r < kk_s && kk_r < kk_nv ? -1 : 0;",
-                  "    kk_l2[kk_r] = kk_r >= kk_s && kk_r < kk_nv ? -1 : 0;",
-                  "    kk_ri[kk_r] = kk_r < kk_nv ? (int)kk_rel[kk_r] : 0;",
-                  "    kk_small &= kk_r >= kk_nv || (kk_rel[kk_r] > -2147483647LL && kk_rel[kk_r] < 2147483647LL);",
-                  "  }"]
-            for j in range(self.G):
-                L += [f"  KUMIKO_ALIGN(32) int kk_i{j}[{RV}];",
-                      f"  for (int kk_r = 0; kk_r < {RV}; ++kk_r) {{",
-                      f"    kk_i{j}[kk_r] = kk_r < kk_nv ? (int)kk_t{j}[kk_r] : 0;",
-                      f"    kk_small &= kk_r >= kk_nv || (kk_t{j}[kk_r] > -{_SMALL} && kk_t{j}[kk_r] < {_SMALL});",
-                      "  }"]
-            L.append("#endif")
-        return L
-
-    def whole_block(self) -> list:
-        """Every row valid at every k of the K block: copies without tests."""
-        R, p, src = self.R, self.p, self.src
-        conds = [f"kk_nv == {R}"] + [f"kk_kmin{j} + {p}bg{j} >= kk_hi{j}" if op == "ge" else
-                                     f"kk_kmin{j} + {p}bg{j} == kk_hi{j} && kk_kmax{j} + {p}bg{j} == kk_lo{j}"
-                                     for j, (op, _) in enumerate(self.t.guards)]
-        if self.vec:
-            copy = f"memcpy(kk_d + kk_p*{R}, {src} + kk_base + {p}ko[kk_pc + kk_p], sizeof(float) * {R});"
-        else:
-            ld, v = self.at_k
-            copy = f"for (int kk_r = 0; kk_r < {R}; ++kk_r) {{ {ld} kk_d[kk_p*{R} + kk_r] = {v}; }}"
-        L = [f"  const int kk_allfull = {' && '.join(conds)};",
-             "  if (kk_runs == 1 && kk_allfull) {",
-             f"    for (long long kk_p = 0; kk_p < kk_kcb; ++kk_p) {copy}",
-             "    continue;",
-             "  }"]
-        if self.vec:
-            L += ["#if defined(__AVX__)",
-                  "  if (kk_kcontig && kk_allfull) {",
-                  f"    const float* kk_rp[{self.RV}];",
-                  f"    for (int kk_r = 0; kk_r < {self.RV}; ++kk_r) "
-                  f"kk_rp[kk_r] = {src} + kk_base + {p}ko[kk_pc] + kk_rel[kk_r < {R} ? kk_r : 0];"]
-            for c0 in reversed(range(0, R, 8)):     # a short last chunk first: its spill is overwritten
-                L.append(f"    kk_pack_rows8(kk_d + {c0}, {R}, kk_rp + {c0}, {min(8, R - c0)}, kk_kcb);")
-            L += ["    continue;", "  }", "#endif"]
-        return L
-
-    def per_k(self) -> list:
-        R, p, G, src = self.R, self.p, self.G, self.src
-        gk = [f"kk_g{j}" for j in range(G)]
-        L = ["  for (long long kk_p = 0; kk_p < kk_kcb; ++kk_p) {",
-             "    const long long kk_k = kk_pc + kk_p;",
-             f"    const long long kk_o = kk_base + {p}ko[kk_k];",
-             f"    float* KUMIKO_RESTRICT kk_dp = kk_d + kk_p*{R};"]
-        L += [f"    const long long {gk[j]} = {p}kg{j}[kk_k] + {p}bg{j};" for j in range(G)]
-        full, empty, row = [f"kk_nv == {R}"], ["kk_nv == 0"], ["kk_r < kk_nv"]
-        for j, (op, _) in enumerate(self.t.guards):
-            if op == "ge":
-                full.append(f"{gk[j]} >= kk_hi{j}")
-                empty.append(f"{gk[j]} < kk_lo{j}")
-                row.append(f"{gk[j]} >= kk_t{j}[kk_r]")
-            else:
-                full.append(f"{gk[j]} == kk_hi{j} && {gk[j]} == kk_lo{j}")
-                empty.append(f"{gk[j]} < kk_lo{j} || {gk[j]} > kk_hi{j}")
-                row.append(f"{gk[j]} == kk_t{j}[kk_r]")
-        (ld_c, v_c), (ld_g, v_g) = self.at_run, self.at_rel
-        if self.vec:
-            copy = f"memcpy(kk_dp, {src} + kk_o, sizeof(float) * {R});"
-            runs2 = [f"      if (kk_runs == 2) {{ memcpy(kk_dp, {src} + kk_o, sizeof(float) * kk_s); "
-                     f"memcpy(kk_dp + kk_s, {src} + kk_o + kk_d2 + kk_s, sizeof(float) * ({R} - kk_s)); }}",
-                     "      else"]
-        else:
-            copy = f"for (int kk_r = 0; kk_r < {R}; ++kk_r) {{ {ld_c} kk_dp[kk_r] = {v_c}; }}"
-            runs2 = []
-        L += [f"    if ({' && '.join(full)}) {{",
-              f"      if (kk_runs == 1) {{ {copy} }}",
-              "      else {", *runs2,
-              f"      for (int kk_r = 0; kk_r < {R}; ++kk_r) {{ {ld_g} kk_dp[kk_r] = {v_g}; }}",
-              "      }"]
-        if G:
-            L += [f"    }} else if ({' || '.join(empty)}) {{",
-                  f"      memset(kk_dp, 0, sizeof(float) * {R});"]
-        L += ["    } else {", *self.masked(gk),
-              f"      for (int kk_r = 0; kk_r < {R}; ++kk_r) {{ float kk_v = 0.0f; "
-              f"if ({' && '.join(row)}) {{ {ld_g} kk_v = {v_g}; }} kk_dp[kk_r] = kk_v; }}",
-              "    }", "  }"]
-        return L
-
-    def masked(self, gk: list) -> list:
-        """Some rows valid: the lanes' mask from the guards, then masked loads of the runs or a gather."""
-        if not self.vec:
-            return []
-        R, src = self.R, self.src
-        L = ["#if defined(__AVX2__)", "      if (kk_small) {"]
-        for j in range(self.G):
-            L.append(f"        const __m256i kk_gv{j} = _mm256_set1_epi32((int)({gk[j]} < -{_SMALL} ? "
-                     f"-{_SMALL} : {gk[j]} > {_SMALL} ? {_SMALL} : {gk[j]}));")
-        for c0 in range(0, R, 8):
-            l1, l2 = _ld8("kk_l1", c0), _ld8("kk_l2", c0)
-            L.append(f"        {{ __m256i kk_m = _mm256_or_si256({l1}, {l2}); __m256 kk_v;")
-            for j, (op, _) in enumerate(self.t.guards):
-                if op == "ge":
-                    L.append(f"          kk_m = _mm256_andnot_si256(_mm256_cmpgt_epi32({_ld8(f'kk_i{j}', c0)}, "
-                             f"kk_gv{j}), kk_m);")
-                else:
-                    L.append(f"          kk_m = _mm256_and_si256(_mm256_cmpeq_epi32({_ld8(f'kk_i{j}', c0)}, "
-                             f"kk_gv{j}), kk_m);")
-            L += ["          if (kk_runs == 3)",
-                  f"            kk_v = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), {src} + kk_o, "
-                  f"{_ld8('kk_ri', c0)}, _mm256_castsi256_ps(kk_m), 4);",
-                  "          else {",
-                  f"            kk_v = _mm256_maskload_ps({src} + kk_o + {c0}, _mm256_and_si256(kk_m, {l1}));",
-                  "            if (kk_runs == 2)",
-                  f"              kk_v = _mm256_or_ps(kk_v, _mm256_maskload_ps({src} + kk_o + kk_d2 + {c0}, "
-                  f"_mm256_and_si256(kk_m, {l2})));",
-                  "          }"]
-            if c0 + 8 <= R:
-                L.append(f"          _mm256_storeu_ps(kk_dp + {c0}, kk_v); }}")
-            else:
-                L.append("          KUMIKO_ALIGN(32) float kk_tmp[8]; _mm256_store_ps(kk_tmp, kk_v); "
-                         f"memcpy(kk_dp + {c0}, kk_tmp, sizeof(float) * {R - c0}); }}")
-        return L + ["      } else", "#endif"]
-
-
-class ContractionLowering:
+class ContractionLowering(PanelPacking):
     """Emits the blocked contraction into a region kernel (in front of the epilogue or generic rest)."""
 
     def __init__(self, lo: CpuLowering, c: Contraction, plan: Plan):
@@ -649,17 +165,7 @@ class ContractionLowering:
         extra = c.k_axes + (c.outer.axes if c.outer is not None else ())
         for a in extra:
             lo.sizes[a.name] = a.size
-        ks = {a.name for a in c.k_axes}
-        tx = _table_form(c.x, lo.memrefs, set(c.m_axes), ks)
-        ty = _table_form(c.y, lo.memrefs, set(c.n_axes), ks)
-        ox, oy = _row_order(c.m_axes, tx), _row_order(c.n_axes, ty)
-        self.swapped = c.outer is not None or (_unit(ox, tx) and not _unit(oy, ty))
-        if self.swapped:
-            self.a = _Side("a", c.y, oy, self.mr, ty, "kk_M")
-            self.b = _Side("b", c.x, ox, self.nr, tx, "kk_N")
-        else:
-            self.a = _Side("a", c.x, ox, self.mr, tx, "kk_M")
-            self.b = _Side("b", c.y, oy, self.nr, ty, "kk_N")
+        self.a, self.b, self.swapped = panel_sides(c, lo.memrefs, self.mr, self.nr)
 
     def size(self, axes) -> str:
         return C.index(prod([self.lo.sizes[a] for a in axes]) if axes else 1, set())
@@ -667,95 +173,6 @@ class ContractionLowering:
     def decompose(self, flat: str, axes: tuple, out: list) -> None:
         """``long long a = ...`` for each axis from a row-major flat index over ``axes``."""
         _split(flat, axes, [C.index(self.lo.sizes[a], set()) for a in axes], out)
-
-    def operand(self, e: RExpr, out: list) -> str:
-        lo = self.lo
-        saved = list(lo.red_axes)
-        lo.red_axes = [a.name for a in self.c.k_axes + (self.c.outer.axes if self.c.outer is not None else ())]
-        v = lo.expr(e, out)
-        t = lo.dt(e)
-        lo.red_axes = saved
-        return v if t is None or t.name == "fp32" else f"(float)({v})"
-
-    # tables ---------------------------------------------------------------------------------------------
-    def _tables(self, sd: _Side) -> tuple[list, list]:
-        """(allocation, cooperative fill) of a side's index tables."""
-        t, p, n = sd.table, f"kk_{sd.key}", 1 + len(sd.table.guards)
-        names = [("o", 0)] + [(f"g{j}", j + 1) for j in range(n - 1)]
-        alloc = [Raw(f"long long* {p}tab = (long long*)kk_scratch({2 if sd.key == 'a' else 3}, sizeof(long long) * "
-                     f"(size_t)(({sd.count} + {sd.r}) * {n} + kk_K * {n}));")]
-        for nm, j in names:
-            alloc.append(Decl("long long* KUMIKO_RESTRICT", f"{p}r{nm}", f"{p}tab + {j} * ({sd.count} + {sd.r})"))
-        for nm, j in names:
-            alloc.append(Decl("long long* KUMIKO_RESTRICT", f"{p}k{nm}", f"{p}tab + {n} * ({sd.count} + {sd.r}) + "
-                              f"{j} * kk_K"))
-        exprs = [t.off] + [g for _, g in t.guards]
-        fill: list = []
-        k_axes = tuple(a.name for a in self.c.k_axes)
-        for side, axes, count, part in (("r", sd.rows, sd.count, 1), ("k", k_axes, "kk_K", 2)):
-            var = f"kk_f{side}"
-            body: list = [Store(f"{p}{side}{nm}", var, C.index(e[part], set(axes))) for (nm, _), e in zip(names, exprs)]
-            sizes = tuple(C.index(self.lo.sizes[a], set()) for a in axes)
-            dec: list = []
-            self.decompose(f"{var}0", axes, dec)
-            fill.append(Block((Decl("const long long", f"{var}0", f"kk_t * {count} / kk_nt"),
-                               Decl("const long long", f"{var}1", f"(kk_t + 1) * {count} / kk_nt"),
-                               If(f"{var}0 < {var}1", (*dec, For(var, f"{var}0", f"{var}1", tuple(body) + (
-                                   Raw(_carry(axes, sizes)),)))))))
-        fill.append(If("kk_t == 0", (For("kk_fr", sd.count, f"{sd.count} + {sd.r}", tuple(
-            Store(f"{p}r{nm}", "kk_fr", "0") for nm, _ in names)),)))
-        return alloc, fill
-
-    def _batch_parts(self, sd: _Side) -> list:
-        t, p = sd.table, f"kk_{sd.key}"
-        scope = set(self.c.batch)
-        out = [Decl("const long long", f"{p}bo", C.index(t.off[0], scope))]
-        out += [Decl("const long long", f"{p}bg{j}", C.index(g[0], scope)) for j, (_, g) in enumerate(t.guards)]
-        return out
-
-    # packing --------------------------------------------------------------------------------------------
-    def _pack(self, sd: _Side, q0: str, q1: str, rowbase: str, limit: str, dst: str) -> list:
-        """Pack panels [q0, q1) of ``sd``'s rows from ``rowbase`` (rows >= ``limit`` are zero) at
-        K in [kk_pc, kk_pc + kk_kcb) into ``dst`` (panel q at ``dst + q*R*kk_kcb``, layout [p][R])."""
-        if sd.table is None:
-            return self._pack_expr(sd, q0, q1, rowbase, limit, dst)
-        return [Raw(self._pack_table(sd, q0, q1, rowbase, limit, dst))]
-
-    def _pack_expr(self, sd: _Side, q0: str, q1: str, rowbase: str, limit: str, dst: str) -> list:
-        R = sd.r
-        rows: list = []
-        self.decompose("kk_r0 + kk_i", sd.rows, rows)
-        ks: list = []
-        self.decompose("kk_pc + kk_p", tuple(a.name for a in self.c.k_axes), ks)
-        v = self.operand(sd.expr, vb := [])
-        return [For("kk_q", q0, q1, (
-            Decl("const long long", "kk_r0", f"{rowbase} + kk_q*{R}"),
-            Decl("float* KUMIKO_RESTRICT", "kk_d", f"{dst} + kk_q*{R}*kk_kcb"),
-            For("kk_i", "0", str(R), (
-                If(f"kk_r0 + kk_i < {limit}",
-                   tuple(rows) + (For("kk_p", "0", "kk_kcb", tuple(ks) + tuple(vb) + (
-                       Store("kk_d", f"kk_p*{R} + kk_i", v),)),),
-                   (For("kk_p", "0", "kk_kcb", (Store("kk_d", f"kk_p*{R} + kk_i", "0.0f"),)),)),)),))]
-
-    def _value(self, sd: _Side, idx: str) -> tuple[str, str]:
-        """(declaration of kk_ld, the packed float value) of the element at ``src[idx]``."""
-        lo, t = self.lo, sd.table
-        ct = C.COMPUTE[t.dtype.name]
-        decl = f"const {ct} kk_ld = {C.load(lo.cname[t.tensor], idx, t.dtype)};"
-        lo.storage["__ld"] = ("scalar", "kk_ld")
-        lo.ty.lets["__ld"] = VType(t.dtype, ())
-        out: list = []
-        v = lo.expr(t.value, out)
-        assert not out, "table-form values are expressions"
-        dt = lo.dt(t.value)
-        return decl, (v if dt is None or dt.name == "fp32" else f"(float)({v})")
-
-    def _pack_table(self, sd: _Side, q0: str, q1: str, rowbase: str, limit: str, dst: str) -> str:
-        """C text packing panels [q0, q1) from the index tables (see the module docstring)."""
-        at_k = f"kk_base + kk_{sd.key}ko[kk_pc + kk_p] + kk_r"
-        pk = _PackText(sd, self.lo.cname[sd.table.tensor], self._value(sd, "kk_o + kk_r"),
-                       self._value(sd, "kk_o + kk_rel[kk_r]"), self._value(sd, at_k))
-        return "\n".join(pk.block(q0, q1, rowbase, limit, dst))
 
     # epilogues ------------------------------------------------------------------------------------------
     def _epi_pointwise(self, epilogue, r0: str, r1: str, c0: str, c1: str) -> list:
@@ -774,7 +191,7 @@ class ContractionLowering:
         simd = not lo.uses_gather
         lo.uses_gather = lo.uses_gather or g0
         s_last = sizes[-1]
-        carry = "kk_nl = 0;" if not outer else "kk_nl = 0; " + _carry(outer, tuple(sizes[:-1]))
+        carry = "kk_nl = 0;" if not outer else "kk_nl = 0; " + advance_counter(outer, tuple(sizes[:-1]))
         return [For("kk_ii", r0, r1, tuple(dm) + tuple(dn) + (
             Decl("long long", "kk_j", c0),
             Raw(f"while (kk_j < {c1}) {{"),
@@ -837,7 +254,7 @@ class ContractionLowering:
         lo.ty.add_axes(c.k_axes + (c.outer.axes if c.outer is not None else ()))
         win = c.outer is not None
 
-        def how(sd: _Side) -> str:
+        def how(sd: Side) -> str:
             return "index tables" if sd.table is not None else "per element"
         s: list = [Comment(f"contraction {c.let}: batch {list(c.batch)}, M {list(A.rows)} ({how(A)}), "
                            f"N {list(B.rows)} ({how(B)}), K {list(k_axes)}; micro {mr}x{nr}, "
@@ -952,18 +369,6 @@ class ContractionLowering:
         return s
 
 
-def _omp_for_inside(s):
-    """Inside ``#pragma omp parallel``, the parallel loops are worksharing ``omp for`` loops."""
-    if isinstance(s, For):
-        return For(s.var, s.lo, s.hi, tuple(_omp_for_inside(b) for b in s.body), s.step, parallel=False,
-                   vector=s.vector, workshare=s.parallel)
-    if isinstance(s, Block):
-        return Block(tuple(_omp_for_inside(b) for b in s.body))
-    if isinstance(s, If):
-        return If(s.cond, tuple(_omp_for_inside(b) for b in s.then), tuple(_omp_for_inside(b) for b in s.other))
-    return s
-
-
 def pointwise_epilogue(lo: CpuLowering, c: Contraction) -> list:
     """The region's other lets and its store at one point, with the accumulator in the C scalar ``kk_acc``
     (the point's axes are declared by the caller)."""
@@ -1004,13 +409,11 @@ def lower_contraction_region(lo: CpuLowering, plan: Plan) -> Kernel | None:
     lo.plan_storage(tree)
     lo.storage[c.let] = ("array", scratch, axes)
     lo.red_axes = []
-    from kumiko.kernel.lower_cpu import _parallelize
-    body += [_parallelize(s) for s in lo.emit_items(tree, ())]
+    body += [parallelize(s) for s in lo.emit_items(tree, ())]
     body.append(Raw(f"free({scratch});"))
     return _kernel(lo, body)
 
 
 def _kernel(lo: CpuLowering, body: list) -> Kernel:
-    from kumiko.kernel.loops import Param
     params = tuple(Param(lo.cname[n], C.STORAGE[m.dtype.name], n in dict(lo.r.inputs)) for n, m in lo.memrefs.items())
     return Kernel(lo.name, params, lo.syms, tuple(body), lo.r.notes, gather_check=lo.uses_gather)

@@ -14,19 +14,9 @@ stack). Guarded branches (pads, tails) are ``if`` blocks, so an out-of-bounds ad
 Contractions are handled faster by ``kumiko.kernel.contract`` when the plan asks for it.
 
 Vectors. An innermost loop over an axis whose every access is contiguous (or invariant) runs
-``KUMIKO_VW`` points at a time with ``kumiko_cpu.h``'s ``kv_t`` lanes, then a scalar tail loop for the
-rest (``for (n = 0; n < N - (VW-1); n += VW) {...} for (n = N/VW*VW; n < N; n++) {...}``):
-
-- a let of the loop is a vector variable, or a vector store into its scratch row; values invariant in
-  the axis stay scalar (computed by the scalar emitter) and are broadcast where they meet lanes;
-- a reduction in scalar context whose body is contiguous along its innermost axis keeps vector
-  accumulators and reduces them horizontally at the end (``kv_hsum``); max/min use the one-instruction
-  ``kv_max`` and track NaN inputs in a mask, so numpy's NaN propagation holds (``kv_hmax_nan``);
-- a reduction inside a vector loop (over axes other than the loop's) reduces lane-wise;
-- exp2 is ``kv_exp2``, and the scalar code of these nests uses its scalar twin ``kumiko_exp2``, so
-  vector lanes and tails agree bit for bit; bools are lane masks; an affine guard over the loop's axis is
-  a lane mask when its branches read no memory (a causal mask), else the loop stays scalar, as do loops
-  with a gather, a strided access, i32 or fp64 lanes.
+``KUMIKO_VW`` points at a time with ``kumiko_cpu.h``'s ``kv_t`` lanes, then a scalar tail loop; a
+reduction in scalar context is vectorised along its innermost axis. That half of the emitter is the
+``VectorEmitter`` mixin in ``kumiko.kernel.lower_vec`` (which says what vectorises and what stays scalar).
 
 Vector code is only emitted by a plain ``CpuLowering`` in ``emit_items`` (the CPU target): subclasses
 that override the element emitters (the CUDA SIMT lowering, the stream row program) and the CUDA
@@ -51,10 +41,9 @@ from kumiko.kernel.loops import (
     Scratch,
     Stmt,
     Store,
-    VecStore,
 )
+from kumiko.kernel.lower_vec import NotVector, VectorCtx, VectorEmitter
 from kumiko.region.ssa import (
-    COMPARE_FNS,
     Binary,
     BroadcastInDim,
     Cast,
@@ -91,50 +80,26 @@ class _Item:
 #: a scratch array of at most this many bytes with a constant size lives on the stack
 STACK_SCRATCH_BYTES = 16384
 _CSIZE = {"float": 4, "double": 8, "int32_t": 4, "int": 4}
-#: loops and reductions with a constant trip count below this stay scalar (no vector iteration at any width)
-MIN_VECTOR_TRIP = 4
-#: vector accumulators of a horizontal sum (independent dependency chains; the combine below assumes 4)
-SUM_ACCUMULATORS = 4
 #: the element emitters a subclass may override; one that does gets scalar code only
 _EMITTERS = ("expr", "select", "reduce", "store", "emit_items")
 
 
-class NotVector(Exception):
-    """A value with no vector form along the loop's axis: the loop (or reduction) stays scalar."""
-
-
-@dataclass
-class _VCtx:
-    var: str                   # the axis whose KUMIKO_VW consecutive points the lanes hold
-    vlets: dict = field(default_factory=dict)   # let -> (kind, C variable) of lets held as vectors
-
-
-def _reads_memory(e: RExpr) -> bool:
-    if isinstance(e, (Read, Gather)):
-        return True
-    for k in ("x", "y", "then", "other", "operand", "by", "body", "pred"):
-        sub = getattr(e, k, None)
-        if sub is not None and not isinstance(sub, Guard) and _reads_memory(sub):
-            return True
-    return False
-
-
-def _refs(e: RExpr, red: tuple = ()) -> list[tuple[str, tuple]]:
+def let_refs(e: RExpr, red: tuple = ()) -> list[tuple[str, tuple]]:
     """(let name, reduce axes in scope at the reference) for every Ref inside ``e``."""
     out: list = []
     if isinstance(e, Ref):
         return [(e.name, red)]
     if isinstance(e, Reduce):
-        return _refs(e.body, red + tuple(a.name for a in e.axes))
+        return let_refs(e.body, red + tuple(a.name for a in e.axes))
     for k in ("x", "y", "then", "other", "operand", "by"):
         if hasattr(e, k):
-            out += _refs(getattr(e, k), red)
+            out += let_refs(getattr(e, k), red)
     if isinstance(e, Select) and not isinstance(e.pred, Guard):
-        out += _refs(e.pred, red)
+        out += let_refs(e.pred, red)
     return out
 
 
-class CpuLowering:
+class CpuLowering(VectorEmitter):
     def __init__(self, region: Region, syms: tuple, name: str, parallel: bool = True):
         self.r, self.types = typecheck(region)
         self.syms = syms
@@ -154,7 +119,7 @@ class CpuLowering:
         self.uses_gather = False                 # the kernel checks data-dependent indices (kk_bad)
         self.vectorize = True                    # kv_* loops where safe (CPU nests of a plain CpuLowering)
         self._nest = False                       # emitting a CPU nest: kumiko_cpu.h's vectors and exp2
-        self._vctx: _VCtx | None = None          # the vector loop (or reduction) being emitted
+        self._vctx: VectorCtx | None = None      # the vector loop (or reduction) being emitted
         self._vnames: set = set()                # lets held as vectors right now (never read as scalars)
 
     # scheduling ------------------------------------------------------------------------------------
@@ -221,7 +186,7 @@ class CpuLowering:
                     self.decl_at.setdefault(it.path[:it.level], []).append(name)
                     continue
             for uit in where.values():
-                for ref, red in _refs(uit.let.expr):
+                for ref, red in let_refs(uit.let.expr):
                     if ref != name:
                         continue
                     common = 0
@@ -352,269 +317,8 @@ class CpuLowering:
         out.append(Block(inner))
         return acc
 
-    # vectors -------------------------------------------------------------------------------------------
-    def vector_loop(self, var: str, size, emit) -> list | None:
-        """``emit()``'s statements as a KUMIKO_VW-wide loop over ``var`` and a scalar tail loop, or None
-        when some value has no vector form (the caller emits the scalar loop)."""
-        n_const = Expr.lift(size).as_int()
-        if n_const is not None and n_const < MIN_VECTOR_TRIP:
-            return None
-        outer, red = self._vctx, list(self.red_axes)
-        ctx = self._vctx = _VCtx(var)
-        try:
-            body = emit()
-        except NotVector:
-            return None
-        finally:
-            self._vctx, self.red_axes = outer, red
-            self._vnames -= set(ctx.vlets)
-        tail = emit()
-        self.red_axes = red
-        n = C.index(size, set())
-        return [For(var, "0", f"{n} - (KUMIKO_VW - 1)", tuple(body), step="KUMIKO_VW"),
-                For(var, f"({n}) / KUMIKO_VW * KUMIKO_VW", n, tuple(tail), tail=True)]
-
-    def varies(self, e: RExpr) -> bool:
-        """Whether ``e`` depends on the vector axis (else the scalar emitter computes it once per vector)."""
-        var = self._vctx.var
-        if isinstance(e, Const):
-            return False
-        if isinstance(e, Read):
-            return any(var in Expr.lift(i).symbols() for i in e.index)
-        if isinstance(e, Ref):
-            if e.name in self._vctx.vlets:
-                return True
-            kind = self.storage.get(e.name)
-            return kind is not None and kind[0] == "array" and var in kind[2]
-        if isinstance(e, Gather):
-            return any(var in Expr.lift(i).symbols() for i in e.index) or self.varies(e.by)
-        if isinstance(e, Select) and isinstance(e.pred, Guard):
-            if any(var in Expr.lift(c).symbols() for c, _ in e.pred.constraints):
-                return True
-            return self.varies(e.then) or self.varies(e.other)
-        return any(self.varies(getattr(e, k)) for k in ("x", "y", "then", "other", "operand", "pred", "body")
-                   if hasattr(e, k))
-
     def scratch_expr(self, dims: tuple) -> Expr:
         return C.offset_expr(tuple(Expr.sym(a) for a in dims), tuple(self.sizes[a] for a in dims))
-
-    def _contiguous(self, off: Expr) -> str:
-        if C.stride(off, self._vctx.var) != 1:
-            raise NotVector("strided")
-        return C.index(off, self.axes_in_scope())
-
-    def vexpr(self, e: RExpr, out: list, hint: dtypes.DType | None = None) -> tuple[str, str]:  # noqa: C901
-        """(kind, C vector expression) of ``e`` at KUMIKO_VW consecutive points of the vector axis:
-        kind 'f' is a kv_t of float lanes, 'm' a kvi_t mask (bools). Raises NotVector."""
-        if not self.varies(e):
-            kind = C.vkind(self.dt(e) or hint)
-            if kind is None:
-                raise NotVector("lane type")
-            return kind, C.vbroadcast(self.expr(e, out, hint), kind)
-        if isinstance(e, Read):
-            m = self.memrefs[e.tensor]
-            off = Expr.lift(e.index[0]) if e.flat else C.offset_expr(e.index, m.shape)
-            v = C.vload(self.cname[e.tensor], self._contiguous(off), m.dtype)
-            if v is None:
-                raise NotVector("load type")
-            return C.vkind(m.dtype), v
-        if isinstance(e, Ref):
-            if e.name in self._vctx.vlets:
-                return self._vctx.vlets[e.name]
-            _, var, dims = self.storage[e.name]
-            if C.vkind(self.types[e.name].dtype) != "f":
-                raise NotVector("scratch type")
-            return "f", f"kv_load({var} + {self._contiguous(self.scratch_expr(dims))})"
-        if isinstance(e, Unary):
-            k, x = self.vexpr(e.x, out)
-            if k != "f" or self.ctype(e) != "float":
-                raise NotVector("unary type")
-            return "f", C.VUNARY[e.fn].format(x=x)
-        if isinstance(e, Cast):
-            src = self.dt(e.x) or e.to
-            _, x = self.vexpr(e.x, out, src)
-            v = C.vcast(x, src, e.to)
-            if v is None:
-                raise NotVector("cast")
-            return C.vkind(e.to), v
-        if isinstance(e, Binary):
-            hint2 = self.dt(e.x) or self.dt(e.y)
-            if e.fn == "div" and not self.varies(e.y) and self.ctype(e) == "float":
-                # a divisor the same for every lane (a row's sum): one division per vector loop, then a
-                # multiply per lane (vdivps is ~10x a vmulps; within 1.5 ulp of x / y, as PyTorch's softmax)
-                ka, a = self.vexpr(e.x, out, hint2)
-                if ka == "f":
-                    return "f", f"({a} * kv_broadcast(1.0f / ({self.expr(e.y, out, hint2)})))"
-            (ka, a), (kb, b) = self.vexpr(e.x, out, hint2), self.vexpr(e.y, out, hint2)
-            v = C.vbinary(e.fn, a, b, ka) if ka == kb else None
-            if v is None:
-                raise NotVector("binary")
-            return ("m" if e.fn in COMPARE_FNS else ka), v
-        if isinstance(e, (BroadcastInDim, Transpose)):
-            return self.vexpr(e.operand, out, hint)
-        if isinstance(e, Select):
-            return self.vselect(e, out, hint)
-        if isinstance(e, Reduce):
-            return self.vreduce(e, out)
-        raise NotVector(type(e).__name__)      # a gather: its index check is per point
-
-    def vselect(self, e: Select, out: list, hint) -> tuple[str, str]:
-        dt = self.dt(e) or hint
-        if isinstance(e.pred, Guard):
-            ks = [C.stride(c, self._vctx.var) for c, _ in e.pred.constraints]
-            if all(k == 0 for k in ks):            # the same branch for every lane: an if, as scalar code has
-                cond = " && ".join(f"({C.index(c, self.axes_in_scope())} {'>=' if op == 'ge' else '=='} 0)"
-                                   for c, op in e.pred.constraints)
-                then: list = []
-                kt, tv = self.vexpr(e.then, then, dt)
-                other: list = []
-                ko, ov = self.vexpr(e.other, other, dt)
-                if kt != ko:
-                    raise NotVector("select kinds")
-                v = self.tmp()
-                out.append(Decl(C.vtype(kt), v))
-                out.append(If(cond, tuple(then) + (Assign(v, tv),), tuple(other) + (Assign(v, ov),)))
-                return kt, v
-            # a guard over the lanes: both branches are computed, so neither may touch memory
-            if None in ks or any(abs(k) >= 1 << 20 for k in ks) or _reads_memory(e.then) or _reads_memory(e.other):
-                raise NotVector("guard")
-            mask = " & ".join(f"kv_affine_{op}({C.index(c, self.axes_in_scope())}, {k})"
-                              for (c, op), k in zip(e.pred.constraints, ks))
-        else:
-            km, mask = self.vexpr(e.pred, out)
-            if km != "m":
-                raise NotVector("predicate")
-        (kt, tv), (ko, ov) = self.vexpr(e.then, out, dt), self.vexpr(e.other, out, dt)
-        if kt != ko:
-            raise NotVector("select kinds")
-        m = self.tmp()
-        out.append(Decl("kvi_t", m, mask))
-        v = f"kv_select({m}, {tv}, {ov})" if kt == "f" else f"(({m} & {tv}) | (~{m} & {ov}))"
-        return kt, v
-
-    def _vupdate(self, op: str, acc: str, nan: str | None, v: str, stmts: list) -> None:
-        """acc op= v on lanes; max/min note NaN lanes in ``nan`` (kv_max alone would drop them)."""
-        if op == "sum":
-            stmts.append(Assign(acc, f"{acc} + {v}"))
-            return
-        x = self.tmp()
-        stmts += [Decl("kv_t", x, v), Assign(nan, f"{nan} | ({x} != {x})"), Assign(acc, f"kv_{op}({acc}, {x})")]
-
-    def _vbody(self, e: Reduce, out: list) -> str:
-        k, v = self.vexpr(e.body, out, e.dtype)
-        bt = self.dt(e.body)
-        if bt is not None and bt is not e.dtype:
-            v = C.vcast(v, bt, e.dtype)
-        if k != "f" or v is None:
-            raise NotVector("reduce body")
-        return v
-
-    def _vacc(self, e: Reduce, out: list) -> tuple[str, str | None]:
-        acc = self.tmp()
-        out.append(Decl("kv_t", acc, f"kv_broadcast({C.literal(e.init, e.dtype)})"))
-        if e.op == "sum":
-            return acc, None
-        nan = self.tmp()
-        out.append(Decl("kvi_t", nan, "kv_mask_broadcast(0)"))
-        return acc, nan
-
-    def vreduce(self, e: Reduce, out: list) -> tuple[str, str]:
-        """A reduction over other axes inside a vector loop: one accumulator lane per point."""
-        if C.vkind(e.dtype) != "f":
-            raise NotVector("reduce type")
-        acc, nan = self._vacc(e, out)
-        self.ty.add_axes(e.axes)
-        self.red_axes += [a.name for a in e.axes]
-        body: list = []
-        self._vupdate(e.op, acc, nan, self._vbody(e, body), body)
-        for a in e.axes:
-            self.red_axes.remove(a.name)
-        inner: tuple = tuple(body)
-        for a in reversed(e.axes):
-            inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)
-        out.append(Block(inner))
-        if nan is not None:
-            out.append(Assign(acc, f"kv_select({nan}, kv_broadcast(NAN), {acc})"))
-        return "f", acc
-
-    def hreduce(self, e: Reduce, out: list) -> str | None:
-        """A reduction in scalar context, vectorised along its innermost axis: vector accumulators, a
-        scalar tail per outer point, one horizontal reduction at the end. None: it stays scalar."""
-        last = e.axes[-1]
-        n_const = Expr.lift(self.trip(last.name, last.size)).as_int()
-        if C.vkind(e.dtype) != "f" or C.COMPUTE[e.dtype.name] != "float" or \
-                (n_const is not None and n_const < MIN_VECTOR_TRIP):
-            return None
-        self.ty.add_axes(e.axes)
-        outer, red = self._vctx, list(self.red_axes)
-        ctx = self._vctx = _VCtx(last.name)
-        self.red_axes += [a.name for a in e.axes]
-        pre: list = []
-        vb: list = []
-        try:
-            if not self.varies(e.body):
-                return None
-            acc, nan = self._vacc(e, pre)
-            v = self._vbody(e, vb)
-        except NotVector:
-            return None
-        finally:
-            self._vctx = outer
-            self._vnames -= set(ctx.vlets)
-        n = C.index(self.trip(last.name, last.size), set())
-        body: list = list(vb)
-        self._vupdate(e.op, acc, nan, v, body)
-        vloops: tuple = (For(last.name, "0", f"{n} - (KUMIKO_VW - 1)", tuple(body), step="KUMIKO_VW"),)
-        if e.op == "sum":
-            # SUM_ACCUMULATORS independent add chains (one vaddps each has a latency of several cycles)
-            accs = [acc] + [self.tmp() for _ in range(SUM_ACCUMULATORS - 1)]
-            pre += [Decl("kv_t", a, "kv_zero()") for a in accs[1:]]
-            u, step = self.tmp(), f"{SUM_ACCUMULATORS}*KUMIKO_VW"
-            blocks = tuple(Block((Decl("const long long", last.name, f"{u} + {k}*KUMIKO_VW"),) + tuple(vb) +
-                                 (Assign(a, f"{a} + {v}"),)) for k, a in enumerate(accs))
-            vloops = (For(u, "0", f"{n} - ({step} - 1)", blocks, step=step),
-                      dataclasses.replace(vloops[0], lo=f"({n}) / ({step}) * ({step})"),
-                      Assign(acc, f"({accs[0]} + {accs[1]}) + ({accs[2]} + {accs[3]})"))
-        # the scalar tail, into the scalar accumulator the caller reads
-        ct = C.COMPUTE[e.dtype.name]
-        res = self.tmp()
-        out.append(Decl(ct, res, C.literal(e.init, e.dtype)))
-        tail: list = []
-        v = self.expr(e.body, tail, e.dtype)
-        bt = self.dt(e.body)
-        if bt is not None and bt is not e.dtype:
-            v = C.cast(v, bt, e.dtype)
-        upd = {"sum": f"{res} + {v}", "max": C.binary("max", res, v, ct), "min": C.binary("min", res, v, ct)}[e.op]
-        tail.append(Assign(res, upd))
-        self.red_axes = red
-        inner: tuple = vloops + (For(last.name, f"({n}) / KUMIKO_VW * KUMIKO_VW", n, tuple(tail), tail=True),)
-        for a in reversed(e.axes[:-1]):
-            inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)
-        h = {"sum": f"kv_hsum({acc})", "max": f"kv_hmax_nan({acc}, {nan})", "min": f"kv_hmin_nan({acc}, {nan})"}[e.op]
-        fin = f"{res} + {h}" if e.op == "sum" else C.binary(e.op, res, h, ct)
-        out.append(Block(tuple(pre) + inner + (Assign(res, fin),)))
-        return res
-
-    def vstore_scratch(self, kind: tuple, k: str, v: str) -> Stmt:
-        _, var, dims = kind
-        if k != "f":
-            raise NotVector("scratch type")
-        return VecStore("kv_store", var, self._contiguous(self.scratch_expr(dims)), v)
-
-    def vstore(self, value: RExpr) -> list:
-        stmts: list = []
-        src = self.types[self.r.yields[0].src].dtype
-        k, v = self.vexpr(value, stmts, src)
-        out_axes = tuple(a.name for a in self.r.iters)
-        for y in self.r.yields:
-            m = self.memrefs[y.to]
-            w = C.vcast(v, src, y.cast) if y.cast is not None else v
-            fn = C.vstore_fn(m.dtype)
-            if w is None or fn is None or C.vkind(m.dtype) != C.vkind(y.cast or src):
-                raise NotVector("store type")
-            off = C.offset_expr(tuple(Expr.sym(a) for a in out_axes), m.shape)
-            stmts.append(VecStore(fn, self.cname[y.to], self._contiguous(off), w))
-        return stmts
 
     def scratch_offset(self, dims: tuple) -> str:
         return C.offset(tuple(Expr.sym(a) for a in dims), tuple(self.sizes[a] for a in dims), self.axes_in_scope())
@@ -715,7 +419,7 @@ class CpuLowering:
         self.plan_storage(tree)
         self.red_axes: list = []
         body = self.emit_items(tree, ())
-        body = [_parallelize(s) if self.parallel else hoisted(s) for s in body]
+        body = [parallelize(s) if self.parallel else hoisted(s) for s in body]
         params = tuple(Param(self.cname[n], C.STORAGE[m.dtype.name], n in dict(self.r.inputs))
                        for n, m in self.memrefs.items())
         return Kernel(self.name, params, self.syms, tuple(body), self.r.notes, gather_check=self.uses_gather)
@@ -782,7 +486,7 @@ def hoisted(s: Stmt) -> Stmt:
     return Block(tuple(found) + (s,)) if found else s
 
 
-def _parallelize(s: Stmt) -> Stmt:
+def parallelize(s: Stmt) -> Stmt:
     """Run the outermost loops in parallel, collapsing a perfect nest (up to 3 deep). Scratch arrays
     inside are allocated once per thread: ``omp parallel { scratch; omp for ... }``. A vector loop's
     scalar tail (fewer than KUMIKO_VW iterations) stays serial."""

@@ -34,16 +34,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from kumiko.kernel import cexpr as C
-from kumiko.kernel.contract import (
-    Contraction,
-    ContractionLowering,
-    find_contraction,
-    micro_name,
-    pointwise_epilogue,
-)
+from kumiko.kernel.contract import Contraction, ContractionLowering, find_contraction, pointwise_epilogue
 from kumiko.kernel.elide import Elision, masked_elision, prefix_bound
 from kumiko.kernel.loops import Block, Comment, Decl, For, If, Kernel, Param, Raw, Store
 from kumiko.kernel.lower_cpu import CpuLowering, hoisted, reused_reduce_axes
+from kumiko.kernel.micro import micro_name
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Guard, Program, Read, Reduce, Ref, RExpr, Select
 from kumiko.symbolic import Expr

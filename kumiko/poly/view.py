@@ -23,7 +23,7 @@ import islpy as isl
 from kumiko.diagnostics import KumikoError
 from kumiko.indexbook.build import View
 from kumiko.indexbook.expr import ParamTable, Range, isl_map_str, isl_set_str, lift
-from kumiko.indexbook.model import Access, IndexBook, IndexInfo, _fill_json
+from kumiko.indexbook.model import Access, IndexBook, IndexInfo, fill_json
 from kumiko.poly.contraction import ContractionPattern, detect
 
 #: more basic sets than this in one access or pad set after coalescing is ExcessivePiecewise (W2101)
@@ -365,7 +365,7 @@ def block_json(view: PolyView, b: Block) -> dict:
         if r.accumulate:
             a["accumulate"] = True
         if r.pads:
-            a["pad_pieces"] = [{"set": rel_str(view, s, b.domain), "value": _fill_json(v)} for s, v in r.pads]
+            a["pad_pieces"] = [{"set": rel_str(view, s, b.domain), "value": fill_json(v)} for s, v in r.pads]
         accs.append(a)
     d["accesses"] = accs
     d["attrs"] = b.contraction.to_json() if b.contraction else {}

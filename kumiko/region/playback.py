@@ -32,7 +32,7 @@ from kumiko.region.ssa import (
     typecheck,
 )
 from kumiko.symbolic import Expr, dim_eval
-from kumiko.tiny.evaluate import _erf
+from kumiko.tiny.evaluate import erf_ufunc
 
 NA = tuple  # (array, axes)
 
@@ -231,7 +231,7 @@ def _unary(fn: str, x: np.ndarray) -> np.ndarray:
         elif fn == "relu":
             r = np.maximum(xf, 0)
         elif fn == "erf":
-            r = _erf(xf.astype(np.float64)).astype(xf.dtype) if xf.size else xf
+            r = erf_ufunc(xf.astype(np.float64)).astype(xf.dtype) if xf.size else xf
         else:
             raise AssertionError(fn)
     return np.asarray(r).astype(dt)

@@ -225,13 +225,13 @@ def check_ccon1(r: Region) -> None:
         if inside and isinstance(e, (BroadcastInDim, Transpose)):
             raise KumikoError("E1304", at=f"region {r.name}", why="a reduction body broadcasts an operand "
                               "instead of reading it with the needed indices (C-CON1)")
-        for k in _children(e):
+        for k in children(e):
             in_body(k, inside or isinstance(e, Reduce))
     for let in r.lets:
         in_body(let.expr, False)
 
 
-def _children(e: RExpr) -> list:
+def children(e: RExpr) -> list:
     if isinstance(e, (Unary, Cast)):
         return [e.x]
     if isinstance(e, Binary):

@@ -7,7 +7,7 @@ import islpy as isl
 
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
-from kumiko.region.srnf import _children, check_ccon1
+from kumiko.region.srnf import check_ccon1, children
 from kumiko.region.ssa import Guard, Read, Reduce, Region, RExpr, Select, typecheck
 from kumiko.symbolic import Expr
 
@@ -37,7 +37,7 @@ def _walk(r: Region, e: RExpr, axes: dict, guards: tuple, memrefs: dict) -> None
         return
     if isinstance(e, Read) and not e.flat and e.tensor in memrefs:
         _check_read(r, e, axes, guards, memrefs[e.tensor].shape)
-    for k in _children(e):
+    for k in children(e):
         _walk(r, k, axes, guards, memrefs)
 
 

@@ -6,8 +6,9 @@ in one kernel (``kumiko.kernel.stream``); the returned ``Step``s say which funct
 with which buffers."""
 from __future__ import annotations
 
-from kumiko.kernel.contract import lower_contraction_region, micro_kernel, vector_types
+from kumiko.kernel.contract import lower_contraction_region
 from kumiko.kernel.lower_cpu import CpuLowering
+from kumiko.kernel.micro import micro_kernel, vector_types
 from kumiko.kernel.stream import find_pipe, lower_pipe, pipe_buffers
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Program

@@ -66,7 +66,7 @@ class CompiledCuda:
         cfg: EmuConfig = EMU_CONFIGS[emu or self.emu]
         key = "asan" if cfg.sanitize == "address" else "plain"
         if key not in self._modules:
-            self._modules[key] = build(self.source, cfg, name=_safe(self.program.name))
+            self._modules[key] = build(self.source, cfg, name=safe_name(self.program.name))
         return self._modules[key].with_config(cfg)
 
     def runner(self, emu: str | None = None) -> "GpuRunner":
@@ -76,7 +76,7 @@ class CompiledCuda:
         return self.runner()(inputs, env)
 
 
-def _safe(name: str) -> str:
+def safe_name(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in name) or "program"
 
 
@@ -160,7 +160,7 @@ def nvcc_check(compiled: CompiledCuda, arch: str = "sm_80") -> dict:
     """Compile the program's source with nvcc for ``arch`` and feed the ptxas report back to the plans:
     a kernel that spills or overflows shared memory raises E1801. Returns {kernel: KernelResources}."""
     from kumiko.runtime.ptxas import nvcc_compile
-    res = nvcc_compile(compiled.source, arch, name=_safe(compiled.program.name))
+    res = nvcc_compile(compiled.source, arch, name=safe_name(compiled.program.name))
     for launch in compiled.launches:
         r = res.resources.get(launch.kernel)
         if r is None:

@@ -40,7 +40,7 @@ from kumiko.runtime.arena import plan_arena
 from kumiko.runtime.cubin import Cubin, build_cubin, check_arch, invalidate
 from kumiko.runtime.cuda_driver import BAD_IMAGE, CudaDevice, cubin_runs_on, plan_arch_for_cc
 from kumiko.runtime.program import program_symbols
-from kumiko.runtime.target_cuda import CompiledCuda, Launch, _safe, compile_cuda
+from kumiko.runtime.target_cuda import CompiledCuda, Launch, compile_cuda, safe_name
 from kumiko.symbolic import dim_eval
 from kumiko.tiny.ir import TinyGraph
 
@@ -396,7 +396,7 @@ class CompiledCudaGpu:
             if e.details.get("cuda_error") not in BAD_IMAGE or not self.cubin.cached:
                 raise
         invalidate(self.cubin)
-        self.cubin = build_cubin(self.compiled.source, self.cubin.arch, name=_safe(self.compiled.program.name),
+        self.cubin = build_cubin(self.compiled.source, self.cubin.arch, name=safe_name(self.compiled.program.name),
                                  extra_flags=self.extra_flags)
         return dev.load_module(self.cubin.data, f"program {self.compiled.program.name}")
 
@@ -419,7 +419,7 @@ def compile_cuda_gpu(tiny: TinyGraph, *, plans: Mapping[str, Plan] | None = None
         plan_arch = plan_arch or plan_arch_for_cc(*dev.cc)
     check_arch(gpu_arch)
     compiled = compile_cuda(tiny, plan_arch or "sm80", plans)
-    cubin = build_cubin(compiled.source, gpu_arch, name=_safe(compiled.program.name), extra_flags=extra_flags)
+    cubin = build_cubin(compiled.source, gpu_arch, name=safe_name(compiled.program.name), extra_flags=extra_flags)
     check_cubin(compiled, cubin, dev.smem_optin if dev is not None else None)
     return CompiledCudaGpu(compiled, cubin, device=dev, ordinal=device, poison=poison, sync_each=sync_each,
                            extra_flags=extra_flags)

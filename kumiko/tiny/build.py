@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import Expr, dim, dims
-from kumiko.tiny.ir import Node, TinyGraph, _imm_load, arg_from_json, infer, is_ref
+from kumiko.tiny.ir import Node, TinyGraph, arg_from_json, imm_load, infer, is_ref
 
 
 class TinyBuilder:
@@ -150,7 +150,7 @@ def _load(d: Mapping) -> TinyGraph:
         if u["id"] in raw:
             raise KumikoError("E1016", at=f"tiny:{u['id']}", why=f"node id {u['id']!r} is defined twice")
         raw[u["id"]] = u
-    srcs = {nid: [_imm_load(s) for s in u.get("src", [])] for nid, u in raw.items()}
+    srcs = {nid: [imm_load(s) for s in u.get("src", [])] for nid, u in raw.items()}
     for nid, ss in srcs.items():
         for s in ss:
             if is_ref(s) and s not in raw:

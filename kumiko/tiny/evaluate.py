@@ -19,7 +19,7 @@ from kumiko.tiny.ir import BINARY, COMPARE, UNARY, Node, TinyGraph, is_ref
 
 LOG2E = math.log2(math.e)
 
-_erf = np.frompyfunc(math.erf, 1, 1)
+erf_ufunc = np.frompyfunc(math.erf, 1, 1)
 
 
 def bind_symbols(g: TinyGraph, inputs: Mapping[str, np.ndarray], given: Mapping[str, int] | None = None,
@@ -206,7 +206,7 @@ def _elementwise(n: Node, srcs: list, fp64: bool) -> np.ndarray:
             if u == "RELU":
                 return np.maximum(x, 0)
             if u == "ERF":
-                return _erf(x.astype(np.float64)).astype(x.dtype) if x.size else x
+                return erf_ufunc(x.astype(np.float64)).astype(x.dtype) if x.size else x
         x, y = arr(srcs[0]), arr(srcs[1])
         if u == "ADD":
             return x + y

@@ -302,7 +302,7 @@ def _imm_json(v: Any) -> Any:
     return v
 
 
-def _imm_load(v: Any) -> Any:
+def imm_load(v: Any) -> Any:
     if isinstance(v, dict) and set(v) == {"const"}:
         return float(v["const"])
     return v
@@ -336,7 +336,7 @@ def arg_from_json(uop: str, arg: Mapping, shape_of_src: tuple | None = None) -> 
         elif k == "index_map":
             v = tuple(parse_expr(e) if isinstance(e, str) else Expr.lift(e) for e in v)
         elif k == "value":
-            v = _imm_load(v)
+            v = imm_load(v)
         elif k == "axes" and uop == "REDUCE" and shape_of_src is not None:
             v = tuple(_axis_by_name(a, shape_of_src) for a in v)
         elif isinstance(v, list):

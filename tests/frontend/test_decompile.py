@@ -15,7 +15,7 @@ from kumiko.diagnostics import KumikoError
 from kumiko.frontend.decompile import decompile
 from kumiko.frontend.dsl import parse_program
 from kumiko.frontend.graph import Graph
-from kumiko.frontend.lower import _ALIASES, OPS
+from kumiko.frontend.lower import OP_ALIASES, OPS
 from kumiko.frontend.tensor import Tensor
 from kumiko.tiny.ir import to_json as tiny_json
 
@@ -28,7 +28,7 @@ def _norm(g: Graph) -> dict:
     d.pop("name")
     for n in d["graph"]:
         n.pop("name")
-        n["op"] = n["op"] if n["op"] in OPS else _ALIASES[n["op"].lower()]
+        n["op"] = n["op"] if n["op"] in OPS else OP_ALIASES[n["op"].lower()]
     return d
 
 

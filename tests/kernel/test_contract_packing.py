@@ -1,8 +1,8 @@
-"""The packed contraction path (kumiko/kernel/contract.py) against the Tiny IR evaluator: index-table
-packing (contiguous, strided, guarded at the edges), the per-element fallback, the operand swap, the
-thread splits (M, N, whole batch points) and the fused window epilogue, at sizes that are not multiples
-of the micro-tile or the cache blocks, and with cache blocks small enough that every path runs several
-blocks."""
+"""The packed contraction path (kumiko/kernel/contract.py, pack.py) against the Tiny IR evaluator:
+index-table packing (contiguous, strided, guarded at the edges), the per-element fallback, the operand
+swap, the thread splits (M, N, whole batch points) and the fused window epilogue, at sizes that are not
+multiples of the micro-tile or the cache blocks, and with cache blocks small enough that every path runs
+several blocks."""
 from dataclasses import replace
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Vector loops of the generic CPU nest (kumiko/kernel/lower_cpu.py): kv_* lanes with scalar tails,
+"""Vector loops of the generic CPU nest (kumiko/kernel/lower_vec.py): kv_* lanes with scalar tails,
 vector reductions with horizontal ends, NaN and -inf through them, 16-bit storage, masks, the loops
 that must stay scalar, and scratch rows allocated once per thread. Every run compares the cpu target
 with the numpy evaluator on fresh random inputs."""

@@ -355,7 +355,7 @@ def test_broadcast_sqrt_map_and_nan_max(mod):
     assert np.isnan(out[3 * vw:]).all()
 
 
-# helpers of generated loop nests (kumiko/kernel/lower_cpu.py) ---------------------------------------------
+# helpers of generated loop nests (kumiko/kernel/lower_cpu.py, lower_vec.py) -------------------------------
 
 def test_vector_rounding_casts_match_the_scalar_ones(mod):
     x = _hard_floats()

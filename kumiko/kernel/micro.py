@@ -1,0 +1,132 @@
+"""The register-blocked micro-kernels of the packed contraction path (``kumiko.kernel.contract``) and
+the C text they need besides ``kumiko_cpu.h``.
+
+``micro_kernel(MR, NR, VW)`` is one ``static`` C function per micro-tile shape of the program's plans
+(``micro=(MR, NR)``, ``vectorize.width``): ``C[MR][NR] (+)= A panel x B panel`` in GCC vector types
+(``kk_vf``, VW floats). The row-block pipeline (``kumiko.kernel.stream``) uses a variant whose A is MR rows
+of a row-major tile. ``vector_types(VW)`` is the translation unit's prelude for them: the vector types,
+the OpenMP thread queries (stubs without OpenMP), the per-thread scratch kept between calls
+(``kk_scratch``, ``kk_scratch_trim``) and the 8 x 8 transposing row packer (``kk_pack_rows8``) that
+``kumiko.kernel.pack`` calls.
+"""
+from __future__ import annotations
+
+
+def micro_name(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
+    return f"kk_micro_{'rows_' if a_rows else ''}{mr}x{nr}_v{vw}"
+
+
+def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
+    """An MR x NR register-blocked micro-kernel: C[MR][NR] (+)= sum_p A[p][MR] * B[p][NR].
+
+    The accumulators start at zero and C is added at the end (``acc``), its rows prefetched at the start:
+    a C tile that comes from L3 then costs no stall before the first multiply-add. With ``a_rows`` A is
+    not a packed panel but MR rows of a row-major tile (``a[i*lda + p]``, an extra ``lda`` argument): the
+    row-block pipeline (``kumiko.kernel.stream``) stores P along its rows and multiplies it in place."""
+    nv = nr // vw
+    a_arg = "const float* KUMIKO_RESTRICT a, long long lda" if a_rows else "const float* KUMIKO_RESTRICT a"
+    lines = [f"static void {micro_name(mr, nr, vw, a_rows)}(long long kc, {a_arg}, const float* KUMIKO_RESTRICT b, "
+             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {"]
+    accs = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
+    if a_rows:
+        for i in range(mr):
+            lines.append(f"  const float* KUMIKO_RESTRICT a{i}r = a + {i}*lda;")
+    for i in range(mr):
+        lines.append(f"  __builtin_prefetch(c + {i}*ldc, 0, 3); __builtin_prefetch(c + {i}*ldc + {nr - 1}, 0, 3);")
+    for i in range(mr):
+        lines.append("  " + " ".join(f"kk_vf {accs[i][v]} = (kk_vf){{0}};" for v in range(nv)))
+    lines.append("  for (long long p = 0; p < kc; ++p) {")
+    for v in range(nv):
+        lines.append(f"    kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});")
+    for i in range(mr):
+        src = f"a{i}r[p]" if a_rows else f"a[p*{mr} + {i}]"
+        lines.append(f"    {{ const float s{i} = {src}; kk_vf a{i} = (kk_vf){{{', '.join([f's{i}'] * vw)}}};")
+        lines.append("      " + " ".join(f"{accs[i][v]} += a{i} * b{v};" for v in range(nv)) + " }")
+    lines.append("  }")
+    lines.append("  if (acc) {")
+    for i in range(mr):
+        for v in range(nv):
+            lines.append(f"    {accs[i][v]} += *(const kk_vfu*)(c + {i}*ldc + {v * vw});")
+    lines.append("  }")
+    for i in range(mr):
+        for v in range(nv):
+            lines.append(f"  *(kk_vfu*)(c + {i}*ldc + {v * vw}) = {accs[i][v]};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+#: what the contraction kernels need besides kumiko_cpu.h: the OpenMP thread queries (stubs without OpenMP)
+_HELPERS = """#ifndef KK_CONTRACT_HELPERS
+#define KK_CONTRACT_HELPERS
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static inline int omp_get_max_threads(void) { return 1; }
+static inline int omp_get_num_threads(void) { return 1; }
+static inline int omp_get_thread_num(void) { return 0; }
+#endif
+/* Scratch kept by each thread between calls, grow-only, shared by the contraction kernels of this program
+ * (they run one at a time on a thread): a fresh multi-MiB allocation per call is fresh pages, and the page
+ * faults cost more than a large GEMM's packing. Slots: 0 accumulator tile, 1 B panels, 2-3 index tables,
+ * 4 the thread's A panels; 5-9 and 0 the row-block pipeline (kumiko.kernel.stream). A slot above 64 MiB is
+ * freed at the end of the call. */
+#define KK_SCRATCH_SLOTS 10
+static _Thread_local void* kk_scratch_p[KK_SCRATCH_SLOTS];
+static _Thread_local size_t kk_scratch_n[KK_SCRATCH_SLOTS];
+__attribute__((unused)) static void* kk_scratch(int slot, size_t bytes) {
+  if (bytes > kk_scratch_n[slot]) {
+    free(kk_scratch_p[slot]);
+    kk_scratch_p[slot] = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    kk_scratch_n[slot] = kk_scratch_p[slot] ? bytes : 0;
+  }
+  return kk_scratch_p[slot];
+}
+/* at the end of a call: a slot above 64 MiB is given back (its page faults are small next to its work) */
+__attribute__((unused)) static void kk_scratch_trim(int slot) {
+  if (kk_scratch_n[slot] > ((size_t)64 << 20)) {
+    free(kk_scratch_p[slot]);
+    kk_scratch_p[slot] = 0;
+    kk_scratch_n[slot] = 0;
+  }
+}
+#if defined(__AVX__)
+/* dst[p*ld + i] = rows[i][p] for i < nr (<= 8), p < kc: 8 x 8 transposes. A store of a short column spills
+ * into the next column's place (rewritten next, or by a later, wider chunk); only the last one is cut. */
+__attribute__((unused, noinline)) static void kk_pack_rows8(float* KUMIKO_RESTRICT dst, long long ld,
+                                                            const float* const* rows, int nr, long long kc) {
+  const float* r[8];
+  for (int i = 0; i < 8; ++i) r[i] = rows[i < nr ? i : 0];
+  long long p = 0;
+  for (; p + 8 <= kc; p += 8) {
+    const __m256 a0 = _mm256_loadu_ps(r[0] + p), a1 = _mm256_loadu_ps(r[1] + p), a2 = _mm256_loadu_ps(r[2] + p);
+    const __m256 a3 = _mm256_loadu_ps(r[3] + p), a4 = _mm256_loadu_ps(r[4] + p), a5 = _mm256_loadu_ps(r[5] + p);
+    const __m256 a6 = _mm256_loadu_ps(r[6] + p), a7 = _mm256_loadu_ps(r[7] + p);
+    const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
+    const __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
+    const __m256 t4 = _mm256_unpacklo_ps(a4, a5), t5 = _mm256_unpackhi_ps(a4, a5);
+    const __m256 t6 = _mm256_unpacklo_ps(a6, a7), t7 = _mm256_unpackhi_ps(a6, a7);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    __m256 o[8];
+    o[0] = _mm256_permute2f128_ps(u0, u4, 0x20); o[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    o[2] = _mm256_permute2f128_ps(u2, u6, 0x20); o[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    o[4] = _mm256_permute2f128_ps(u0, u4, 0x31); o[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    o[6] = _mm256_permute2f128_ps(u2, u6, 0x31); o[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+    for (int j = 0; j < 8; ++j) {
+      if (nr == 8 || p + j + 1 < kc) _mm256_storeu_ps(dst + (p + j) * ld, o[j]);
+      else { float t[8]; _mm256_storeu_ps(t, o[j]); memcpy(dst + (p + j) * ld, t, sizeof(float) * nr); }
+    }
+  }
+  for (; p < kc; ++p)
+    for (int i = 0; i < nr; ++i) dst[p * ld + i] = r[i][p];
+}
+#endif
+#endif
+"""
+
+
+def vector_types(vw: int) -> str:
+    return (f"typedef float kk_vf __attribute__((vector_size({4 * vw})));\n"
+            "typedef kk_vf kk_vfu __attribute__((aligned(4)));\n" + _HELPERS)
