@@ -2,8 +2,9 @@
 
 The machine decides the vector width (AVX-512: 16 floats, AVX2: 8, else 4 with SSE/NEON vectors) and
 from it the register micro-tile: MR x NR with NR = 2 vectors and MR as large as the vector registers
-allow (MR*2 accumulators + 2 B vectors + 1 broadcast <= the register count). Cache blocks follow the
-usual analysis for a 32 KiB L1 / >= 512 KiB L2: a KC x NR panel of B stays in L1 (KC = 256), an
+allow (MR*2 accumulators + 2 B vectors + 1 broadcast <= the register count), or two thirds of that when a
+row count known at compile time would otherwise be padded by more than 5% (``micro_tile``). Cache blocks
+follow the usual analysis for a 32 KiB L1 / >= 512 KiB L2: a KC x NR panel of B stays in L1 (KC = 256), an
 MC x KC block of A in L2 (MC a multiple of MR near 120), NC large. These are upper bounds: the kernel
 evens the blocks out at run time (equal K blocks, the rows of each thread in equal MR-multiples, N blocks
 of whole window groups when a pooling window is fused). A region whose structure is a contraction (found
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 from kumiko.kernel.contract import find_contraction
 from kumiko.kernel.lower_cpu import CpuLowering
+from kumiko.kernel.pack import panel_sides
 from kumiko.plan.plan import Plan, make_plan
 from kumiko.region.srnf import epilogue
 from kumiko.region.ssa import Program, Region
+from kumiko.symbolic import Expr
 
 
 def machine_arch(features: dict) -> tuple[str, int]:
@@ -24,11 +27,41 @@ def machine_arch(features: dict) -> tuple[str, int]:
     return ("cpu-avx512" if vw == 16 else "cpu-avx2" if vw == 8 else "cpu-scalar"), vw
 
 
-def micro_tile(vw: int) -> tuple[int, int]:
+#: padding of the A side's rows to a multiple of MR that a micro-tile's extra rows are worth (beyond it, a
+#: smaller MR that wastes less wins: a 64-row conv weight on 12-row tiles computes 72 rows)
+MAX_PAD = 0.05
+
+
+def micro_tile(vw: int, rows: int | None = None) -> tuple[int, int]:
+    """(MR, NR) for ``rows`` rows on the A side (None: not known when compiling). NR is 2 vectors; MR the
+    largest the registers allow (12 with 32 vector registers, 6 with 16) unless that pads a known row count
+    by more than MAX_PAD, when the candidate (that one or two thirds of it) padding least is taken."""
     regs = 32 if vw == 16 else 16
     nr = 2 * vw
-    mr = min(14, (regs - 3) // 2)
-    return (12 if vw == 16 else mr), nr
+    mr = 12 if vw == 16 else min(14, (regs - 3) // 2)
+    if rows is None or rows <= 0:
+        return mr, nr
+    cands = (mr, mr * 2 // 3)
+
+    def pad(m: int) -> float:
+        return (-rows % m) / rows
+    if pad(mr) <= MAX_PAD:
+        return mr, nr
+    return min(cands, key=lambda m: (pad(m), -m)), nr
+
+
+def _a_rows(c, lo: CpuLowering) -> int | None:
+    """How many rows the packed A panels hold (the M axes, or the N axes when the operands swap), when
+    that is a compile-time constant."""
+    _, _, swapped = panel_sides(c, lo.memrefs, 1, 1)
+    axes = c.n_axes if swapped else c.m_axes
+    n = 1
+    for a in axes:
+        v = Expr.lift(lo.sizes[a]).as_int()
+        if v is None:
+            return None
+        n *= v
+    return n
 
 
 def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
@@ -38,7 +71,7 @@ def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
     if c is None:
         return make_plan(arch, algo_choice={"region": "loops"}, vectorize={"width": vw},
                          bind={"outer": "omp"}, epilogue=tuple(epilogue(region)))
-    mr, nr = micro_tile(vw)
+    mr, nr = micro_tile(vw, _a_rows(c, lo))
     mc = max(mr, 120 // mr * mr)
     return make_plan(arch, algo_choice={"contraction": "packed"}, micro=(mr, nr), tile=(mc, 2048 // nr * nr, 256),
                      vectorize={"width": vw, "axis": "n"}, bind={"m.o": "omp", "n.o(pack)": "omp"},

@@ -12,7 +12,7 @@ from kumiko import Tensor
 from kumiko.diagnostics import KumikoError
 from kumiko.plan import Plan, make_plan
 from kumiko.plan import tune as tuning
-from kumiko.plan.choose import choose_plan
+from kumiko.plan.choose import choose_plan, micro_tile
 from kumiko.plan.cost import Machine, candidates, estimate, flops
 from kumiko.plan.validate import validate
 from kumiko.region import form_regions
@@ -123,3 +123,23 @@ def test_tune_picks_the_fastest_scores_failures_inf_and_caches(tmp_path, monkeyp
     assert tuning.cached_plan(key) is None
     assert tuning.shape_cluster({"M": 100, "N": 3}) == "M=128,N=4"
     assert math.isinf(float("inf"))
+
+
+def test_micro_tile_pads_known_row_counts_little():
+    assert micro_tile(16) == (12, 32) and micro_tile(8) == (6, 16)
+    assert micro_tile(16, 1024) == (12, 32)          # 1024 rows on 12-row tiles: 1.2% padding
+    assert micro_tile(16, 64) == (8, 32)             # 72 rows for 64 on 12-row tiles; 8 divides it
+    assert micro_tile(8, 64) == (6, 16)              # 66 for 64: within 5%
+    assert micro_tile(8, 20) == (4, 16)              # 24 for 20 on 6-row tiles, 20 on 4-row tiles
+
+
+def test_conv_weights_get_the_row_tile_that_divides_them():
+    x, w = Tensor.input("x", ("N", 8, "H", "W")), Tensor.input("w", (64, 8, 3, 3))
+    g = x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y")
+    exe = kumiko.compile(g, "cpu")
+    (plan,) = exe._run.plans.values()
+    assert (-64 % plan.micro[0]) / 64 <= 0.05        # 8 rows on AVX-512 (not 12: 72 for 64), 6 on AVX2
+    ins = exe.random_inputs(1, {"N": 1, "H": 6, "W": 10})
+    want = kumiko.compile(g, "eval")(**ins)["y"]
+    got = exe(**ins)["y"]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
