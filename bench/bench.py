@@ -5,8 +5,9 @@ Each workload is built once as a kumiko Graph (the Tensor API) and once per peer
 terms: numpy (where it can say it), PyTorch eager, torch.compile, ONNX Runtime (an ONNX graph built
 with onnx.helper, so it needs no torch) and tinygrad's CPU backend. Every runner gets the same fresh
 random inputs (never zeros); every output is checked against kumiko's (relative L2 <= 1e-3 for fp32);
-times are the median (and min) of --reps runs after --warmup runs, taken in rounds (one run of every
-runner per round, so a noisy spell of a shared machine hits all of them alike); kumiko's time over each runner's is
+times are the median (and min) of --reps runs after --warmup runs, one runner after another (not
+interleaved: a thread pool that spins after its run, OpenMP's or OpenBLAS's, steals a 2-core machine from
+whichever runner comes next, which made every peer 1.5-2.5x slower when tried); kumiko's time over each runner's is
 the ratio (> 1: kumiko is slower). Compile time is reported cold (empty cache) and warm (from the cache)
 for kumiko, and as the first call for peers that compile. Missing peers are skipped with a reason.
 
@@ -28,7 +29,6 @@ import math
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE.parent))       # run from a checkout without install
 import kumiko  # noqa: E402
 from kumiko import Tensor  # noqa: E402
 from kumiko.runtime import cpu as kcpu  # noqa: E402
-from kumiko.runtime.flops import count_flops, gflops, largest_value_bytes  # noqa: E402
+from kumiko.runtime.flops import count_flops, gflops, largest_value_bytes, measure  # noqa: E402
 from kumiko.runtime.program import aligned_empty  # noqa: E402
 from kumiko.symbolic import dim_eval  # noqa: E402
 
@@ -338,30 +338,15 @@ def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
-def _reps_for(run: Callable, reps: int, warmup: int, budget_s: float) -> tuple[int, str]:
-    """Run the warm-up (the first call also times one run); fewer reps (never under 3) when one run is so
-    slow that --reps would pass the budget."""
+def _time(run: Callable, reps: int, warmup: int, budget_s: float) -> tuple[dict, str]:
+    """measure(), with fewer reps (never under 3) when one run is so slow that --reps would pass the budget."""
     t0 = time.perf_counter()
     run()
     one = time.perf_counter() - t0
+    note = ""
     if one * (reps + max(0, warmup - 1)) > budget_s:
-        return max(3, int(budget_s / max(one, 1e-9))), "reps cut to fit the time budget"
-    for _ in range(max(0, warmup - 1)):
-        run()
-    return reps, ""
-
-
-def time_interleaved(runs: list[Callable], reps: list[int]) -> list[list[float]]:
-    """Seconds per call of each of ``runs``, timed in rounds (one call of each runner per round), so that a
-    slow spell of a shared machine lands on every runner alike instead of on whichever ran then."""
-    samples: list[list[float]] = [[] for _ in runs]
-    for k in range(max(reps, default=0)):
-        for i, run in enumerate(runs):
-            if k < reps[i]:
-                t0 = time.perf_counter()
-                run()
-                samples[i].append(time.perf_counter() - t0)
-    return samples
+        reps, warmup, note = max(3, int(budget_s / max(one, 1e-9))), 0, "reps cut to fit the time budget"
+    return measure(run, reps=reps, warmup=max(0, warmup - 1)), note
 
 
 def bench_workload(wl: Workload, args) -> list[Row]:
@@ -374,8 +359,6 @@ def bench_workload(wl: Workload, args) -> list[Row]:
     rows, outs = [], {}
     print(f"\n== {wl.key}: {wl.title}  sizes {sz}  ({flops / 1e9:.3f} GFLOP)" if flops else f"\n== {wl.key}")
 
-    timed: list = []                     # (row, run, to_np, last output) of each runner that could run
-
     def record(name, prep):
         row = Row(wl.key, name)
         try:
@@ -384,12 +367,15 @@ def bench_workload(wl: Workload, args) -> list[Row]:
                 row.compile_s, row.warm_compile_s = compile_info
             else:
                 row.compile_s = compile_info
-            last: dict = {}
+            last = {}
 
-            def keep(run=run, last=last):   # the last timed run's output is the one checked: no extra run
+            def keep():                  # the last timed run's output is the one checked: no extra run
                 last["y"] = run()
-            row.reps, row.note = _reps_for(keep, args.reps, args.warmup, args.budget_s)
-            timed.append((row, keep, to_np, last))
+            r, row.note = _time(keep, args.reps, args.warmup, args.budget_s)
+            outs[name] = to_np(last["y"])
+            row.median_ms, row.min_ms, row.reps = r["median_s"] * 1e3, r["min_s"] * 1e3, r["reps"]
+            row.samples_ms = [s * 1e3 for s in r["samples_s"]]
+            row.gflops = gflops(flops, r["median_s"])
         except Skip as e:
             row.note = f"skipped: {e}"
         except Exception as e:  # noqa: BLE001 - a peer's failure is a result, not a crash of the bench
@@ -398,27 +384,17 @@ def bench_workload(wl: Workload, args) -> list[Row]:
             if args.verbose:
                 traceback.print_exc()
         rows.append(row)
+        _print_row(row)
 
     big = largest_value_bytes(graph.tiny, sz) or 0
     if args.target == "eval" and big > args.eval_limit_mb * 2 ** 20:
         rows.append(Row(wl.key, f"kumiko[{args.target}]", note=f"skipped: the eval target would materialise a "
                         f"{big / 2 ** 30:.1f} GiB value (limit --eval-limit-mb {args.eval_limit_mb})"))
+        _print_row(rows[-1])
     else:
         record(f"kumiko[{args.target}]", lambda: kumiko_runner(wl, graph, args.target, inputs, not args.no_poison))
     for peer in args.peers:
         record(peer, lambda p=peer: peer_runner(p, wl, sz, inputs, out_shape))
-    samples = time_interleaved([t[1] for t in timed], [t[0].reps for t in timed])
-    for (row, _, to_np, last), ss in zip(timed, samples):
-        try:
-            outs[row.runner] = to_np(last["y"])
-        except Exception as e:  # noqa: BLE001
-            row.note = f"failed: {type(e).__name__}: {str(e).strip()[-200:]}"
-            continue
-        row.median_ms, row.min_ms = statistics.median(ss) * 1e3, min(ss) * 1e3
-        row.samples_ms = [x * 1e3 for x in ss]
-        row.gflops = gflops(flops, statistics.median(ss))
-    for row in rows:
-        _print_row(row)
 
     ref_name = next((r.runner for r in rows if r.runner.startswith("kumiko") and r.runner in outs), None)
     ref_name = ref_name or next((n for n in ("numpy", "torch", "onnxruntime") if n in outs), None)
@@ -500,8 +476,7 @@ def results_markdown(rows: list[Row], args, m: dict) -> str:
              + f"; kumiko {m['kumiko_commit']}",
              f"- command: `python bench/bench.py {' '.join(args.argv)}`; kumiko's runs "
              f"{'without' if args.no_poison else 'with'} buffer poisoning",
-             f"- median and min of {args.reps} runs after {args.warmup} warm-up, runners interleaved (one run of "
-             f"each per round); ratio = kumiko's median / the "
+             f"- median and min of {args.reps} runs after {args.warmup} warm-up; ratio = kumiko's median / the "
              f"runner's (> 1: kumiko slower); rel L2 against the `ref` row, kumiko's output when it ran (limit "
              f"{REL_L2_LIMIT}); GFLOP/s from the Tiny IR count (causal attention counts the full square)", "",
              "| workload | runner | median ms | min ms | GFLOP/s | kumiko/runner | rel L2 | compile s (cold / warm) "
