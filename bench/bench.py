@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import json
 import math
 import os
@@ -163,6 +164,9 @@ def _tg_attn(causal):
         return i["Q"].scaled_dot_product_attention(i["K"], i["V"], is_causal=causal)   # scale 1/sqrt(D) default
     return f
 
+
+#: seconds between runners: a 2-core machine is shared with the last runner's spinning threads until they sleep
+SETTLE_S = 0.3
 
 GEMM_QUICK = {"M": 128, "N": 128, "K": 128}
 WORKLOADS = {w.key: w for w in [
@@ -371,6 +375,8 @@ def bench_workload(wl: Workload, args) -> list[Row]:
 
             def keep():                  # the last timed run's output is the one checked: no extra run
                 last["y"] = run()
+            gc.collect()                 # the last runner's objects (an ONNX Runtime session's thread pool) go,
+            time.sleep(SETTLE_S)         # and thread pools that spin after their last run fall asleep
             r, row.note = _time(keep, args.reps, args.warmup, args.budget_s)
             outs[name] = to_np(last["y"])
             row.median_ms, row.min_ms, row.reps = r["median_s"] * 1e3, r["min_s"] * 1e3, r["reps"]
