@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kumiko.region.srnf import children
 from kumiko.region.ssa import (
     Binary,
     BroadcastInDim,
@@ -144,23 +145,25 @@ def masked_elision(lets: tuple, acc: str, n: str, guards: tuple, out: str, types
     if not guards:
         return None
     ev = _Eval(acc, n, guards, types)
+
+    def reductions_see_identity(e: RExpr) -> bool:
+        """Every reduction over N in ``e`` (at the top or nested) gets its identity on an elided column:
+        its loops run over the block's prefix only, so what it would have seen past it must not count."""
+        if isinstance(e, Reduce) and n in [a.name for a in e.axes]:
+            if [a.name for a in e.axes] != [n] or e.op not in IDENTITY:
+                return False
+            v = ev.ev(e.body)
+            if not isinstance(v, float) or v != IDENTITY[e.op]:
+                return False
+        return all(reductions_see_identity(k) for k in children(e))
+
     for let in lets:
         if let.name == acc:
             continue
-        e = let.expr
-        if isinstance(e, Reduce):
-            names = [a.name for a in e.axes]
-            if n not in names:
-                continue                           # does not look at N (find_pipe allows no other axis)
-            if names != [n] or e.op not in IDENTITY:
-                return None
-            v = ev.ev(e.body)
-            if not isinstance(v, float) or v != IDENTITY[e.op]:
-                return None
-            continue
-        if ev.row_scalar(let.name):
-            continue
-        ev.env[let.name] = ev.ev(e)
+        if not reductions_see_identity(let.expr):
+            return None
+        if not ev.row_scalar(let.name):
+            ev.env[let.name] = ev.ev(let.expr)
     v = ev.env.get(out)
     if not isinstance(v, float) or v != 0.0:
         return None

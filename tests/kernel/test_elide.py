@@ -51,6 +51,22 @@ def test_no_elision_when_the_masked_value_is_not_the_identity():
     assert masked_elision(lets, "acc", "j", (CAUSAL,), "p", types) is None
 
 
+def test_nested_reductions_are_checked_too():
+    """A reduction over N inside a let (not a let of its own) also runs over the prefix only."""
+    lets, types = _softmax_lets()
+    j = (Axis("j", "S"),)
+    inv = Let("inv", Binary("div", Const(1.0), Reduce("sum", j, 0.0, F32, Ref("e"))))     # 1 / sum_j e
+    good = lets[:4] + (inv, Let("p", Binary("mul", Ref("e"), BroadcastInDim(Ref("inv"), ROW))))
+    types = dict(types, inv=VType(F32, COL))
+    el = masked_elision(good, "acc", "j", (CAUSAL,), "p", types)
+    assert el is not None and "inv" in el.finite
+    # the nested sum sees 1 on an elided column (exp2(0)): dropping it would change the kept columns, even
+    # though the output itself is 0 there
+    masked_p = Let("p", Select(CAUSAL, Binary("mul", Ref("e"), BroadcastInDim(Ref("inv"), ROW)), Const(0.0)))
+    bad = lets[:3] + (Let("e", Unary("exp2", Const(0.0))), inv, masked_p)
+    assert masked_elision(bad, "acc", "j", (CAUSAL,), "p", types) is None
+
+
 def test_no_elision_when_the_output_is_not_zero_there():
     lets, types = _softmax_lets()
     lets = lets[:-1] + (Let("p", Binary("add", Ref("e"), Const(1.0))),)
