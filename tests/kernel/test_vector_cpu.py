@@ -87,6 +87,8 @@ def test_softmax_rows_symbolic(n):
     assert "kv_exp2(" in body and "kumiko_exp2(" in body and "exp2f(" not in body
     # the row buffer is allocated once per thread, before the worksharing loop
     assert body.index("malloc(") < body.index("#pragma omp for") and "#pragma omp parallel\n" in body
+    # the row's sum divides every lane: one reciprocal per row, a multiply per vector (the scalar tail divides)
+    assert "* kv_broadcast(1.0f / (" in body and " / kv_broadcast(" not in body
 
 
 @pytest.mark.parametrize("shape", [(3, 64), (2, 1000), (4, 4096), (1, 1)])

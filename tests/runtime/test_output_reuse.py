@@ -104,6 +104,20 @@ def test_dropped_output_is_reused(module):
     assert y.flags.c_contiguous and y.flags.writeable and addr % 64 == 0
 
 
+def test_unaligned_input_copies_reuse_one_buffer(module):
+    """An input that is not 64-byte aligned is copied into memory the runtime keeps: one buffer, taken
+    again call after call, and refilled each time (the values are always this call's)."""
+    run = _run(module)
+    for seed in range(3):
+        big = np.empty(5 * 7 + 1, np.float32)
+        x = big[1:].reshape(5, 7) if _addr(big) % 64 == 0 else big[:-1].reshape(5, 7)
+        x[...] = _x(seed)
+        assert _addr(x) % 64 != 0
+        np.testing.assert_array_equal(run({"x": x}, ENV)["y"], _x(seed) * 2 + 1)
+    (pool,) = run._copies._pools["x"].values()
+    assert len(pool) == 1
+
+
 def test_loop_alternates_between_two_arrays(module):
     """``y = run(...)`` holds the previous result while the next call runs: two arrays take turns."""
     run = _run(module)
