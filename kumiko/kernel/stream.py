@@ -174,19 +174,26 @@ def find_pipe(program: Program, k: int, syms: tuple, plans: dict) -> RowPipe | N
     return RowPipe(lo0, c0, lo1, c1, p, guards, elide, bound if elide is not None else "")
 
 
+def _rewrite(s, on_for):
+    """``s`` with every For replaced by ``on_for(loop)`` (its body rewritten first); Blocks and Ifs are
+    rebuilt around them, other statements kept."""
+    if isinstance(s, For):
+        return on_for(dataclasses.replace(s, body=tuple(_rewrite(b, on_for) for b in s.body)))
+    if isinstance(s, Block):
+        return Block(tuple(_rewrite(b, on_for) for b in s.body))
+    if isinstance(s, If):
+        return If(s.cond, tuple(_rewrite(b, on_for) for b in s.then), tuple(_rewrite(b, on_for) for b in s.other))
+    return s
+
+
 def _pin(s, bounds: dict):
     """Loops over the batch and row axes run over the block only."""
-    if isinstance(s, For):
-        body = tuple(_pin(b, bounds) for b in s.body)
+    def pin(loop: For) -> For:
         # a pinned axis always encloses the N loop, so it is never a vector loop (step 1, no tail)
-        assert s.var not in bounds or (s.step == "1" and not getattr(s, "tail", False)), s.var
-        lo, hi = bounds.get(s.var, (s.lo, s.hi))
-        return dataclasses.replace(s, lo=lo, hi=hi, body=body, parallel=False, collapse=1)
-    if isinstance(s, Block):
-        return Block(tuple(_pin(b, bounds) for b in s.body))
-    if isinstance(s, If):
-        return If(s.cond, tuple(_pin(b, bounds) for b in s.then), tuple(_pin(b, bounds) for b in s.other))
-    return s
+        assert loop.var not in bounds or (loop.step == "1" and not loop.tail), loop.var
+        lo, hi = bounds.get(loop.var, (loop.lo, loop.hi))
+        return dataclasses.replace(loop, lo=lo, hi=hi, parallel=False, collapse=1)
+    return _rewrite(s, pin)
 
 
 def _box_max(e: Expr, box: dict) -> Expr:
@@ -437,26 +444,19 @@ def _row_program(pipe: RowPipe) -> Block:
 def _append_in_loop(stmts: tuple, var: str, names: list, stmt) -> tuple:
     """``stmts`` with ``stmt`` appended to the body of the loop over ``var``, which must declare each of
     ``names`` directly in its body (so they are in scope at its end); ValueError when there is no such loop."""
-    hits = 0
+    hits = []
 
-    def walk(x):
-        nonlocal hits
-        if isinstance(x, For) and x.var == var:
-            declared = {d.name for d in x.body if isinstance(d, Decl)}
-            if not set(names) <= declared:
-                raise ValueError(f"row scalars {sorted(set(names) - declared)} are not scalars of the row loop")
-            hits += 1
-            return dataclasses.replace(x, body=x.body + (stmt,))
-        if isinstance(x, For):
-            return dataclasses.replace(x, body=tuple(walk(b) for b in x.body))
-        if isinstance(x, Block):
-            return Block(tuple(walk(b) for b in x.body))
-        if isinstance(x, If):
-            return If(x.cond, tuple(walk(b) for b in x.then), tuple(walk(b) for b in x.other))
-        return x
-    out = tuple(walk(x) for x in stmts)
-    if hits != 1:
-        raise ValueError(f"{hits} loops over the row axis {var}")
+    def append(loop: For) -> For:
+        if loop.var != var:
+            return loop
+        declared = {d.name for d in loop.body if isinstance(d, Decl)}
+        if not set(names) <= declared:
+            raise ValueError(f"row scalars {sorted(set(names) - declared)} are not scalars of the row loop")
+        hits.append(loop)
+        return dataclasses.replace(loop, body=loop.body + (stmt,))
+    out = tuple(_rewrite(x, append) for x in stmts)
+    if len(hits) != 1:
+        raise ValueError(f"{len(hits)} loops over the row axis {var}")
     return out
 
 
