@@ -9,7 +9,7 @@ the reduce axes are K.
 The code lives in three modules: this one finds the contraction and drives the kernel (blocks, thread
 splits, epilogues); ``kumiko.kernel.pack`` orients the operands and packs their panels (index tables);
 ``kumiko.kernel.micro`` generates the micro-kernels and the C helpers they need (``kk_scratch``,
-``kk_pack_rows8``).
+``kk_pack_rows8``); ``kumiko.kernel.stage`` reads a zero-padded B operand in place instead of packing it.
 
 Parallelism. One ``omp parallel`` region; the tables are filled cooperatively. The threads split the
 work one of three ways, chosen at run time: whole batch points each (private buffers, no barrier); a
@@ -33,8 +33,9 @@ from kumiko import dtypes
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import Assign, Block, Comment, Decl, For, If, Kernel, Param, Raw, Store
 from kumiko.kernel.lower_cpu import CpuLowering, let_refs, parallelize
-from kumiko.kernel.micro import micro_name
-from kumiko.kernel.pack import PanelPacking, Side, advance_counter, panel_sides
+from kumiko.kernel.micro import micro_name, stage_micro_name
+from kumiko.kernel.pack import PanelPacking, Side, advance_counter, panel_sides, stage_bounds, unit_rows
+from kumiko.kernel.stage import Stage
 from kumiko.plan.plan import Plan
 from kumiko.region.srnf import free_axes
 from kumiko.region.ssa import Binary, Cast, Reduce, Ref, RExpr, Unary, VType
@@ -166,6 +167,13 @@ class ContractionLowering(PanelPacking):
         for a in extra:
             lo.sizes[a.name] = a.size
         self.a, self.b, self.swapped = panel_sides(c, lo.memrefs, self.mr, self.nr)
+        self.stage = None        # B read in place from a padded copy of its source (kumiko.kernel.stage)
+        dims = stage_bounds(self.b.table)
+        if dims is not None and unit_rows(self.b.rows, self.b.table):     # consecutive rows, consecutive elements
+            st = Stage(dims, self.b.rows, tuple(a.name for a in c.k_axes), c.batch, lo.sizes,
+                       lo.cname[self.b.table.tensor], self.nr)
+            self.stage = st if st.ok else None
+        lo.staged = lo.staged or self.stage is not None
 
     def size(self, axes) -> str:
         return C.index(prod([self.lo.sizes[a] for a in axes]) if axes else 1, set())
@@ -235,13 +243,18 @@ class ContractionLowering(PanelPacking):
         ws = int(prod([lo.sizes[a] for a in wins]))
         win = For("kk_wi", "0", str(ws), tuple(dw) + (
             Decl("float", "kk_w", f"kk_cg[{C.index(col, set(suffix))}]"),) + tuple(fv_stmts) + (Assign("kk_acc", upd),))
+        g0 = lo.uses_gather
+        lo.uses_gather = False
+        body = tuple(epilogue())
+        simd = not lo.uses_gather      # the windows of a group side by side (the window loop is unrolled)
+        lo.uses_gather = lo.uses_gather or g0
         return [For("kk_u", u0, u1, (
             Decl("const long long", "kk_m", "kk_u / kk_ngr"),
             Decl("const long long", "kk_g", "kk_u % kk_ngr"),
             *dm, *dp,
             Decl("const float* KUMIKO_RESTRICT", "kk_cg", "kk_Ct + kk_m*kk_ldc + kk_g*kk_G"),
             For("kk_e", "0", self.size(nonw), tuple(de) + (
-                Decl(ct, "kk_acc", C.literal(c.outer.init, c.outer.dtype)), win) + tuple(epilogue())),
+                Decl(ct, "kk_acc", C.literal(c.outer.init, c.outer.dtype)), win) + body, vector=int(simd)),
         ))]
 
     # the kernel -----------------------------------------------------------------------------------------
@@ -255,6 +268,8 @@ class ContractionLowering(PanelPacking):
         win = c.outer is not None
 
         def how(sd: Side) -> str:
+            if sd is B and self.stage is not None:
+                return "a padded stage read in place, else index tables"
             return "index tables" if sd.table is not None else "per element"
         s: list = [Comment(f"contraction {c.let}: batch {list(c.batch)}, M {list(A.rows)} ({how(A)}), "
                            f"N {list(B.rows)} ({how(B)}), K {list(k_axes)}; micro {mr}x{nr}, "
@@ -292,11 +307,15 @@ class ContractionLowering(PanelPacking):
                    " ? 1 : 0"),
               Decl("const long long", "kk_nbuf", "kk_mode ? kk_T : 1")]
         fills: list = []
+        stg = self.stage
         for sd in (A, B):
             if sd.table is not None:
-                al, fi = self._tables(sd)
+                al, fi = self._tables(sd, stg.columns() if stg is not None and sd is B else ())
                 s += al
                 fills += fi
+        if stg is not None:
+            s += stg.decls()
+            fills += stg.fill()
         s.append(Raw("float* kk_Bp = (float*)kk_scratch(1, sizeof(float) * (size_t)(kk_nbuf * 2 * kk_bsz));\n"
                      "float* kk_C = (float*)kk_scratch(0, sizeof(float) * (size_t)(kk_nbuf * kk_Mp * kk_ldc));"))
         par: list = [Decl("const int", "kk_t", "omp_get_thread_num()"),
@@ -327,14 +346,21 @@ class ContractionLowering(PanelPacking):
         for sd in (A, B):
             if sd.table is not None:
                 bdec += self._batch_parts(sd)
+        if stg is not None:
+            bdec.append(stg.base())
         bdec.append(If("kk_ares", (Block((
             Decl("const long long", "kk_pc", "0"), Decl("const long long", "kk_kcb", "kk_K"),
             *self._pack(A, "0", f"(kk_m1 - kk_m0) / {mr}", "kk_m0", "kk_M", "kk_Ap"))),)))
         pack_b = self._pack(B, "kk_q0", "kk_q1", "kk_jc", "kk_jc + kk_ncur", "kk_Bc")
         pack_a = self._pack(A, "0", f"kk_mcb / {mr}", "kk_ic", "kk_M", "kk_Ap")
-        micro = For("kk_jr", "0", "kk_np", (For("kk_ir", "0", "kk_mcb", (
-            Raw(f"{micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, kk_Bc + kk_jr*{nr}*kk_kcb, "
-                f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), step=str(mr)),))
+        call = Raw(f"{micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, kk_Bc + kk_jr*{nr}*kk_kcb, "
+                   f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);")
+        if stg is not None:     # B from the stage: the panel's first row's offset, the K offsets, its two runs
+            call = If("kk_dir", (Raw(
+                f"{stage_micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, "
+                f"kk_S + kk_bsb + kk_brso[kk_jc + kk_jr*{nr}], kk_bkso + kk_pc, kk_ps[kk_jr], kk_pd[kk_jr], "
+                f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
+        micro = For("kk_jr", "0", "kk_np", (For("kk_ir", "0", "kk_mcb", (call,), step=str(mr)),))
         block = [Decl("const long long", "kk_mcb", "kk_m1 - kk_ic < kk_mblk ? kk_m1 - kk_ic : kk_mblk"),
                  If("!kk_ares", tuple(pack_a)),
                  Decl("const float*", "kk_Ac", f"kk_ares ? kk_Ap + (kk_ic - kk_m0) * kk_K + kk_pc * {mr} : kk_Ap"),
@@ -344,10 +370,10 @@ class ContractionLowering(PanelPacking):
             block.append(If("kk_last", tuple(self._epi_pointwise(
                 epilogue, "kk_ic", "(kk_ic + kk_mcb < kk_M ? kk_ic + kk_mcb : kk_M)", "0", "kk_ncur"))))
         barrier = Raw("if (kk_mode == 0) {\n#pragma omp barrier\n}")
-        kblock = [Decl("const long long", "kk_kcb", "kk_K - kk_pc < kk_kc ? kk_K - kk_pc : kk_kc"),
+        kblock = [Decl("const long long", "kk_kcb", "kk_K - kk_pc < kk_kstep ? kk_K - kk_pc : kk_kstep"),
                   Decl("float* KUMIKO_RESTRICT", "kk_Bc", "kk_Bt + (kk_it++ & 1) * kk_bsz"),
                   Decl("const int", "kk_last", "kk_pc + kk_kcb >= kk_K"),
-                  *pack_b, barrier,
+                  *([If("!kk_dir", tuple(pack_b))] if stg is not None else pack_b), barrier,
                   For("kk_ic", "kk_m0", "kk_m1", tuple(block), step="kk_mblk")]
         if win:
             kblock.append(If("kk_last", (
@@ -360,12 +386,17 @@ class ContractionLowering(PanelPacking):
                   Decl("const long long", "kk_np", f"(kk_ncur + {nr - 1}) / {nr}"),
                   Decl("const long long", "kk_q0", "kk_mode ? 0 : kk_t * kk_np / kk_nt"),
                   Decl("const long long", "kk_q1", "kk_mode ? kk_np : (kk_t + 1) * kk_np / kk_nt"),
-                  Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kc) {"), *kblock, Raw("}")]
+                  # B from the stage (kk_dir) with A resident: one K block (no C tile reloads)
+                  *(stg.block_check() if stg is not None else []),
+                  Decl("const long long", "kk_kstep", "kk_dir && kk_ares && kk_K > 0 ? kk_K : kk_kc"
+                       if stg is not None else "kk_kc"),
+                  Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"), *kblock, Raw("}")]
         par.append(For("kk_b", "kk_b0", "kk_b1", tuple(bdec) + (
             For("kk_jc", "kk_n0", "kk_n1", tuple(jblock), step="kk_nc"),)))
         par.append(Raw("kk_scratch_trim(4);"))
         s += [Raw("#pragma omp parallel num_threads(kk_T)\n{"), *par, Raw("}"),
-              Raw("kk_scratch_trim(0); kk_scratch_trim(1); kk_scratch_trim(2); kk_scratch_trim(3);")]
+              Raw("kk_scratch_trim(0); kk_scratch_trim(1); kk_scratch_trim(2); kk_scratch_trim(3);" +
+                  (" kk_scratch_trim(10);" if self.stage is not None else ""))]
         return s
 
 

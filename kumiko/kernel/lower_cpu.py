@@ -117,6 +117,7 @@ class CpuLowering(VectorEmitter):
         self.storage: dict[str, tuple] = {}      # let -> ("scalar", var) | ("array", var, axes)
         self.red_axes: list = []                 # reduce axes (and gather vars) in scope while emitting
         self.uses_gather = False                 # the kernel checks data-dependent indices (kk_bad)
+        self.staged = False                      # a contraction reads B from a stage (stage micro-kernel)
         self.vectorize = True                    # kv_* loops where safe (CPU nests of a plain CpuLowering)
         self._nest = False                       # emitting a CPU nest: kumiko_cpu.h's vectors and exp2
         self._vctx: VectorCtx | None = None      # the vector loop (or reduction) being emitted

@@ -16,6 +16,67 @@ def micro_name(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
     return f"kk_micro_{'rows_' if a_rows else ''}{mr}x{nr}_v{vw}"
 
 
+def _fmas(mr: int, nv: int, vw: int, src, indent: str) -> list:
+    """The multiply-adds of one k: each A element broadcast against the B vectors ``b0..``."""
+    lines = []
+    for i in range(mr):
+        lines.append(f"{indent}{{ const float s{i} = {src(i)}; kk_vf a{i} = (kk_vf){{{', '.join([f's{i}'] * vw)}}};")
+        lines.append(f"{indent}  " + " ".join(f"c{i}_{v} += a{i} * b{v};" for v in range(nv)) + " }")
+    return lines
+
+
+def _start(mr: int, nr: int, nv: int) -> list:
+    """Prefetch the C tile's rows and zero the accumulators."""
+    lines = [f"  __builtin_prefetch(c + {i}*ldc, 0, 3); __builtin_prefetch(c + {i}*ldc + {nr - 1}, 0, 3);"
+             for i in range(mr)]
+    return lines + ["  " + " ".join(f"kk_vf c{i}_{v} = (kk_vf){{0}};" for v in range(nv)) for i in range(mr)]
+
+
+def _finish(mr: int, nv: int, vw: int) -> list:
+    """Add the C tile when ``acc``, store the accumulators, close the function."""
+    lines = ["  if (acc) {"]
+    lines += [f"    c{i}_{v} += *(const kk_vfu*)(c + {i}*ldc + {v * vw});" for i in range(mr) for v in range(nv)]
+    lines.append("  }")
+    lines += [f"  *(kk_vfu*)(c + {i}*ldc + {v * vw}) = c{i}_{v};" for i in range(mr) for v in range(nv)]
+    return lines + ["}"]
+
+
+def stage_micro_name(mr: int, nr: int, vw: int) -> str:
+    return f"kk_micro_stage_{mr}x{nr}_v{vw}"
+
+
+def stage_micro_kernel(mr: int, nr: int, vw: int) -> str:
+    """An MR x NR micro-kernel whose B is read in place from a padded copy of the operand (a stage, see
+    ``kumiko.kernel.contract``), not from a packed panel: lane j of the panel at k is
+    ``b[ko[k] + j]`` for j < s and ``b[ko[k] + d2 + j]`` from s on (a row of pixels that wraps: two runs).
+    At most one vector holds both runs; it is the blend of two loads, every other vector one load, so
+    the loop is generated once per position of that vector (and once for none)."""
+    nv = nr // vw
+    iota = ", ".join(str(j) for j in range(vw))
+    lines = [f"static void {stage_micro_name(mr, nr, vw)}(long long kc, const float* KUMIKO_RESTRICT a, "
+             "const float* KUMIKO_RESTRICT b, const long long* KUMIKO_RESTRICT ko, long long s, long long d2, "
+             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {", *_start(mr, nr, nv),
+             f"  const long long kk_sv = s >= {nr} || s % {vw} == 0 ? -1 : s / {vw};   /* the vector with both runs */",
+             f"  const int kk_s1 = (int)(s % {vw});   /* its lanes below kk_s1 are in the first run */",
+             f"  const kk_vmi kk_mk = (kk_vmi){{{iota}}} < (kk_vmi){{{', '.join(['kk_s1'] * vw)}}};"]
+    lines += [f"  const long long o{v} = {v * vw} >= s ? d2 + {v * vw} : {v * vw};" for v in range(nv)]
+
+    def loop(blend: int) -> list:
+        body = ["    const float* KUMIKO_RESTRICT bp = b + ko[p];"]
+        for v in range(nv):
+            if v == blend:
+                body.append(f"    const kk_vmi kk_x{v} = (kk_vmi)*(const kk_vfu*)(bp + {v * vw}), "
+                            f"kk_y{v} = (kk_vmi)*(const kk_vfu*)(bp + d2 + {v * vw});")
+                body.append(f"    kk_vf b{v} = (kk_vf)((kk_x{v} & kk_mk) | (kk_y{v} & ~kk_mk));")
+            else:
+                body.append(f"    kk_vf b{v} = *(const kk_vfu*)(bp + o{v});")
+        fmas = _fmas(mr, nv, vw, lambda i: f"a[p*{mr} + {i}]", "    ")
+        return ["  for (long long p = 0; p < kc; ++p) {", *body, *fmas, "  }"]
+    for v in range(-1, nv):
+        lines += [f"  {'if' if v == -1 else 'else if'} (kk_sv == {v}) {{", *["  " + x for x in loop(v)], "  }"]
+    return "\n".join(lines + _finish(mr, nv, vw))
+
+
 def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
     """An MR x NR register-blocked micro-kernel: C[MR][NR] (+)= sum_p A[p][MR] * B[p][NR].
 
@@ -27,32 +88,16 @@ def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
     a_arg = "const float* KUMIKO_RESTRICT a, long long lda" if a_rows else "const float* KUMIKO_RESTRICT a"
     lines = [f"static void {micro_name(mr, nr, vw, a_rows)}(long long kc, {a_arg}, const float* KUMIKO_RESTRICT b, "
              "float* KUMIKO_RESTRICT c, long long ldc, int acc) {"]
-    accs = [[f"c{i}_{v}" for v in range(nv)] for i in range(mr)]
     if a_rows:
         for i in range(mr):
             lines.append(f"  const float* KUMIKO_RESTRICT a{i}r = a + {i}*lda;")
-    for i in range(mr):
-        lines.append(f"  __builtin_prefetch(c + {i}*ldc, 0, 3); __builtin_prefetch(c + {i}*ldc + {nr - 1}, 0, 3);")
-    for i in range(mr):
-        lines.append("  " + " ".join(f"kk_vf {accs[i][v]} = (kk_vf){{0}};" for v in range(nv)))
+    lines += _start(mr, nr, nv)
     lines.append("  for (long long p = 0; p < kc; ++p) {")
     for v in range(nv):
         lines.append(f"    kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});")
-    for i in range(mr):
-        src = f"a{i}r[p]" if a_rows else f"a[p*{mr} + {i}]"
-        lines.append(f"    {{ const float s{i} = {src}; kk_vf a{i} = (kk_vf){{{', '.join([f's{i}'] * vw)}}};")
-        lines.append("      " + " ".join(f"{accs[i][v]} += a{i} * b{v};" for v in range(nv)) + " }")
+    lines += _fmas(mr, nv, vw, (lambda i: f"a{i}r[p]") if a_rows else (lambda i: f"a[p*{mr} + {i}]"), "    ")
     lines.append("  }")
-    lines.append("  if (acc) {")
-    for i in range(mr):
-        for v in range(nv):
-            lines.append(f"    {accs[i][v]} += *(const kk_vfu*)(c + {i}*ldc + {v * vw});")
-    lines.append("  }")
-    for i in range(mr):
-        for v in range(nv):
-            lines.append(f"  *(kk_vfu*)(c + {i}*ldc + {v * vw}) = {accs[i][v]};")
-    lines.append("}")
-    return "\n".join(lines)
+    return "\n".join(lines + _finish(mr, nv, vw))
 
 
 #: what the contraction kernels need besides kumiko_cpu.h: the OpenMP thread queries (stubs without OpenMP)
@@ -68,9 +113,9 @@ static inline int omp_get_thread_num(void) { return 0; }
 /* Scratch kept by each thread between calls, grow-only, shared by the contraction kernels of this program
  * (they run one at a time on a thread): a fresh multi-MiB allocation per call is fresh pages, and the page
  * faults cost more than a large GEMM's packing. Slots: 0 accumulator tile, 1 B panels, 2-3 index tables,
- * 4 the thread's A panels; 5-9 and 0 the row-block pipeline (kumiko.kernel.stream). A slot above 64 MiB is
- * freed at the end of the call. */
-#define KK_SCRATCH_SLOTS 10
+ * 4 the thread's A panels; 5-9 and 0 the row-block pipeline (kumiko.kernel.stream); 10 the padded stage of
+ * an operand (kumiko.kernel.contract). A slot above 64 MiB is freed at the end of the call. */
+#define KK_SCRATCH_SLOTS 11
 static _Thread_local void* kk_scratch_p[KK_SCRATCH_SLOTS];
 static _Thread_local size_t kk_scratch_n[KK_SCRATCH_SLOTS];
 __attribute__((unused)) static void* kk_scratch(int slot, size_t bytes) {
@@ -129,4 +174,5 @@ __attribute__((unused, noinline)) static void kk_pack_rows8(float* KUMIKO_RESTRI
 
 def vector_types(vw: int) -> str:
     return (f"typedef float kk_vf __attribute__((vector_size({4 * vw})));\n"
-            "typedef kk_vf kk_vfu __attribute__((aligned(4)));\n" + _HELPERS)
+            "typedef kk_vf kk_vfu __attribute__((aligned(4)));\n"
+            f"typedef int kk_vmi __attribute__((vector_size({4 * vw})));\n" + _HELPERS)

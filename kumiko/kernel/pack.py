@@ -65,6 +65,7 @@ class _Table:
     guards: tuple         # ((op, (rest, row part, k part)), ...)
     value: RExpr          # the packed value, over Ref("__ld") (the loaded element in its compute type)
     identity: bool        # value is the fp32 element itself (vector copies apply)
+    dims: tuple = ()      # per dimension of the source: ((rest, row part, k part) of its index, size); () if flat
 
 
 def _names(atom) -> set:
@@ -132,12 +133,16 @@ def _table_form(e: RExpr, memrefs: dict, rows: set, ks: set) -> _Table | None:
         value = Cast(value, to)
     rd = reads[0]
     m = memrefs[rd.tensor]
+    dims: tuple = ()
     if rd.flat:
         off = Expr.lift(rd.index[0])
     else:
         off = Expr.lift(0)
         for i, d in zip(rd.index, m.shape):
             off = off * d + i
+        dp = [_parts(Expr.lift(i), rows, ks) for i in rd.index]
+        if all(x is not None for x in dp):
+            dims = tuple(zip(dp, (Expr.lift(d) for d in m.shape)))
     op = _parts(off, rows, ks)
     gs = []
     for g, kind in guards:
@@ -150,7 +155,28 @@ def _table_form(e: RExpr, memrefs: dict, rows: set, ks: set) -> _Table | None:
     if m.dtype.name == "fp32" and value == Cast(Ref("__ld"), dtypes.fp32):
         value = Ref("__ld")
     identity = value == Ref("__ld") and m.dtype.name == "fp32"
-    return _Table(rd.tensor, m.dtype, op, tuple(gs), value, identity)
+    return _Table(rd.tensor, m.dtype, op, tuple(gs), value, identity, dims)
+
+
+def stage_bounds(t: _Table | None) -> tuple | None:
+    """Whether a padded copy of the source (a stage) can replace the guards of ``t``: every guard is a
+    bound of one of the source's dimensions (``index >= 0`` or ``size - 1 - index >= 0``), and every
+    index part is affine. Then an element whose guard fails is exactly an element of the stage's zero
+    border, and the stage reads need no test. Returns the dims (as in ``_Table.dims``), else None."""
+    if t is None or not t.identity or not t.dims or not t.guards:
+        return None
+    for op, g in t.guards:
+        if op != "ge":
+            return None
+        lower = [p for p, _ in t.dims if all(a == b for a, b in zip(g, p))]
+        upper = [(p, n) for p, n in t.dims
+                 if g[0] == n - 1 - p[0] and g[1] == -p[1] and g[2] == -p[2]]
+        if not lower and not upper:
+            return None
+    for p, n in t.dims:
+        if not all(e.is_affine() for e in p) or not n.is_affine():
+            return None
+    return t.dims
 
 
 def _stride(off: Expr, a: str) -> int | None:
@@ -194,7 +220,8 @@ class Side:
     count: str            # the C variable holding the number of rows
 
 
-def _unit(rows: tuple, t: _Table | None) -> bool:
+def unit_rows(rows: tuple, t: _Table | None) -> bool:
+    """The innermost row axis moves the operand by one element."""
     return t is not None and bool(rows) and _stride(t.off[1], rows[-1]) == 1
 
 
@@ -205,7 +232,7 @@ def panel_sides(c: Contraction, memrefs: dict, mr: int, nr: int) -> tuple[Side, 
     tx = _table_form(c.x, memrefs, set(c.m_axes), ks)
     ty = _table_form(c.y, memrefs, set(c.n_axes), ks)
     ox, oy = _row_order(c.m_axes, tx), _row_order(c.n_axes, ty)
-    swapped = c.outer is not None or (_unit(ox, tx) and not _unit(oy, ty))
+    swapped = c.outer is not None or (unit_rows(ox, tx) and not unit_rows(oy, ty))
     if swapped:
         return Side("a", c.y, oy, mr, ty, "kk_M"), Side("b", c.x, ox, nr, tx, "kk_N"), True
     return Side("a", c.x, ox, mr, tx, "kk_M"), Side("b", c.y, oy, nr, ty, "kk_N"), False
@@ -417,10 +444,14 @@ class PanelPacking:
         return v if t is None or t.name == "fp32" else f"(float)({v})"
 
     # tables ---------------------------------------------------------------------------------------------
-    def _tables(self, sd: Side) -> tuple[list, list]:
-        """(allocation, cooperative fill) of a side's index tables."""
-        t, p, n = sd.table, f"kk_{sd.key}", 1 + len(sd.table.guards)
-        names = [("o", 0)] + [(f"g{j}", j + 1) for j in range(n - 1)]
+    def _tables(self, sd: Side, extra: tuple = ()) -> tuple[list, list]:
+        """(allocation, cooperative fill) of a side's index tables: the offset, each guard's value and the
+        ``extra`` columns ((name, row part, K part): C text over the axes)."""
+        t, p = sd.table, f"kk_{sd.key}"
+        g = len(t.guards)
+        n = 1 + g + len(extra)
+        names = [("o", 0)] + [(f"g{j}", j + 1) for j in range(g)]
+        names += [(nm, 1 + g + j) for j, (nm, _, _) in enumerate(extra)]
         alloc = [Raw(f"long long* {p}tab = (long long*)kk_scratch({2 if sd.key == 'a' else 3}, sizeof(long long) * "
                      f"(size_t)(({sd.count} + {sd.r}) * {n} + kk_K * {n}));")]
         for nm, j in names:
@@ -428,12 +459,13 @@ class PanelPacking:
         for nm, j in names:
             alloc.append(Decl("long long* KUMIKO_RESTRICT", f"{p}k{nm}", f"{p}tab + {n} * ({sd.count} + {sd.r}) + "
                               f"{j} * kk_K"))
-        exprs = [t.off] + [g for _, g in t.guards]
+        exprs = [t.off] + [gd for _, gd in t.guards]
         fill: list = []
         k_axes = tuple(a.name for a in self.c.k_axes)
         for side, axes, count, part in (("r", sd.rows, sd.count, 1), ("k", k_axes, "kk_K", 2)):
             var = f"kk_f{side}"
             body: list = [Store(f"{p}{side}{nm}", var, C.index(e[part], set(axes))) for (nm, _), e in zip(names, exprs)]
+            body += [Store(f"{p}{side}{nm}", var, (rc, kc)[part - 1]) for nm, rc, kc in extra]
             sizes = tuple(C.index(self.lo.sizes[a], set()) for a in axes)
             dec: list = []
             self.decompose(f"{var}0", axes, dec)

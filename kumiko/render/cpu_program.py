@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kumiko.kernel.contract import lower_contraction_region
 from kumiko.kernel.lower_cpu import CpuLowering
-from kumiko.kernel.micro import micro_kernel, vector_types
+from kumiko.kernel.micro import micro_kernel, stage_micro_kernel, vector_types
 from kumiko.kernel.stream import find_pipe, lower_pipe, pipe_buffers
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Program
@@ -25,7 +25,7 @@ def render_cpu_program(program: Program, plans: dict[str, Plan], fuse: bool = Tr
                        ) -> tuple[str, dict[str, str], tuple, tuple[Step, ...]]:
     """(C source, region name -> C function name, the syms order, the calls in execution order)."""
     syms = program_symbols(program)
-    kernels, names, micros, rows_micros, steps = [], {}, set(), set(), []
+    kernels, names, micros, rows_micros, stage_micros, steps = [], {}, set(), set(), set(), []
     vw = 4
     fused_into: set = set()
     for k, r in enumerate(program.regions):
@@ -54,11 +54,14 @@ def render_cpu_program(program: Program, plans: dict[str, Plan], fuse: bool = Tr
             kern = lower_contraction_region(lo, plan)
             if kern is not None:
                 micros.add((plan.micro[0], plan.micro[1], plan.vector_width))
+                if lo.staged:
+                    stage_micros.add((plan.micro[0], plan.micro[1], plan.vector_width))
                 vw = plan.vector_width
         if kern is None:
             kern = CpuLowering(r, syms, name).lower()
         kernels.append(kern)
     kernels_c = [micro_kernel(*m) for m in sorted(micros)]
     kernels_c += [micro_kernel(*m, a_rows=True) for m in sorted(rows_micros)]
+    kernels_c += [stage_micro_kernel(*m) for m in sorted(stage_micros)]
     extra = vector_types(vw) + "\n".join(kernels_c) if micros else ""
     return render_program(kernels, extra), names, syms, tuple(steps)

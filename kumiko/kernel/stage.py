@@ -1,0 +1,146 @@
+"""The staged B operand of the packed contraction path (``kumiko.kernel.contract``): read B in place
+from a zero-padded copy of its source instead of packing panels.
+
+When every guard of the B operand is a bound of one of its source's dimensions (``pack.stage_bounds``:
+a convolution's padding), a padded copy of the source - the stage, each dimension widened by the
+farthest its index reaches below 0 or past its end, the border zero - makes every read valid: the
+element behind a failed guard is a border zero. A stage offset is affine in the rows and in K again
+(``row part + K part``), so panel lane j at k is ``stage[base + so[row j] + sk[k]]``: when a panel's rows
+are one run of consecutive offsets, or two (a row of pixels that wraps past the pad columns), the
+micro-kernel loads them straight from the stage (``micro.stage_micro_kernel``). No panel is packed,
+so no element is copied nine times (im2col) or tested per k.
+
+Per call the threads fill the stage together (row by row of its innermost dimension: zeros, a copy,
+zeros). Per N block every panel's runs are checked from the row table; a block with a panel of three or
+more runs (rows shorter than a panel) packs its panels as before. The stage holds the whole operand
+(its size is checked against the source's, a bounded overhead); it lives in ``kk_scratch`` slot 10.
+"""
+from __future__ import annotations
+
+from kumiko.kernel import cexpr as C
+from kumiko.kernel.loops import Decl, For, If, Raw
+from kumiko.symbolic import Expr, Sym
+
+
+def span(e: Expr, sizes: dict, axes: set) -> tuple[str, str] | None:
+    """(lowest, highest) value of an affine ``e`` as C text, its ``axes`` ranging over ``[0, size)``
+    and every other symbol fixed; None when an axis occurs other than as ``coef * axis``."""
+    lo, hi = [str(e.const)], [str(e.const)]
+    for mono, coef in e.terms:
+        names = set()
+        for a in mono:
+            names |= {a.name} if isinstance(a, Sym) else set(a.num.symbols())
+        if not names & axes:
+            term = C.index(Expr({mono: coef}), set())
+            lo.append(term)
+            hi.append(term)
+            continue
+        if len(mono) != 1 or not isinstance(mono[0], Sym):
+            return None
+        far = f"{coef}LL * ({C.index(sizes[mono[0].name], set())} - 1)"
+        (hi if coef > 0 else lo).append(far)
+    return f"({' + '.join(lo)})", f"({' + '.join(hi)})"
+
+
+class Stage:
+    """The stage of one table-form B side: its C declarations, table columns, fill and per-block check."""
+
+    def __init__(self, dims: tuple, rows: tuple, k_axes: tuple, batch: tuple, sizes: dict, src: str, nr: int):
+        self.dims, self.rows, self.k_axes, self.batch = dims, rows, k_axes, batch
+        self.src, self.nr, self.D, self.sizes = src, nr, len(dims), sizes
+        self.spans = []
+        for (rest, rp, kp), _ in dims:
+            parts = (span(rest, sizes, set(batch)), span(rp, sizes, set(rows)), span(kp, sizes, set(k_axes)))
+            self.spans.append(parts if all(p is not None for p in parts) else None)
+        self.ok = all(s is not None for s in self.spans)
+
+    def decls(self) -> list:
+        """Pads, extents and strides of the stage, whether to use it (``kk_stg``) and its buffer."""
+        out: list = []
+        for i, ((_, n), sp) in enumerate(zip(self.dims, self.spans)):
+            lo = " + ".join(s[0] for s in sp)
+            hi = " + ".join(s[1] for s in sp)
+            size = C.index(n, set())
+            out += [Decl("const long long", f"kk_spl{i}", f"-({lo}) > 0 ? -({lo}) : 0"),
+                    Decl("const long long", f"kk_sph{i}", f"({hi}) - ({size} - 1) > 0 ? ({hi}) - ({size} - 1) : 0"),
+                    Decl("const long long", f"kk_sn{i}", f"{size} + kk_spl{i} + kk_sph{i}")]
+        out.append(Decl("const long long", f"kk_sst{self.D - 1}", "1"))
+        for i in reversed(range(self.D - 1)):
+            out.append(Decl("const long long", f"kk_sst{i}", f"kk_sst{i + 1} * kk_sn{i + 1}"))
+        # how many rows in a row are consecutive in the stage, from the innermost row axis out: a panel
+        # is at most two runs when that is at least NR - 1
+        out += [Decl("long long", "kk_srun", "1"), Decl("int", "kk_sgo", "1")]
+        for a in reversed(self.rows):
+            stride = " + ".join(f"{p[1].coeff(a)}LL * kk_sst{i}" for i, (p, _) in enumerate(self.dims)
+                                if p[1].coeff(a)) or "0"
+            out.append(Raw(f"if (kk_sgo && ({stride}) == kk_srun) kk_srun *= {C.index(self.sizes[a], set())}; "
+                           "else kk_sgo = 0;"))
+        src_n = " * ".join(f"({C.index(n, set())})" for _, n in self.dims)
+        out += [Decl("const long long", "kk_ssz", "kk_sst0 * kk_sn0"),
+                # the stage at most twice the source (plus a little): the pads are borders, not blow-ups
+                Decl("const int", "kk_stgw", f"kk_srun >= {self.nr - 1} && kk_ssz <= 2 * ({src_n}) + 65536"),
+                Decl("float*", "kk_S", f"kk_stgw ? (float*)kk_scratch(10, sizeof(float) * (size_t)(kk_ssz + "
+                     f"{4 * self.nr})) : 0"),
+                Decl("const int", "kk_stg", "kk_stgw && kk_S != 0")]     # no memory for it: pack as before
+        return out
+
+    def columns(self) -> tuple:
+        """The stage offset as an extra table column: (name, row part, K part)."""
+        def part(j: int, axes: tuple) -> str:
+            return " + ".join(f"({C.index(p[j], set(axes))}) * kk_sst{i}" for i, (p, _) in enumerate(self.dims))
+        return (("so", part(1, self.rows), part(2, self.k_axes)),)
+
+    def base(self) -> Decl:
+        """The stage offset of the batch point (``kk_b`` decomposed): the rest parts plus the low pads."""
+        terms = " + ".join(f"({C.index(p[0], set(self.batch))} + kk_spl{i}) * kk_sst{i}"
+                           for i, (p, _) in enumerate(self.dims))
+        return Decl("const long long", "kk_bsb", f"kk_stg ? {terms} : 0")
+
+    def fill(self) -> list:
+        """The threads fill the stage together, one innermost row each at a time, and its slack."""
+        D = self.D
+        last = D - 1
+        n_last = C.index(self.dims[last][1], set())
+        idx: list = []
+        rest = "kk_sr"
+        for i in reversed(range(last)):
+            idx.append(Decl("const long long", f"kk_e{i}", f"({rest}) % kk_sn{i} - kk_spl{i}" if i else
+                            f"({rest}) - kk_spl{i}"))
+            rest = f"({rest}) / kk_sn{i}"
+        inside = " && ".join(f"kk_e{i} >= 0 && kk_e{i} < {C.index(self.dims[i][1], set())}" for i in range(last)) or "1"
+        src_off, stride = [], "1"
+        for i in reversed(range(D)):
+            if i < last:
+                src_off.append(f"kk_e{i} * ({stride})")
+            stride = f"{stride} * ({C.index(self.dims[i][1], set())})"
+        src = f"{self.src} + {' + '.join(src_off) or '0'}"
+        rows = " * ".join(f"kk_sn{i}" for i in range(last)) or "1"
+        body = (*idx,
+                Decl("float* KUMIKO_RESTRICT", "kk_sd", f"kk_S + kk_sr * kk_sn{last}"),
+                If(inside, (Raw(f"memset(kk_sd, 0, sizeof(float) * kk_spl{last});\n"
+                                f"memcpy(kk_sd + kk_spl{last}, {src}, sizeof(float) * {n_last});\n"
+                                f"memset(kk_sd + kk_spl{last} + {n_last}, 0, sizeof(float) * kk_sph{last});"),),
+                   (Raw(f"memset(kk_sd, 0, sizeof(float) * kk_sn{last});"),)))
+        return [If("kk_stg", (
+            Decl("const long long", "kk_srn", rows),
+            For("kk_sr", "kk_t * kk_srn / kk_nt", "(kk_t + 1) * kk_srn / kk_nt", body),
+            If("kk_t == 0", (Raw(f"memset(kk_S + kk_ssz, 0, sizeof(float) * {4 * self.nr});"),)),))]
+
+    def block_check(self) -> list:
+        """Per N block: each panel's first-run length ``kk_ps`` and second-run distance ``kk_pd`` from the
+        row table; ``kk_dir`` stays set when every panel is at most two runs with the second after."""
+        nr = self.nr
+        return [Raw("long long kk_ps[kk_np > 0 ? kk_np : 1], kk_pd[kk_np > 0 ? kk_np : 1];"),
+                Decl("int", "kk_dir", "kk_stg"),
+                Raw(f"for (long long kk_q = 0; kk_dir && kk_q < kk_np; ++kk_q) {{\n"
+                    f"  const long long* kk_so = kk_brso + kk_jc + kk_q*{nr};\n"
+                    f"  const long long kk_nv = kk_ncur - kk_q*{nr} < {nr} ? kk_ncur - kk_q*{nr} : {nr};\n"
+                    "  long long kk_s = 1;\n"
+                    "  while (kk_s < kk_nv && kk_so[kk_s] == kk_so[0] + kk_s) ++kk_s;\n"
+                    "  const long long kk_d = kk_s < kk_nv ? kk_so[kk_s] - kk_so[0] - kk_s : 0;\n"
+                    "  for (long long kk_r = kk_s; kk_r < kk_nv; ++kk_r)\n"
+                    "    kk_dir &= kk_so[kk_r] == kk_so[0] + kk_d + kk_r;\n"
+                    "  kk_dir &= kk_d >= 0;\n"
+                    f"  kk_ps[kk_q] = kk_s < kk_nv ? kk_s : {nr};\n"
+                    "  kk_pd[kk_q] = kk_d;\n"
+                    "}")]

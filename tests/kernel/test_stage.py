@@ -1,0 +1,128 @@
+"""The staged B operand (kumiko/kernel/stage.py): a zero-padded copy of a padded operand's source read in
+place by the stage micro-kernel, against the Tiny IR evaluator. Rows long enough for every panel to be
+one or two runs take the stage path; shorter rows (three runs in a panel), strides and dilations fall
+back to packing per block, and the results must not tell the two apart."""
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+import kumiko
+from kumiko import Tensor
+from kumiko.kernel.contract import ContractionLowering, find_contraction
+from kumiko.kernel.lower_cpu import CpuLowering
+from kumiko.kernel.pack import stage_bounds
+from kumiko.kernel.stage import span
+from kumiko.runtime.program import program_symbols
+from kumiko.symbolic import Expr
+from tests.kernel.test_contract_packing import SMALL, check
+
+
+def _lowering(g):
+    exe = kumiko.compile(g, "cpu")
+    prog = exe._run.program
+    (r,) = prog.regions
+    lo = CpuLowering(r, program_symbols(prog), "k")
+    return ContractionLowering(lo, find_contraction(lo), exe._run.plans[r.name])
+
+
+def test_span_of_affine_index_parts():
+    sizes = {"i": Expr.sym("H"), "k": Expr.lift(3)}
+    lo, hi = span(Expr.sym("i") * 2 - Expr.sym("k") + 1, sizes, {"i", "k"})
+    env = {"s_H": 5}
+    assert eval(lo.replace("LL", ""), {}, env) == 1 - 2 and eval(hi.replace("LL", ""), {}, env) == 1 + 8
+    assert span(Expr.sym("i") * Expr.sym("H"), sizes, {"i"}) is None     # a size times an axis: not affine
+
+
+def test_padding_guards_are_stage_bounds_and_others_are_not():
+    x, w = Tensor.input("x", ("N", 4, "H", "W")), Tensor.input("w", (6, 4, 3, 3))
+    cl = _lowering(x.conv2d(w, padding=1).graph("y"))
+    assert cl.stage is not None and len(stage_bounds(cl.b.table)) == 4
+    assert _lowering(x.conv2d(w, padding=0).graph("y")).stage is None        # no guards: nothing to stage
+    # bounds, but pixels two elements apart: no panel is a run, so no stage (built for nothing)
+    assert _lowering(x.conv2d(w, padding=1, stride=2).graph("y")).stage is None
+
+
+def test_staged_source_says_so():
+    x, w = Tensor.input("x", ("N", 4, "H", "W")), Tensor.input("w", (6, 4, 3, 3))
+    src = check(x.conv2d(w, padding=1).relu().graph("y"), {"N": 2, "H": 5, "W": 70},
+                want=["kk_micro_stage_", "kk_stg", "kk_dir"])
+    a, b = Tensor.input("a", ("M", "K")), Tensor.input("b", ("K", "N"))
+    gemm = check((a @ b).graph("y"), {"M": 9, "N": 40, "K": 7})
+    assert "kk_micro_stage_" not in gemm and "kk_stg" not in gemm and "kk_micro_stage_" in src
+
+
+@pytest.mark.parametrize("hw", [(5, 70), (6, 33), (4, 32), (3, 31), (2, 5), (9, 64)])
+@pytest.mark.parametrize("tile", [None, SMALL])
+def test_staged_conv_matches_the_evaluator(hw, tile):
+    """Rows of 70, 64, 33, 32: every panel one or two runs (the stage); 31 and 5 on AVX-512: three runs
+    in some panel, the block packs instead."""
+    x, w = Tensor.input("x", ("N", 5, "H", "W")), Tensor.input("w", (7, 5, 3, 3))
+    g = (x.conv2d(w, padding=1) + Tensor.input("b", (7, 1, 1))).relu().graph("y")
+    check(g, {"N": 3, "H": hw[0], "W": hw[1]}, tile)
+
+
+@pytest.mark.parametrize("hw", [(6, 70), (8, 56), (5, 41)])
+@pytest.mark.parametrize("tile", [None, SMALL, (8, 64, 4)])
+def test_staged_conv_relu_maxpool(hw, tile):
+    x, w = Tensor.input("x", ("N", 3, "H", "W")), Tensor.input("w", (10, 3, 3, 3))
+    g = x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y")
+    check(g, {"N": 2, "H": hw[0], "W": hw[1]}, tile)
+
+
+@pytest.mark.parametrize("stride,padding,dilation", [(1, (0, 2), 1), (1, 2, 2), (2, 1, 1), (1, (2, 0), 1)])
+def test_staged_conv_padding_and_dilation_variants(stride, padding, dilation):
+    x, w = Tensor.input("x", ("N", 3, "H", "W")), Tensor.input("w", (4, 3, 3, 3))
+    g = x.conv2d(w, stride=stride, padding=padding, dilation=dilation).graph("y")
+    check(g, {"N": 2, "H": 7, "W": 75})
+    check(g, {"N": 1, "H": 4, "W": 40}, SMALL)
+
+
+def test_zero_padded_gemm_operand_is_staged():
+    """Not a convolution: a GEMM whose B operand is zero-padded along N and K."""
+    a, b = Tensor.input("a", ("M", 9)), Tensor.input("b", (6, "N0"))
+    g = (a @ b.pad(((1, 2), (3, 5)))).graph("y")
+    src = check(g, {"M": 11, "N0": 70})
+    assert "kk_micro_stage_" in src
+
+
+def test_half_precision_operand_is_not_staged():
+    x, w = Tensor.input("x", ("N", 4, "H", "W"), dtype="fp16"), Tensor.input("w", (6, 4, 3, 3), dtype="fp16")
+    src = check(x.conv2d(w, padding=1).graph("y"), {"N": 1, "H": 4, "W": 40}, tol=1e-2)
+    assert "kk_micro_stage_" not in src
+
+
+_THREADS = r"""
+import numpy as np, kumiko
+from kumiko import Tensor
+x, w = Tensor.input("x", ("N", 6, "H", "W")), Tensor.input("w", (20, 6, 3, 3))
+for g, shapes in ((x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y"), {"N": 3, "H": 6, "W": 66}),
+                  (x.conv2d(w, padding=1).graph("y"), {"N": 1, "H": 9, "W": 45})):
+    exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+    ins = exe.random_inputs(1, shapes)
+    out, want = exe(**ins), ref(**ins)
+    for n in want:
+        a, b = np.asarray(out[n], np.float64), np.asarray(want[n], np.float64)
+        assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), shapes
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("threads", ["2", "3"])
+def test_staged_conv_with_threads(threads):
+    """The threads fill the stage together (a barrier before any panel reads it)."""
+    env = dict(os.environ, OMP_NUM_THREADS=threads)
+    r = subprocess.run([sys.executable, "-c", _THREADS], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
+def test_unused_tile_replace_keeps_stage():
+    """A plan with other cache blocks still stages (the stage does not depend on NC or KC)."""
+    x, w = Tensor.input("x", ("N", 4, "H", "W")), Tensor.input("w", (6, 4, 3, 3))
+    g = x.conv2d(w, padding=1).graph("y")
+    exe = kumiko.compile(g, "cpu")
+    plans = {k: replace(p, tile=(p.micro[0], p.micro[1] * 2, 8)) for k, p in exe._run.plans.items()}
+    src = kumiko.compile(g, "cpu", plans=plans)._run.source
+    assert "kk_micro_stage_" in src
