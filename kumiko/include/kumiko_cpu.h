@@ -27,8 +27,9 @@
  *
  * The vector width follows what the compiler targets (-march=native on the build machine):
  * AVX-512F -> 16 floats, AVX/AVX2 -> 8, otherwise 4 (SSE, NEON, or GCC's generic lowering).
- * Buffers passed to kernels are 64-byte aligned (KUMIKO_BUF_ALIGN), but loads and stores here are
- * unaligned-safe because tiles rarely start on a vector boundary.
+ * Outputs and arena buffers passed to kernels are 64-byte aligned (KUMIKO_BUF_ALIGN); inputs only to
+ * their element size (the runtime passes numpy arrays in place). Loads and stores here are
+ * unaligned-safe.
  */
 #ifndef KUMIKO_CPU_H
 #define KUMIKO_CPU_H
@@ -53,7 +54,7 @@
 #endif
 #define KUMIKO_INLINE static inline __attribute__((always_inline))
 #define KUMIKO_ALIGN(n) __attribute__((aligned(n)))
-#define KUMIKO_BUF_ALIGN 64 /* every buffer the runtime passes is aligned to this many bytes */
+#define KUMIKO_BUF_ALIGN 64 /* every output and arena buffer the runtime passes is aligned to this */
 #define KUMIKO_ASSUME_ALIGNED(p, n) __builtin_assume_aligned((p), (n))
 #define KUMIKO_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KUMIKO_UNLIKELY(x) __builtin_expect(!!(x), 0)

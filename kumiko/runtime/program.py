@@ -220,6 +220,13 @@ class CpuProgram:
             self._arenas[key] = (plan, aligned_empty((max(plan.size, ALIGN),), np.uint8, plan.align))
         return self._arenas[key]
 
+    def input_align(self, m: MemRef, dt: np.dtype) -> int:
+        """The alignment an input is passed at without a copy. The generated C reads inputs with unaligned
+        loads (``kumiko_cpu.h``, the stage micro-kernel; only the runtime's own scratch and packed panels
+        are read with aligned ones), so a C-contiguous array at its element alignment is used in place: a
+        numpy array is only 16-byte aligned, and copying a large one costs a pass over it per call."""
+        return dt.itemsize
+
     def _input(self, name: str, m: MemRef, arr, env: Mapping[str, int]) -> np.ndarray:
         arr = np.asarray(arr)
         dt = m.dtype
@@ -232,11 +239,11 @@ class CpuProgram:
         if tuple(arr.shape) != want:
             raise KumikoError("E1015", at=f"input {name}", why=f"expected shape {list(want)} "
                               f"({[str(d) for d in m.shape]}), got {list(arr.shape)}")
-        align = max(ALIGN, m.alignment)
+        align = self.input_align(m, arr.dtype)
         if arr.flags.c_contiguous and arr.ctypes.data % align == 0:
             return arr
         # the aligned copy is the runtime's own (never handed out): its memory is reused call after call
-        out = self._copies.take(name, tuple(arr.shape), arr.dtype, align)
+        out = self._copies.take(name, tuple(arr.shape), arr.dtype, max(align, ALIGN))
         out[...] = arr
         return out
 

@@ -27,6 +27,7 @@ from kumiko.plan.plan import Plan
 from kumiko.region import form_regions
 from kumiko.region.ssa import Program
 from kumiko.render.cuda import render_cuda
+from kumiko.runtime.arena import ALIGN
 from kumiko.runtime.emu import CONFIGS, EmuConfig, EmuModule, build
 from kumiko.runtime.program import CpuProgram, program_symbols, region_steps
 from kumiko.symbolic import dim_eval, prod
@@ -177,6 +178,10 @@ class GpuRunner(CpuProgram):
         self.module = module
         self.setup(program, region_steps(program, {r.name: r.name for r in program.regions}), poison)
         self.launches = launches
+
+    def input_align(self, m, dt) -> int:
+        """The emulated kernels take vector loads (16 bytes) from inputs: the MemRef's alignment."""
+        return max(ALIGN, m.alignment)
 
     def __call__(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
         syms = dict(zip(self.symbols, self.syms(env)))

@@ -104,9 +104,9 @@ def test_dropped_output_is_reused(module):
     assert y.flags.c_contiguous and y.flags.writeable and addr % 64 == 0
 
 
-def test_unaligned_input_copies_reuse_one_buffer(module):
-    """An input that is not 64-byte aligned is copied into memory the runtime keeps: one buffer, taken
-    again call after call, and refilled each time (the values are always this call's)."""
+def test_unaligned_contiguous_input_is_used_in_place(module):
+    """A C-contiguous input at its element alignment (not 64-byte aligned) is passed as it is: the
+    generated C reads inputs with unaligned loads, and a copy would cost a pass over the input."""
     run = _run(module)
     for seed in range(3):
         big = np.empty(5 * 7 + 1, np.float32)
@@ -114,6 +114,22 @@ def test_unaligned_input_copies_reuse_one_buffer(module):
         x[...] = _x(seed)
         assert _addr(x) % 64 != 0
         np.testing.assert_array_equal(run({"x": x}, ENV)["y"], _x(seed) * 2 + 1)
+    assert "x" not in run._copies._pools
+
+
+def test_strided_input_copies_reuse_one_buffer(module):
+    """A strided or byte-misaligned input is copied into memory the runtime keeps: one buffer, taken
+    again call after call, and refilled each time (the values are always this call's)."""
+    run = _run(module)
+    for seed in range(3):
+        x = np.empty((5, 14), np.float32)[:, ::2]
+        x[...] = _x(seed)
+        np.testing.assert_array_equal(run({"x": x}, ENV)["y"], _x(seed) * 2 + 1)
+        raw = np.zeros(5 * 7 * 4 + 1, np.uint8)
+        odd = raw[1:].view(np.float32).reshape(5, 7)
+        odd[...] = _x(seed + 10)
+        assert _addr(odd) % 4 != 0
+        np.testing.assert_array_equal(run({"x": odd}, ENV)["y"], _x(seed + 10) * 2 + 1)
     (pool,) = run._copies._pools["x"].values()
     assert len(pool) == 1
 
