@@ -116,6 +116,9 @@ static inline int omp_get_thread_num(void) { return 0; }
  * 4 the thread's A panels; 5-9 and 0 the row-block pipeline (kumiko.kernel.stream); 10 the padded stage of
  * an operand (kumiko.kernel.contract). A slot above 64 MiB is freed at the end of the call. */
 #define KK_SCRATCH_SLOTS 11
+#ifdef KUMIKO_TRACE_STAGE
+long long kk_stage_blocks;   /* blocks whose B was read from a stage (tests build with -DKUMIKO_TRACE_STAGE) */
+#endif
 static _Thread_local void* kk_scratch_p[KK_SCRATCH_SLOTS];
 static _Thread_local size_t kk_scratch_n[KK_SCRATCH_SLOTS];
 __attribute__((unused)) static void* kk_scratch(int slot, size_t bytes) {

@@ -5,7 +5,8 @@ When every guard of the B operand is a bound of one of its source's dimensions (
 a convolution's padding), a padded copy of the source - the stage, each dimension widened by the
 farthest its index reaches below 0 or past its end, the border zero - makes every read valid: the
 element behind a failed guard is a border zero. A stage offset is affine in the rows and in K again
-(``row part + K part``), so panel lane j at k is ``stage[base + so[row j] + sk[k]]``: when a panel's rows
+(``row part + K part``: table columns ``kk_brso``, ``kk_bkso``), so panel lane j at k is
+``stage[base + kk_brso[row j] + kk_bkso[k]]``: when a panel's rows
 are one run of consecutive offsets, or two (a row of pixels that wraps past the pad columns), the
 micro-kernel loads them straight from the stage (``micro.stage_micro_kernel``). No panel is packed,
 so no element is copied nine times (im2col) or tested per k.
@@ -143,4 +144,7 @@ class Stage:
                     "  kk_dir &= kk_d >= 0;\n"
                     f"  kk_ps[kk_q] = kk_s < kk_nv ? kk_s : {nr};\n"
                     "  kk_pd[kk_q] = kk_d;\n"
-                    "}")]
+                    "}\n"
+                    "#ifdef KUMIKO_TRACE_STAGE\n"
+                    "if (kk_dir) __atomic_fetch_add(&kk_stage_blocks, 1, __ATOMIC_RELAXED);\n"
+                    "#endif")]

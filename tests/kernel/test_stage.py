@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import kumiko
@@ -118,7 +119,7 @@ def test_staged_conv_with_threads(threads):
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
 
 
-def test_unused_tile_replace_keeps_stage():
+def test_other_cache_blocks_keep_the_stage():
     """A plan with other cache blocks still stages (the stage does not depend on NC or KC)."""
     x, w = Tensor.input("x", ("N", 4, "H", "W")), Tensor.input("w", (6, 4, 3, 3))
     g = x.conv2d(w, padding=1).graph("y")
@@ -126,3 +127,39 @@ def test_unused_tile_replace_keeps_stage():
     plans = {k: replace(p, tile=(p.micro[0], p.micro[1] * 2, 8)) for k, p in exe._run.plans.items()}
     src = kumiko.compile(g, "cpu", plans=plans)._run.source
     assert "kk_micro_stage_" in src
+
+
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-march=x86-64",)])
+def test_stage_micro_kernel_without_avx512(monkeypatch, flags):
+    """The stage micro-kernel is GCC vector code (its blend is integer masks): built for narrower ISAs
+    it computes the same."""
+    from kumiko.runtime import cpu as cpu_rt
+    monkeypatch.setattr(cpu_rt, "DEFAULT_FLAGS", tuple(cpu_rt.DEFAULT_FLAGS) + flags)
+    x, w = Tensor.input("x", ("N", 3, "H", "W")), Tensor.input("w", (5, 3, 3, 3))
+    src = check(x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y"), {"N": 2, "H": 6, "W": 50})
+    assert "kk_micro_stage_" in src
+
+
+def _staged_blocks(monkeypatch, g, shapes) -> int:
+    """Blocks that read B from the stage in one run (the kernel built with -DKUMIKO_TRACE_STAGE)."""
+    import ctypes
+
+    from kumiko.runtime import cpu as cpu_rt
+    monkeypatch.setattr(cpu_rt, "DEFAULT_FLAGS", tuple(cpu_rt.DEFAULT_FLAGS) + ("-DKUMIKO_TRACE_STAGE",))
+    exe = kumiko.compile(g, "cpu")
+    counter = ctypes.c_longlong.in_dll(exe._run.module.lib, "kk_stage_blocks")
+    counter.value = 0
+    ins = exe.random_inputs(0, shapes)
+    out, ref = exe(**ins), kumiko.compile(g, "eval")(**ins)
+    for k in ref:
+        np.testing.assert_allclose(out[k], ref[k], rtol=1e-4, atol=1e-4)
+    return counter.value
+
+
+def test_long_rows_take_the_stage_and_short_rows_pack(monkeypatch):
+    x, w = Tensor.input("x", ("N", 3, "H", "W")), Tensor.input("w", (5, 3, 3, 3))
+    g = x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y")
+    assert _staged_blocks(monkeypatch, g, {"N": 2, "H": 6, "W": 50}) > 0
+    assert _staged_blocks(monkeypatch, g, {"N": 2, "H": 6, "W": 8}) == 0      # rows of 8: packed
+    g = x.conv2d(w, padding=1).graph("y")
+    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 3, "W": 40}) > 0
