@@ -163,3 +163,13 @@ def test_long_rows_take_the_stage_and_short_rows_pack(monkeypatch):
     assert _staged_blocks(monkeypatch, g, {"N": 2, "H": 6, "W": 8}) == 0      # rows of 8: packed
     g = x.conv2d(w, padding=1).graph("y")
     assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 3, "W": 40}) > 0
+
+
+@pytest.mark.parametrize("tile", [None, SMALL])
+def test_staged_b_with_a_packed_per_k_block(monkeypatch, tile):
+    """M x K past what a thread keeps resident (64 x 1152 floats): A is packed per K block and the stage
+    micro-kernel runs once per K block, adding into the C tile."""
+    x, w = Tensor.input("x", ("N", 128, "H", "W")), Tensor.input("w", (64, 128, 3, 3))
+    g = x.conv2d(w, padding=1).graph("y")
+    check(g, {"N": 1, "H": 2, "W": 40}, tile, tol=2e-5)
+    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 2, "W": 40}) > 0
