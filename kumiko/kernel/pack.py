@@ -168,9 +168,8 @@ def stage_bounds(t: _Table | None) -> tuple | None:
     for op, g in t.guards:
         if op != "ge":
             return None
-        lower = [p for p, _ in t.dims if all(a == b for a, b in zip(g, p))]
-        upper = [(p, n) for p, n in t.dims
-                 if g[0] == n - 1 - p[0] and g[1] == -p[1] and g[2] == -p[2]]
+        lower = any(all(a == b for a, b in zip(g, p)) for p, _ in t.dims)
+        upper = any(g[0] == n - 1 - p[0] and g[1] == -p[1] and g[2] == -p[2] for p, n in t.dims)
         if not lower and not upper:
             return None
     for p, n in t.dims:
