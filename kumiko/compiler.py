@@ -96,6 +96,7 @@ class Executable:
         self.params = dict(program.params) if isinstance(program, Graph) else {}
         self.target = target
         self._run = TARGETS[target](self.tiny, **options)
+        self._sizes_ok: set = set()      # sizes check_sizes passed (bind)
 
     @property
     def input_names(self) -> list[str]:
@@ -108,8 +109,12 @@ class Executable:
     def bind(self, inputs: Mapping[str, np.ndarray], shapes: Mapping[str, int] | None = None) -> dict[str, int]:
         env = bind_symbols(self.tiny, inputs, shapes)
         check_inputs(self.tiny, inputs, env)
-        if self.target != "eval":
-            check_sizes(self.tiny, env)      # compiled kernels trust these; the evaluator checks as it runs
+        if self.target != "eval":        # compiled kernels trust these; the evaluator checks as it runs
+            key = tuple(sorted(env.items()))
+            if key not in self._sizes_ok:        # they depend on the sizes only: once per set of sizes
+                check_sizes(self.tiny, env)
+                if len(self._sizes_ok) < 64:
+                    self._sizes_ok.add(key)
         return env
 
     def __call__(self, **inputs: np.ndarray) -> dict[str, np.ndarray]:
