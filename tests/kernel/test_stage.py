@@ -58,8 +58,8 @@ def test_staged_source_says_so():
 @pytest.mark.parametrize("hw", [(5, 70), (6, 33), (4, 32), (3, 31), (2, 5), (9, 64)])
 @pytest.mark.parametrize("tile", [None, SMALL])
 def test_staged_conv_matches_the_evaluator(hw, tile):
-    """Rows of 70, 64, 33, 32: every panel one or two runs (the stage); 31 and 5 on AVX-512: three runs
-    in some panel, the block packs instead."""
+    """Rows of 70, 64, 33, 32 and 31 (NR - 1 on AVX-512): every panel is one or two runs, the stage; rows
+    of 5: more runs in a panel, the blocks pack instead."""
     x, w = Tensor.input("x", ("N", 5, "H", "W")), Tensor.input("w", (7, 5, 3, 3))
     g = (x.conv2d(w, padding=1) + Tensor.input("b", (7, 1, 1))).relu().graph("y")
     check(g, {"N": 3, "H": hw[0], "W": hw[1]}, tile)
@@ -75,6 +75,8 @@ def test_staged_conv_relu_maxpool(hw, tile):
 
 @pytest.mark.parametrize("stride,padding,dilation", [(1, (0, 2), 1), (1, 2, 2), (2, 1, 1), (1, (2, 0), 1)])
 def test_staged_conv_padding_and_dilation_variants(stride, padding, dilation):
+    """Asymmetric pads and a dilation (it spaces K, not the pixels) stage; stride 2 spaces the pixels, so
+    that conv packs. All match the evaluator."""
     x, w = Tensor.input("x", ("N", 3, "H", "W")), Tensor.input("w", (4, 3, 3, 3))
     g = x.conv2d(w, stride=stride, padding=padding, dilation=dilation).graph("y")
     check(g, {"N": 2, "H": 7, "W": 75})
