@@ -173,7 +173,6 @@ class ContractionLowering(PanelPacking):
             st = Stage(dims, self.b.rows, tuple(a.name for a in c.k_axes), c.batch, lo.sizes,
                        lo.cname[self.b.table.tensor], self.nr)
             self.stage = st if st.ok else None
-        lo.staged = lo.staged or self.stage is not None
 
     def size(self, axes) -> str:
         return C.index(prod([self.lo.sizes[a] for a in axes]) if axes else 1, set())
@@ -316,6 +315,7 @@ class ContractionLowering(PanelPacking):
         if stg is not None:
             s += stg.decls()
             fills += stg.fill()
+            lo.staged = True      # the program needs the stage micro-kernel
         s.append(Raw("float* kk_Bp = (float*)kk_scratch(1, sizeof(float) * (size_t)(kk_nbuf * 2 * kk_bsz));\n"
                      "float* kk_C = (float*)kk_scratch(0, sizeof(float) * (size_t)(kk_nbuf * kk_Mp * kk_ldc));"))
         par: list = [Decl("const int", "kk_t", "omp_get_thread_num()"),

@@ -4,8 +4,9 @@
 It owns everything between numpy and the kernels, so the code generator only emits kernels:
 
 - inputs are checked against the Program's MemRefs (dtype, shape under ``env``) and copied only when
-  they are not C-contiguous or not aligned (64 bytes, or the MemRef's ``alignment`` when larger: the ABI
-  promises both to kernels; ``aligned_empty`` makes inputs that need no copy);
+  they are not C-contiguous or not aligned as ``input_align`` asks (the element size for the generated C,
+  which reads inputs with unaligned loads; the MemRef's ``alignment`` for the CUDA emulator); the copy is
+  the runtime's own memory, reused call after call;
 - outputs are 64-byte-aligned arrays **poisoned** before the run (NaN for floats, 0x7f bytes for
   integers), so an element a kernel forgets to write shows up in tests instead of passing by luck. They
   are reused (``OutputPool``, PyTorch-caching-allocator style) once nothing outside the runtime can see

@@ -3,6 +3,7 @@ index-table packing (contiguous, strided, guarded at the edges), the per-element
 swap, the thread splits (M, N, whole batch points) and the fused window epilogue, at sizes that are not
 multiples of the micro-tile or the cache blocks, and with cache blocks small enough that every path runs
 several blocks."""
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -97,6 +98,25 @@ def test_conv_relu_maxpool_window_epilogue(tile, hw):
     g = x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y")
     src = check(g, {"N": 2, "H": hw[0], "W": hw[1]}, tile, want=["index tables"])
     assert "kk_G" in src
+    assert re.search(r"#pragma omp simd\s+for \(long long kk_e = ", src)     # windows of a group side by side
+
+
+@pytest.mark.parametrize("w", [8, 58])
+def test_nan_propagates_through_the_pooling_epilogue(w):
+    """The window max keeps a NaN wherever it sits in the window (first or later element) and wherever
+    the pooled column falls (vector body or scalar tail of the epilogue loop), as the evaluator does."""
+    x = Tensor.input("x", ("N", 3, "H", "W"))
+    g = x.conv2d(Tensor.input("w", (4, 3, 3, 3)), padding=1).relu().max_pool2d(2, 2).graph("y")
+    exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+    ins = exe.random_inputs(0, {"N": 1, "H": 6, "W": w})
+    ins["x"][0, 0, 0, 0] = np.nan               # a corner: the first window element of pooled (0, 0)
+    ins["x"][0, 1, 3, w - 1] = np.nan           # the last column: the scalar tail
+    ins["x"][0, 2, 5, w // 2] = np.nan
+    out, want = exe(**ins)["y"], ref(**ins)["y"]
+    assert np.isnan(want).any() and not np.isnan(want).all()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert rel(out[ok], want[ok]) < 1e-5
 
 
 def test_window_epilogue_with_rows_split_between_threads():

@@ -145,3 +145,27 @@ def test_unbound_symbol_and_unknown_function(module):
     with pytest.raises(KumikoError) as e:
         CpuProgram(two_region_program(), module, {"k_t": "k_t"})
     assert e.value.code == "E1703"
+
+
+def test_sizes_are_checked_once_per_set_of_sizes(monkeypatch):
+    """``check_sizes`` depends on the bound sizes only: a second call with the same sizes skips it, new
+    sizes run it, and sizes that fail it fail on every call (a failure is never remembered as passed)."""
+    import kumiko
+    from kumiko import Tensor, compiler
+
+    calls = []
+    real = compiler.check_sizes
+    monkeypatch.setattr(compiler, "check_sizes", lambda g, env: (calls.append(dict(env)), real(g, env)))
+    x = Tensor.input("x", ("N",))
+    exe = kumiko.compile((x.shrink(((0, 4),)) * 2.0).graph("y"), "cpu")
+    a = np.arange(6, dtype=np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(exe(x=a)["y"], a[:4] * 2)
+    assert len(calls) == 1
+    exe(x=np.arange(5, dtype=np.float32))
+    assert len(calls) == 2
+    for _ in range(2):
+        with pytest.raises(KumikoError) as e:
+            exe(x=np.arange(3, dtype=np.float32))        # the slice [0, 4) leaves a source of 3
+        assert e.value.code == "E1015"
+    assert len(calls) == 4

@@ -268,3 +268,16 @@ def test_compiled_gemm_reuses_and_matches_numpy():
     np.testing.assert_array_equal(held[0][0], held[0][1])
     assert len(addrs[40]) == 1                      # nothing held at that size: one array, reused
     assert len(addrs[16]) == 2                      # the held one plus one reused
+
+
+def test_cuda_emulator_asks_inputs_for_the_memref_alignment():
+    """The CPU runtime passes inputs at their element alignment; the CUDA emulator's runner keeps asking
+    for the MemRef's (its kernels take 16-byte vector loads from inputs), so it copies a numpy array."""
+    from kumiko import dtypes
+    from kumiko.region.ssa import MemRef
+    from kumiko.runtime.program import CpuProgram
+    from kumiko.runtime.target_cuda import GpuRunner
+
+    m = MemRef((5, 7), dtypes.fp32)
+    assert CpuProgram.input_align(None, m, np.dtype(np.float32)) == 4
+    assert GpuRunner.input_align(None, m, np.dtype(np.float32)) == max(64, m.alignment)
