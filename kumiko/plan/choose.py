@@ -35,7 +35,10 @@ MAX_PAD = 0.05
 def micro_tile(vw: int, rows: int | None = None) -> tuple[int, int]:
     """(MR, NR) for ``rows`` rows on the A side (None: not known when compiling). NR is 2 vectors; MR the
     largest the registers allow (12 with 32 vector registers, 6 with 16) unless that pads a known row count
-    by more than MAX_PAD, when the candidate (that one or two thirds of it) padding least is taken."""
+    by more than MAX_PAD, when the candidate (that one or two thirds of it) padding least is taken. A
+    smaller MR keeps the accumulator budget (MR x 2 vectors): NR grows to as many vectors as fit in it
+    (8 rows x 3 vectors on AVX-512), so each k still issues as many multiply-adds per load, which matters
+    where B's loads are unaligned (a staged operand read in place)."""
     regs = 32 if vw == 16 else 16
     nr = 2 * vw
     mr = 12 if vw == 16 else min(14, (regs - 3) // 2)
@@ -47,7 +50,8 @@ def micro_tile(vw: int, rows: int | None = None) -> tuple[int, int]:
         return (-rows % m) / rows
     if pad(mr) <= MAX_PAD:
         return mr, nr
-    return min(cands, key=lambda m: (pad(m), -m)), nr
+    m = min(cands, key=lambda m: (pad(m), -m))
+    return m, vw * max(2, 2 * mr // m)
 
 
 def _a_rows(c, lo: CpuLowering) -> int | None:

@@ -55,13 +55,15 @@ def test_staged_source_says_so():
     assert "kk_micro_stage_" not in gemm and "kk_stg" not in gemm and "kk_micro_stage_" in src
 
 
-@pytest.mark.parametrize("hw", [(5, 70), (6, 33), (4, 32), (3, 31), (2, 5), (9, 64)])
+@pytest.mark.parametrize("co,hw", [(11, (5, 70)), (11, (6, 33)), (11, (4, 32)), (11, (3, 31)), (11, (2, 5)),
+                                   (11, (9, 64)), (7, (4, 49)), (7, (3, 47)), (7, (5, 46))])
 @pytest.mark.parametrize("tile", [None, SMALL])
-def test_staged_conv_matches_the_evaluator(hw, tile):
-    """Rows of 70, 64, 33, 32 and 31 (NR - 1 on AVX-512): every panel is one or two runs, the stage; rows
-    of 5: more runs in a panel, the blocks pack instead."""
-    x, w = Tensor.input("x", ("N", 5, "H", "W")), Tensor.input("w", (7, 5, 3, 3))
-    g = (x.conv2d(w, padding=1) + Tensor.input("b", (7, 1, 1))).relu().graph("y")
+def test_staged_conv_matches_the_evaluator(co, hw, tile):
+    """11 output channels take 12 x 32 micro-tiles on AVX-512, 7 take 8 x 48: rows of 70, 64, 33, 32 and 31
+    (NR - 1) for the first, 49 and 47 for the second: every panel is one or two runs, the stage; rows of 5
+    (and 46 on 48-wide panels): more runs in a panel, the blocks pack instead."""
+    x, w = Tensor.input("x", ("N", 5, "H", "W")), Tensor.input("w", (co, 5, 3, 3))
+    g = (x.conv2d(w, padding=1) + Tensor.input("b", (co, 1, 1))).relu().graph("y")
     check(g, {"N": 3, "H": hw[0], "W": hw[1]}, tile)
 
 
@@ -164,7 +166,10 @@ def test_long_rows_take_the_stage_and_short_rows_pack(monkeypatch):
     assert _staged_blocks(monkeypatch, g, {"N": 2, "H": 6, "W": 50}) > 0
     assert _staged_blocks(monkeypatch, g, {"N": 2, "H": 6, "W": 8}) == 0      # rows of 8: packed
     g = x.conv2d(w, padding=1).graph("y")
-    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 3, "W": 40}) > 0
+    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 3, "W": 50}) > 0
+    # 5 output channels take 8 x 48 micro-tiles: a row of 47 pixels is the shortest every panel spans in two runs
+    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 4, "W": 47}) > 0
+    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 4, "W": 46}) == 0
 
 
 @pytest.mark.parametrize("tile", [None, SMALL])
@@ -173,5 +178,5 @@ def test_staged_b_with_a_packed_per_k_block(monkeypatch, tile):
     micro-kernel runs once per K block, adding into the C tile."""
     x, w = Tensor.input("x", ("N", 128, "H", "W")), Tensor.input("w", (64, 128, 3, 3))
     g = x.conv2d(w, padding=1).graph("y")
-    check(g, {"N": 1, "H": 2, "W": 40}, tile, tol=2e-5)
-    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 2, "W": 40}) > 0
+    check(g, {"N": 1, "H": 2, "W": 50}, tile, tol=2e-5)
+    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 2, "W": 50}) > 0

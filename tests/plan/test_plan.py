@@ -128,9 +128,13 @@ def test_tune_picks_the_fastest_scores_failures_inf_and_caches(tmp_path, monkeyp
 def test_micro_tile_pads_known_row_counts_little():
     assert micro_tile(16) == (12, 32) and micro_tile(8) == (6, 16)
     assert micro_tile(16, 1024) == (12, 32)          # 1024 rows on 12-row tiles: 1.2% padding
-    assert micro_tile(16, 64) == (8, 32)             # 72 rows for 64 on 12-row tiles; 8 divides it
+    assert micro_tile(16, 64) == (8, 48)             # 72 rows for 64 on 12-row tiles; 8 divides it, 3 vectors wide
     assert micro_tile(8, 64) == (6, 16)              # 66 for 64: within 5%
-    assert micro_tile(8, 20) == (4, 16)              # 24 for 20 on 6-row tiles, 20 on 4-row tiles
+    assert micro_tile(8, 20) == (4, 24)              # 24 for 20 on 6-row tiles, 20 on 4-row tiles
+    for vw in (8, 16):                               # the accumulators and the B vectors fit the registers
+        for rows in (20, 64, 1024, None):
+            mr, nr = micro_tile(vw, rows)
+            assert mr * nr // vw + nr // vw + 1 <= (32 if vw == 16 else 16)
 
 
 def test_conv_weights_get_the_row_tile_that_divides_them():
