@@ -6,7 +6,9 @@
  *
  * Contents
  *   macros       KUMIKO_RESTRICT, KUMIKO_INLINE, KUMIKO_ALIGN(n), KUMIKO_BUF_ALIGN, KUMIKO_ASSUME_ALIGNED(p, n),
- *                KUMIKO_LIKELY/UNLIKELY, KUMIKO_KERNEL (the exported `int NAME(void**, const long long*)` ABI)
+ *                KUMIKO_LIKELY/UNLIKELY, KUMIKO_KERNEL (the exported `int NAME(void**, const long long*)` ABI),
+ *                KUMIKO_THREAD_LOCAL
+ *   heap scratch kumiko_tmp_alloc, kumiko_tmp_free (a few freed blocks kept per thread for reuse)
  *   integers     kumiko_floordiv, kumiko_ceildiv, kumiko_mod (floor semantics for negative numerators),
  *                kumiko_min_ll, kumiko_max_ll
  *   16-bit float kumiko_f16_to_f32, kumiko_f32_to_f16, kumiko_bf16_to_f32, kumiko_f32_to_bf16
@@ -37,6 +39,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -52,6 +55,11 @@
 #define KUMIKO_RESTRICT restrict
 #define KUMIKO_EXTERN_C
 #endif
+#ifdef __cplusplus
+#define KUMIKO_THREAD_LOCAL thread_local
+#else
+#define KUMIKO_THREAD_LOCAL _Thread_local
+#endif
 #define KUMIKO_INLINE static inline __attribute__((always_inline))
 #define KUMIKO_ALIGN(n) __attribute__((aligned(n)))
 #define KUMIKO_BUF_ALIGN 64 /* every output and arena buffer the runtime passes is aligned to this */
@@ -61,6 +69,46 @@
 /* A kernel entry point: `KUMIKO_KERNEL my_region(void** bufs, const long long* syms) { ... return 0; }`.
  * Visible even under -fvisibility=hidden, unmangled if the file is compiled as C++. */
 #define KUMIKO_KERNEL KUMIKO_EXTERN_C __attribute__((visibility("default"))) int
+
+/* ---------------------------------------------------------------------------------------------- */
+/* heap scratch of generated loop nests                                                           */
+
+/* kumiko_tmp_alloc / kumiko_tmp_free: the heap arrays of generated loop nests (a Scratch too large for
+ * the stack). A freed block of up to KUMIKO_TMP_MAX bytes stays with its thread (KUMIKO_TMP_KEEP of them)
+ * for the next allocation it fits, so a row program that allocates its row arrays per block of a
+ * parallel loop calls malloc once per thread, not once per block: glibc trims the heap top on free, and
+ * the next malloc faulted those pages in again (1-3 us a pair; 4% of causal attention). 64-byte aligned. */
+#define KUMIKO_TMP_KEEP 4
+#define KUMIKO_TMP_MAX ((size_t)1 << 20)
+#define KUMIKO_TMP_HEAD 64   /* the block's capacity, kept in front of it */
+static KUMIKO_THREAD_LOCAL char* kumiko_tmp_keep[KUMIKO_TMP_KEEP];
+
+__attribute__((unused)) static void* kumiko_tmp_alloc(size_t bytes) {
+    for (int i = 0; i < KUMIKO_TMP_KEEP; i++) {
+        char* b = kumiko_tmp_keep[i];
+        if (b && *(size_t*)b >= bytes) {
+            kumiko_tmp_keep[i] = 0;
+            return b + KUMIKO_TMP_HEAD;
+        }
+    }
+    const size_t cap = (bytes + 63) / 64 * 64;
+    char* b = (char*)aligned_alloc(64, KUMIKO_TMP_HEAD + cap);
+    if (!b) return 0;
+    *(size_t*)b = cap;
+    return b + KUMIKO_TMP_HEAD;
+}
+
+__attribute__((unused)) static void kumiko_tmp_free(void* p) {
+    if (!p) return;
+    char* b = (char*)p - KUMIKO_TMP_HEAD;
+    if (*(size_t*)b <= KUMIKO_TMP_MAX)
+        for (int i = 0; i < KUMIKO_TMP_KEEP; i++)
+            if (!kumiko_tmp_keep[i]) {
+                kumiko_tmp_keep[i] = b;
+                return;
+            }
+    free(b);
+}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* integer helpers: index expressions use floor division (seed 001 §4.3), C's `/` truncates        */
@@ -150,7 +198,8 @@ KUMIKO_INLINE uint16_t kumiko_f32_to_bf16(float f) {
 
 KUMIKO_INLINE float kumiko_exp2(float x) {
     if (x != x) return x;
-    x = x < -151.0f ? -151.0f : (x > 129.0f ? 129.0f : x);
+    if (x <= -150.0f) return 0.0f;   /* 2^x <= 2^-150 rounds to 0; computing it would underflow (see kv_exp2) */
+    x = x > 129.0f ? 129.0f : x;
     float n = (x + 12582912.0f) - 12582912.0f; /* rint for |x| < 2^22 (0x1.8p23 trick) */
     float f = x - n;
     float p = KUMIKO_FMAF(KUMIKO_EXP2_P6, f, KUMIKO_EXP2_P5);
@@ -301,7 +350,10 @@ KUMIKO_HREDUCE(kv_hmin, KUMIKO_OP_MIN)
 
 /* Vector exp2: the same steps and constants as kumiko_exp2 above, lane-wise. With AVX-512, n is rounded
  * by vrndscaleps and p * 2^n is one vscalefps: both round p * 2^n once, as kumiko_exp2's two exact-then-one
- * rounding multiplies do (p * 2^k1 stays normal for k >= -151), so the results agree bit for bit. */
+ * rounding multiplies do (p * 2^k1 stays normal for k >= -150), so the results agree bit for bit.
+ * Lanes with x <= -150 (a masked score: -inf) are 0 without being computed: an underflowing multiply
+ * takes a microcode assist on Intel cores (~100+ cycles a vector), which made the causal softmax's masked
+ * diagonal tiles cost as much as the rest of its row program. */
 KUMIKO_INLINE kv_t kv_exp2_poly(kv_t f) {   /* 2^f for |f| <= 0.5 */
     kv_t p = kv_fma(kv_broadcast(KUMIKO_EXP2_P6), f, kv_broadcast(KUMIKO_EXP2_P5));
     p = kv_fma(p, f, kv_broadcast(KUMIKO_EXP2_P4));
@@ -313,18 +365,19 @@ KUMIKO_INLINE kv_t kv_exp2_poly(kv_t f) {   /* 2^f for |f| <= 0.5 */
 
 KUMIKO_INLINE kv_t kv_exp2(kv_t x) {
 #if defined(__AVX512F__)
-    x = kv_max(kv_broadcast(-151.0f), kv_min(kv_broadcast(129.0f), x));   /* a NaN lane stays NaN */
+    const __mmask16 live = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-150.0f), _CMP_NLE_UQ);   /* NaN: live */
+    x = (kv_t)_mm512_maskz_mov_ps(live, (__m512)kv_min(kv_broadcast(129.0f), x));   /* a NaN lane stays NaN */
     const __m512 n = _mm512_roundscale_ps((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return (kv_t)_mm512_scalef_ps((__m512)kv_exp2_poly(x - (kv_t)n), n);
+    return (kv_t)_mm512_maskz_scalef_ps(live, (__m512)kv_exp2_poly(x - (kv_t)n), n);
 #else
-    kvi_t nan = x != x;
-    x = kv_max(kv_broadcast(-151.0f), kv_min(kv_broadcast(129.0f), x));
+    kvi_t nan = x != x, dead = x <= kv_broadcast(-150.0f);
+    x = kv_select(dead, kv_zero(), kv_min(kv_broadcast(129.0f), x));
     kv_t magic = kv_broadcast(12582912.0f);
     kv_t n = (x + magic) - magic;
     kv_t p = kv_exp2_poly(x - n);
     kvi_t k = __builtin_convertvector(kv_select(nan, kv_zero(), n), kvi_t), k1 = k / 2, k2 = k - k1;
     kv_t r = p * (kv_t)((k1 + 127) << 23) * (kv_t)((k2 + 127) << 23);
-    return kv_select(nan, x, r);
+    return kv_select(dead, kv_zero(), kv_select(nan, x, r));
 #endif
 }
 

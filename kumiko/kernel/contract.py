@@ -433,7 +433,8 @@ def lower_contraction_region(lo: CpuLowering, plan: Plan) -> Kernel | None:
     def to_scratch() -> list:
         off = C.offset(tuple(Expr.sym(a) for a in axes), tuple(lo.sizes[a] for a in axes), set(axes))
         return [Store(scratch, off, "kk_acc")]
-    body = [Raw(f"float* {scratch} = (float*)malloc(sizeof(float) * (size_t)({size}));")] + cl.emit(to_scratch)
+    alloc = Raw(f"float* {scratch} = (float*)kumiko_tmp_alloc(sizeof(float) * (size_t)({size}));")
+    body = [alloc] + cl.emit(to_scratch)
     rest = [x for x in lo.r.lets if x.name != c.let]
     lo.r = dataclasses.replace(lo.r, lets=tuple(rest))
     tree = lo.schedule()
@@ -441,7 +442,7 @@ def lower_contraction_region(lo: CpuLowering, plan: Plan) -> Kernel | None:
     lo.storage[c.let] = ("array", scratch, axes)
     lo.red_axes = []
     body += [parallelize(s) for s in lo.emit_items(tree, ())]
-    body.append(Raw(f"free({scratch});"))
+    body.append(Raw(f"kumiko_tmp_free({scratch});"))
     return _kernel(lo, body)
 
 

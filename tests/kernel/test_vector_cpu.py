@@ -86,7 +86,7 @@ def test_softmax_rows_symbolic(n):
     body = kernel_bodies(src)
     assert "kv_exp2(" in body and "kumiko_exp2(" in body and "exp2f(" not in body
     # the row buffer is allocated once per thread, before the worksharing loop
-    assert body.index("malloc(") < body.index("#pragma omp for") and "#pragma omp parallel\n" in body
+    assert body.index("kumiko_tmp_alloc(") < body.index("#pragma omp for") and "#pragma omp parallel\n" in body
     # the row's sum divides every lane: one reciprocal per row, a multiply per vector (the scalar tail divides)
     assert "* kv_broadcast(1.0f / (" in body and " / kv_broadcast(" not in body
 
@@ -275,10 +275,10 @@ def test_vector_source_uses_ymm_registers_in_the_hot_loops(tmp_path):
 def test_scratch_is_per_thread_and_small_constant_rows_live_on_the_stack():
     x = Tensor.input("x", ("R", 64))
     src = kernel_bodies(kumiko.compile(x.softmax(-1).graph("y"), "cpu")._run.source)
-    assert "KUMIKO_ALIGN(64) float a_" in src and "malloc(" not in src
+    assert "KUMIKO_ALIGN(64) float a_" in src and "kumiko_tmp_alloc(" not in src
     x = Tensor.input("x", ("R", "N"))
     src = kernel_bodies(kumiko.compile(x.softmax(-1).graph("y"), "cpu")._run.source)
-    assert src.count("malloc(") == src.count("free(") == 1
+    assert src.count("kumiko_tmp_alloc(") == src.count("kumiko_tmp_free(") == 1
 
 
 def test_kernel_ir_parallel_region_holds_scratch_and_vector_stores():
@@ -311,7 +311,7 @@ def test_serial_nest_allocates_scratch_once_before_its_loop():
     want = play_region(region, {"x": a}, env)["y"]
     assert rel(out["y"], want) < 1e-6
     body = src[src.index("int k_test("):]
-    assert "#pragma omp" not in body and body.index("malloc(") < body.index("for (")
+    assert "#pragma omp" not in body and body.index("kumiko_tmp_alloc(") < body.index("for (")
 
 
 def test_row_and_column_reductions_of_one_value():

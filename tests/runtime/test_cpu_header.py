@@ -51,6 +51,30 @@ KUMIKO_KERNEL vconv(void** b, const long long* s) {
     }
     return 0;
 }
+/* heap scratch: out[0..] = alignment and reuse facts of kumiko_tmp_alloc / kumiko_tmp_free */
+KUMIKO_KERNEL tmpcache(void** b, const long long* s) {
+    long long* out = b[0]; (void)s;
+    char* a = kumiko_tmp_alloc(1000);
+    memset(a, 1, 1000);
+    out[0] = (long long)((uintptr_t)a % 64);
+    kumiko_tmp_free(a);
+    out[1] = kumiko_tmp_alloc(900) == (void*)a;            /* a freed block that fits is reused */
+    char* c = kumiko_tmp_alloc(5000);                        /* too big for it: a new block */
+    out[2] = c != a && (uintptr_t)c % 64 == 0;
+    kumiko_tmp_free(a);
+    kumiko_tmp_free(c);
+    char* d = kumiko_tmp_alloc(4000);                        /* first fit among the kept */
+    out[3] = d == c;
+    char* big = kumiko_tmp_alloc(((size_t)1 << 20) + 64);    /* past KUMIKO_TMP_MAX: freed, not kept */
+    memset(big, 2, 64);
+    kumiko_tmp_free(big);
+    char* e = kumiko_tmp_alloc(((size_t)1 << 20) + 64);
+    out[4] = e != 0;
+    kumiko_tmp_free(e);
+    kumiko_tmp_free(d);
+    kumiko_tmp_free(0);                                      /* free(NULL) semantics */
+    return 0;
+}
 /* exp2: vector body, scalar tail (must agree bit for bit), and a scalar-only copy */
 KUMIKO_KERNEL exp2v(void** b, const long long* s) {
     const float* x = b[0]; float* y = b[1]; float* z = b[2];
@@ -292,6 +316,12 @@ def _ulp_error(got: np.ndarray, want64: np.ndarray) -> np.ndarray:
     want32 = want64.astype(np.float32)
     ulp = np.spacing(np.abs(want32)).astype(np.float64)
     return np.abs(got.astype(np.float64) - want64) / np.maximum(ulp, np.float64(2.0) ** -149)
+
+
+def test_heap_scratch_is_aligned_and_reused(mod):
+    out = np.full(5, -1, np.int64)
+    _run(mod, "tmpcache", [out], [])
+    assert out.tolist() == [0, 1, 1, 1, 1]
 
 
 def test_exp2_accuracy_and_tail_agreement(mod):
