@@ -11,7 +11,8 @@ The pair is found from the regions' structure, never from op names:
   (batch, M, K1) - the same batch and row axes, with P's N axis as its reduce axis - plus a pointwise
   epilogue; its N-side operand does not read ``P``.
 
-One kernel then runs both, a block of ``BM`` rows at a time (``BM`` a multiple of the micro-tile's MR):
+One kernel then runs both, a block of ``BM`` rows at a time (``BM`` a multiple of both contractions'
+micro-tile rows; each contraction keeps its own plan's micro-tile):
 
 1. (parallel) both N-side operands are packed once, for every batch point, into full-K panels; for each
    batch point the runtime notes whether ``c1``'s panel is all finite;
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from kumiko.kernel import cexpr as C
@@ -127,7 +129,7 @@ def find_pipe(program: Program, k: int, syms: tuple, plans: dict) -> RowPipe | N
         return None
     r0, r1 = program.regions[k], program.regions[k + 1]
     p0, p1 = plans[r0.name], plans[r1.name]
-    if p0.algo != "packed" or p1.algo != "packed" or p0.micro != p1.micro or p0.arch != p1.arch:
+    if p0.algo != "packed" or p1.algo != "packed" or p0.arch != p1.arch or p0.vector_width != p1.vector_width:
         return None
     if len(r0.outputs) != 1 or r0.outputs[0].materialize != "deferred":
         return None
@@ -207,7 +209,16 @@ def _affine_in(e: Expr, axes) -> bool:
     return not (rest.symbols() & set(axes))
 
 
-def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, notes: tuple) -> Kernel:
+def block_rows(mr0: int, mr1: int) -> int:
+    """BM: BLOCK_MICRO_ROWS micro-tiles of the first contraction, rounded up to whole micro-tiles of the
+    second (each contraction keeps its plan's micro-tile: attention's P x V with a 64-wide head takes 6 x 64
+    tiles, P read once per block, while Q x K^T keeps 12 x 32)."""
+    step = math.lcm(mr0, mr1)
+    return -(-mr0 * BLOCK_MICRO_ROWS // step) * step
+
+
+def lower_pipe(pipe: RowPipe, plan0: Plan, plan1: Plan, syms: tuple, name: str, cname: dict,
+               notes: tuple) -> Kernel:
     lo0, c0, lo1, c1 = pipe.lo0, pipe.c0, pipe.lo1, pipe.c1
     lo0.cname = lo1.cname = cname
     try:
@@ -215,12 +226,12 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
     except ValueError:             # the elision's row checks have nowhere to go: every column, every block
         pipe = dataclasses.replace(pipe, elide=None, bound="")
         rp = _row_program(pipe)
-    mr, nr = plan.micro
-    vw = plan.vector_width
-    kc = plan.tile[2]
-    bm = mr * BLOCK_MICRO_ROWS
+    (mr, nr), (mr1, nr1) = plan0.micro, plan1.micro
+    vw = plan0.vector_width
+    kc, kc1 = plan0.tile[2], plan1.tile[2]
+    bm = block_rows(mr, mr1)
     lo1.n_tmp = 1000                      # temporaries of the two lowerings never share a name
-    cl0, cl1 = ContractionLowering(lo0, c0, plan), ContractionLowering(lo1, c1, plan)
+    cl0, cl1 = ContractionLowering(lo0, c0, plan0), ContractionLowering(lo1, c1, plan1)
     for lo, c in ((lo0, c0), (lo1, c1)):
         for a in c.k_axes:
             lo.sizes[a.name] = a.size
@@ -231,7 +242,7 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
     s: list = [
         Comment(f"row-block pipeline: {lo0.r.name} (contraction {c0.let} + row program) -> {lo1.r.name} "
                 f"(contraction {c1.let} + epilogue); {pipe.p} stays in the block's packed panels; "
-                f"micro {mr}x{nr}, BM={bm}, KC={kc}"),
+                f"micro {mr}x{nr} then {mr1}x{nr1}, BM={bm}, KC={kc} then {kc1}"),
         Decl("const long long", "kk_B", cl0.size(c0.batch)),
         Decl("const long long", "kk_M", cl0.size(c0.m_axes)),
         Decl("const long long", "kk_N0", cl0.size(c0.n_axes)),
@@ -241,7 +252,7 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
         # the P tile's row stride: padded so that MR rows 4 KiB apart do not share an L1 set
         Decl("const long long", "s_kk_ldP", "(kk_K1 + 15) / 16 * 16 + 16"),
         Decl("const long long", "kk_N0p", f"(kk_N0 + {nr - 1}) / {nr} * {nr}"),
-        Decl("const long long", "kk_N1p", f"(kk_N1 + {nr - 1}) / {nr} * {nr}"),
+        Decl("const long long", "kk_N1p", f"(kk_N1 + {nr1 - 1}) / {nr1} * {nr1}"),
         Decl("const long long", "s_kk_ldS", "kk_N0p + 16"),
         Decl("const long long", "kk_nblk", f"(kk_M + {bm - 1}) / {bm}"),
         Raw("float* kk_Y0 = (float*)kk_scratch(5, sizeof(float) * (size_t)(kk_B * kk_N0p * kk_K0));\n"
@@ -249,8 +260,8 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
             "unsigned char* kk_fin = (unsigned char*)malloc((size_t)kk_B);"),
     ]
     # 1. pack both N-side operands for every batch point: panels [jr][p][NR] over the full K
-    for c, cl, ybuf, npad, ksz, kaxes in ((c0, cl0, "kk_Y0", "kk_N0p", "kk_K0", k0),
-                                          (c1, cl1, "kk_Y1", "kk_N1p", "kk_K1", (k1,))):
+    for c, cl, ybuf, npad, ksz, kaxes, w in ((c0, cl0, "kk_Y0", "kk_N0p", "kk_K0", k0, nr),
+                                             (c1, cl1, "kk_Y1", "kk_N1p", "kk_K1", (k1,), nr1)):
         nsz = "kk_N0" if c is c0 else "kk_N1"
         bat: list = []
         cl.decompose("kk_b", c.batch, bat)
@@ -259,12 +270,12 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
         nb: list = []
         cl.decompose("jr + j", c.n_axes, nb)
         yv = cl.operand(c.y, yb := [])
-        inner = For("j", "0", str(nr), (
+        inner = For("j", "0", str(w), (
             Decl("float", "kk_v", "0.0f"),
             If(f"jr + j < {nsz}", tuple(nb) + tuple(yb) + (Raw(f"kk_v = {yv};"),)),
-            Store(ybuf, f"(kk_b * {npad} + jr) * {ksz} + p*{nr} + j", "kk_v")))
+            Store(ybuf, f"(kk_b * {npad} + jr) * {ksz} + p*{w} + j", "kk_v")))
         s.append(For("kk_b", "0", "kk_B", tuple(bat) + (
-            For("jr", "0", npad, (For("p", "0", ksz, tuple(pk) + (inner,)),), step=str(nr)),), parallel=True))
+            For("jr", "0", npad, (For("p", "0", ksz, tuple(pk) + (inner,)),), step=str(w)),), parallel=True))
     s.append(For("kk_b", "0", "kk_B", (
         Decl("const float*", "kk_y", "kk_Y1 + kk_b * kk_N1p * kk_K1"),
         Decl("int", "kk_ok", "1"),
@@ -276,6 +287,7 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
                  Decl("const long long", "kk_ic", f"(kk_u % kk_nblk) * {bm}"),
                  Decl("const long long", "kk_rows", f"(kk_M - kk_ic < {bm} ? kk_M - kk_ic : {bm})"),
                  Decl("const long long", "kk_mcb", f"(kk_rows + {mr - 1}) / {mr} * {mr}"),
+                 Decl("const long long", "kk_mcb1", f"(kk_rows + {mr1 - 1}) / {mr1} * {mr1}"),
                  Decl("long long", "s_kk_nh", "kk_N0")]
     if pipe.elide is not None:
         # the block's columns from s_kk_nh on fail every guard for every row: no S tile, no row program,
@@ -328,14 +340,14 @@ def lower_pipe(pipe: RowPipe, plan: Plan, syms: tuple, name: str, cname: dict, n
                  "  }\n"
                  "}")
     # 2e. O tile = P * Y1 over [klo, khi), then c1's epilogue
-    rows = micro_name(mr, nr, vw, a_rows=True)
+    rows = micro_name(mr1, nr1, vw, a_rows=True)
     call1 = Raw(f"if (kk_khi <= kk_klo) {rows}(0, kk_P, s_kk_ldP, kk_Y1, kk_O + ir*kk_N1p + jr, kk_N1p, 0);\n"
-                f"for (long long pc = kk_klo; pc < kk_khi; pc += {kc}) {{\n"
-                f"  const long long kcb = kk_khi - pc < {kc} ? kk_khi - pc : {kc};\n"
-                f"  {rows}(kcb, kk_P + ir*s_kk_ldP + pc, s_kk_ldP, kk_Y1 + (kk_b * kk_N1p + jr) * kk_K1 + pc*{nr}, "
+                f"for (long long pc = kk_klo; pc < kk_khi; pc += {kc1}) {{\n"
+                f"  const long long kcb = kk_khi - pc < {kc1} ? kk_khi - pc : {kc1};\n"
+                f"  {rows}(kcb, kk_P + ir*s_kk_ldP + pc, s_kk_ldP, kk_Y1 + (kk_b * kk_N1p + jr) * kk_K1 + pc*{nr1}, "
                 f"kk_O + ir*kk_N1p + jr, kk_N1p, pc > kk_klo);\n"
                 "}")
-    tiles1 = For("jr", "0", "kk_N1p", (For("ir", "0", "kk_mcb", (call1,), step=str(mr)),), step=str(nr))
+    tiles1 = For("jr", "0", "kk_N1p", (For("ir", "0", "kk_mcb1", (call1,), step=str(mr1)),), step=str(nr1))
     blk += [Block(tuple(bat0) + (pack_a, tiles)), rp, krange, tiles1, _epilogue1(pipe, cl1)]
     # the thread's tiles and the shared panels persist between calls (kk_scratch: no fresh pages per call)
     s.append(Raw("#pragma omp parallel\n{\n"

@@ -32,16 +32,25 @@ def machine_arch(features: dict) -> tuple[str, int]:
 MAX_PAD = 0.05
 
 
-def micro_tile(vw: int, rows: int | None = None) -> tuple[int, int]:
+def micro_tile(vw: int, rows: int | None = None, cols: int | None = None) -> tuple[int, int]:
     """(MR, NR) for ``rows`` rows on the A side (None: not known when compiling). NR is 2 vectors; MR the
     largest the registers allow (12 with 32 vector registers, 6 with 16) unless that pads a known row count
     by more than MAX_PAD, when the candidate (that one or two thirds of it) padding least is taken. A
     smaller MR keeps the accumulator budget (MR x 2 vectors): NR grows to as many vectors as fit in it
     (8 rows x 3 vectors on AVX-512), so each k still issues as many multiply-adds per load, which matters
-    where B's loads are unaligned (a staged operand read in place)."""
+    where B's loads are unaligned (a staged operand read in place).
+
+    ``cols`` (the B side's extent, when known) of 3 or 4 vectors takes one panel that wide with the same
+    accumulator budget (6 x 64 on AVX-512 for a 64-wide output): each A element is loaded once instead of
+    once per 2-vector panel, and 4 B vectors + 6 broadcasts feed 24 multiply-adds (12 x 32: 2 + 12)."""
     regs = 32 if vw == 16 else 16
     nr = 2 * vw
     mr = 12 if vw == 16 else min(14, (regs - 3) // 2)
+    if cols is not None and nr < cols <= 4 * vw:
+        nv = -(-cols // vw)
+        m = 2 * mr // nv
+        if m * nv + nv + 1 <= regs:
+            return m, nv * vw
     if rows is None or rows <= 0:
         return mr, nr
     cands = (mr, mr * 2 // 3)
@@ -54,18 +63,21 @@ def micro_tile(vw: int, rows: int | None = None) -> tuple[int, int]:
     return m, vw * max(2, 2 * mr // m)
 
 
-def _a_rows(c, lo: CpuLowering) -> int | None:
-    """How many rows the packed A panels hold (the M axes, or the N axes when the operands swap), when
-    that is a compile-time constant."""
+def _panel_extents(c, lo: CpuLowering) -> tuple[int | None, int | None]:
+    """How many rows the packed A panels hold and how wide the B side is (the M and N axes, swapped when
+    the operands swap), each when it is a compile-time constant."""
     _, _, swapped = panel_sides(c, lo.memrefs, 1, 1)
-    axes = c.n_axes if swapped else c.m_axes
-    n = 1
-    for a in axes:
-        v = Expr.lift(lo.sizes[a]).as_int()
-        if v is None:
-            return None
-        n *= v
-    return n
+
+    def extent(axes) -> int | None:
+        n = 1
+        for a in axes:
+            v = Expr.lift(lo.sizes[a]).as_int()
+            if v is None:
+                return None
+            n *= v
+        return n
+    a_axes, b_axes = (c.n_axes, c.m_axes) if swapped else (c.m_axes, c.n_axes)
+    return extent(a_axes), extent(b_axes)
 
 
 def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
@@ -75,7 +87,7 @@ def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
     if c is None:
         return make_plan(arch, algo_choice={"region": "loops"}, vectorize={"width": vw},
                          bind={"outer": "omp"}, epilogue=tuple(epilogue(region)))
-    mr, nr = micro_tile(vw, _a_rows(c, lo))
+    mr, nr = micro_tile(vw, *_panel_extents(c, lo))
     mc = max(mr, 120 // mr * mr)
     return make_plan(arch, algo_choice={"contraction": "packed"}, micro=(mr, nr), tile=(mc, 2048 // nr * nr, 256),
                      vectorize={"width": vw, "axis": "n"}, bind={"m.o": "omp", "n.o(pack)": "omp"},

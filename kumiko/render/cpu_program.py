@@ -38,9 +38,10 @@ def render_cpu_program(program: Program, plans: dict[str, Plan], fuse: bool = Tr
             r1 = program.regions[k + 1]
             name = f"{name}__{kernel_name(program, k + 1).split('_', 2)[2]}"
             cname = {n: f"b{i}" for i, n in enumerate(pipe_buffers(pipe))}
-            kernels.append(lower_pipe(pipe, plans[r1.name], syms, name, cname, r.notes + r1.notes))
+            plan1 = plans[r1.name]
+            kernels.append(lower_pipe(pipe, plan, plan1, syms, name, cname, r.notes + r1.notes))
             micros.add((plan.micro[0], plan.micro[1], plan.vector_width))
-            rows_micros.add((plan.micro[0], plan.micro[1], plan.vector_width))
+            rows_micros.add((plan1.micro[0], plan1.micro[1], plan1.vector_width))
             vw = plan.vector_width
             names[r.name] = names[r1.name] = name
             fused_into.add(r1.name)

@@ -50,6 +50,26 @@ def test_fused_attention_matches_the_evaluator(causal, shapes):
     assert len(_steps(exe)) == 1
 
 
+@pytest.mark.parametrize("d", [40, 64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_contraction_keeps_its_own_micro_tile(d, causal):
+    """A head of 3-4 vectors gives P x V its own micro-tile (6 x 64 for d = 64 on AVX-512: P read once per
+    block); Q x K^T keeps the default. BM is a multiple of both MRs."""
+    from kumiko.plan.choose import micro_tile
+    from kumiko.runtime.cpu import cpu_features
+    vw = int(cpu_features()["vector_width_f32"])
+    exe = check(_attention(causal, d=d), seed=4, shapes={"B": 1, "H": 2, "S": 61})
+    assert len(_steps(exe)) == 1
+    src = exe._run.source
+    mr0, nr0 = micro_tile(vw)
+    mr1, nr1 = micro_tile(vw, None, d)
+    assert f"kk_micro_{mr0}x{nr0}_v{vw}(" in src and f"kk_micro_rows_{mr1}x{nr1}_v{vw}(" in src
+    bm = int(src.split("BM=")[1].split(",")[0])
+    assert bm % mr0 == 0 and bm % mr1 == 0
+    if vw == 16:
+        assert (mr1, nr1) == ((6, 64) if d == 64 else (8, 48))
+
+
 def test_consumer_epilogue_and_wide_head():
     # D = 300 > KC: the producer's K runs in several blocks; N1 = 300 is not a multiple of NR
     g = _attention(True, d=300, epilogue=lambda y: (y * 2.0 + 1.0).relu())

@@ -131,10 +131,16 @@ def test_micro_tile_pads_known_row_counts_little():
     assert micro_tile(16, 64) == (8, 48)             # 72 rows for 64 on 12-row tiles; 8 divides it, 3 vectors wide
     assert micro_tile(8, 64) == (6, 16)              # 66 for 64: within 5%
     assert micro_tile(8, 20) == (4, 24)              # 24 for 20 on 6-row tiles, 20 on 4-row tiles
+    # a B side of 3-4 vectors: one panel that wide, the same accumulator budget
+    assert micro_tile(16, None, 64) == (6, 64) and micro_tile(16, 1024, 48) == (8, 48)
+    assert micro_tile(16, None, 32) == (12, 32) and micro_tile(16, None, 65) == (12, 32)
+    assert micro_tile(8, None, 24) == (4, 24)
+    assert micro_tile(8, None, 32) == (6, 16)        # 3 x 4 accumulators + 4 B vectors + 1 > 16 registers
     for vw in (8, 16):                               # the accumulators and the B vectors fit the registers
         for rows in (20, 64, 1024, None):
-            mr, nr = micro_tile(vw, rows)
-            assert mr * nr // vw + nr // vw + 1 <= (32 if vw == 16 else 16)
+            for cols in (None, 24, 40, 64):
+                mr, nr = micro_tile(vw, rows, cols)
+                assert mr * nr // vw + nr // vw + 1 <= (32 if vw == 16 else 16)
 
 
 def test_conv_weights_get_the_row_tile_that_divides_them():
