@@ -122,6 +122,8 @@ class CpuLowering(VectorEmitter):
         self._nest = False                       # emitting a CPU nest: kumiko_cpu.h's vectors and exp2
         self._vctx: VectorCtx | None = None      # the vector loop (or reduction) being emitted
         self._vnames: set = set()                # lets held as vectors right now (never read as scalars)
+        self._fuse: tuple | None = None          # (emit a loop's body, Reduce): hreduce may run it in its loops
+        self._fused = False                      # ... and it did
 
     # scheduling ------------------------------------------------------------------------------------
     def level(self, let_name: str) -> int:
@@ -341,17 +343,18 @@ class CpuLowering(VectorEmitter):
             n = Expr.lift(size).as_int()
             stack = n is not None and n * _CSIZE.get(ct, 8) <= STACK_SCRATCH_BYTES
             out.append(Scratch(ct, var, C.index(size, set()), stack=stack))
-        for it in items:
+        skip = False
+        for k, it in enumerate(items):
+            if skip:
+                skip = False
+                continue
             if it.let is None:
-                sub = path + (it.lid,)
-                loops = None
-                if self._nest and not self.decl_at.get(sub) and all(x.let is not None for x in it.items):
-                    loops = self.vector_loop(it.axis, self.trip(it.axis),
-                                             lambda items=it.items, sub=sub: self._emit_items(items, sub))
-                if loops is None:
-                    body = self._emit_items(it.items, sub)
-                    loops = [For(it.axis, "0", C.index(self.trip(it.axis), set()), tuple(body))]
-                out += loops
+                nxt = items[k + 1] if k + 1 < len(items) else None
+                if nxt is not None and self._fusable(it, path, nxt):
+                    out += self._fused_loop(it, path, nxt.let)
+                    skip = True
+                    continue
+                out += self._loop_item(it, path)
                 continue
             self.red_axes = []
             if it.let.name == "__store":
@@ -362,6 +365,42 @@ class CpuLowering(VectorEmitter):
                 continue
             out += self.let_stmts(it.let)
         return out
+
+    def _loop_item(self, it, path: tuple) -> list:
+        """The loop over ``it.axis`` and its lets: a vector loop with a scalar tail where it can be."""
+        sub = path + (it.lid,)
+        loops = None
+        if self._nest and not self.decl_at.get(sub) and all(x.let is not None for x in it.items):
+            loops = self.vector_loop(it.axis, self.trip(it.axis),
+                                     lambda items=it.items, sub=sub: self._emit_items(items, sub))
+        if loops is None:
+            body = self._emit_items(it.items, sub)
+            loops = [For(it.axis, "0", C.index(self.trip(it.axis), set()), tuple(body))]
+        return loops
+
+    def _fusable(self, it, path: tuple, nxt) -> bool:
+        """Whether the loop ``it`` (lets only, no reductions) and the reduction over its axis right after
+        it (a scalar let, ``nxt``) can share one pass: what the loop stores at a point is what the
+        reduction reads there (a softmax's exp and its row sum, an attention score's scale and its max)."""
+        if not self._nest or nxt.let is None or nxt.phase or nxt.let.name == "__store" or \
+                self.decl_at.get(path + (it.lid,)) or any(x.let is None or x.phase for x in it.items):
+            return False
+        e = nxt.let.expr
+        return (isinstance(e, Reduce) and len(e.axes) == 1 and e.axes[0].name == it.axis
+                and Expr.lift(self.trip(it.axis)) == Expr.lift(self.trip(it.axis, e.axes[0].size))
+                and self.storage.get(nxt.let.name, ("",))[0] == "scalar"
+                and not any(_has_reduce(x.let.expr) for x in it.items))
+
+    def _fused_loop(self, it, path: tuple, red: Let) -> list:
+        """The loop ``it`` inside the vector loops of the reduction ``red`` (one pass over the row instead
+        of two); when that reduction is not vectorised, the loop on its own first, then the reduction."""
+        sub = path + (it.lid,)
+        self._fuse, self._fused = (lambda: self._emit_items(it.items, sub), red.expr), False
+        try:
+            stmts = self.let_stmts(red)
+        finally:
+            fused, self._fuse, self._fused = self._fused, None, False
+        return stmts if fused else self._loop_item(it, path) + stmts
 
     def let_stmts(self, let: Let) -> list:
         """Compute ``let`` at the current point (KUMIKO_VW points in a vector loop) into its storage."""
@@ -424,6 +463,13 @@ class CpuLowering(VectorEmitter):
         params = tuple(Param(self.cname[n], C.STORAGE[m.dtype.name], n in dict(self.r.inputs))
                        for n, m in self.memrefs.items())
         return Kernel(self.name, params, self.syms, tuple(body), self.r.notes, gather_check=self.uses_gather)
+
+
+def _has_reduce(e: RExpr) -> bool:
+    if isinstance(e, Reduce):
+        return True
+    return any(_has_reduce(getattr(e, k)) for k in ("x", "y", "then", "other", "operand", "pred", "body")
+               if isinstance(getattr(e, k, None), RExpr))
 
 
 def reused_reduce_axes(e: RExpr, iters: set) -> set:

@@ -267,17 +267,25 @@ class VectorEmitter:
                 (n_const is not None and n_const < MIN_VECTOR_TRIP):
             return None
         self.ty.add_axes(e.axes)
+        # a loop body handed over by _fused_loop: computed and stored at each point of this loop first
+        fuse = self._fuse[0] if self._fuse is not None and self._fuse[1] is e else None
         outer, red = self._vctx, list(self.red_axes)
         ctx = self._vctx = VectorCtx(last.name)
         self.red_axes += [a.name for a in e.axes]
         pre: list = []
         vb: list = []
         try:
+            if fuse is not None:
+                scope = list(self.red_axes)
+                vb += fuse()
+                self.red_axes = scope
             if not self.varies(e.body):
+                self.red_axes = red
                 return None
             acc, nan = self._vacc(e, pre)
             v = self._vbody(e, vb)
         except NotVector:
+            self.red_axes = red
             return None
         finally:
             self._vctx = outer
@@ -301,6 +309,10 @@ class VectorEmitter:
         res = self.tmp()
         out.append(Decl(ct, res, C.literal(e.init, e.dtype)))
         tail: list = []
+        if fuse is not None:
+            scope = list(self.red_axes)
+            tail += fuse()
+            self.red_axes = scope
         v = self.expr(e.body, tail, e.dtype)
         bt = self.dt(e.body)
         if bt is not None and bt is not e.dtype:
@@ -314,6 +326,7 @@ class VectorEmitter:
         h = {"sum": f"kv_hsum({acc})", "max": f"kv_hmax_nan({acc}, {nan})", "min": f"kv_hmin_nan({acc}, {nan})"}[e.op]
         fin = f"{res} + {h}" if e.op == "sum" else C.binary(e.op, res, h, ct)
         out.append(Block(tuple(pre) + inner + (Assign(res, fin),)))
+        self._fused = fuse is not None
         return res
 
     def vstore_scratch(self, kind: tuple, k: str, v: str) -> Stmt:

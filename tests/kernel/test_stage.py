@@ -167,9 +167,11 @@ def test_long_rows_take_the_stage_and_short_rows_pack(monkeypatch):
     assert _staged_blocks(monkeypatch, g, {"N": 2, "H": 6, "W": 8}) == 0      # rows of 8: packed
     g = x.conv2d(w, padding=1).graph("y")
     assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 3, "W": 50}) > 0
-    # 5 output channels take 8 x 48 micro-tiles: a row of 47 pixels is the shortest every panel spans in two runs
-    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 4, "W": 47}) > 0
-    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 4, "W": 46}) == 0
+    # a row of NR - 1 pixels is the shortest that every panel of the micro-tile's NR columns spans in two runs
+    # (5 output channels take 8 x 48 tiles on AVX-512, 6 x 16 on AVX2)
+    nr = _lowering(g).plan.micro[1]
+    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 4, "W": nr - 1}) > 0
+    assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 4, "W": nr - 2}) == 0
 
 
 @pytest.mark.parametrize("tile", [None, SMALL])

@@ -2,6 +2,7 @@
 vector reductions with horizontal ends, NaN and -inf through them, 16-bit storage, masks, the loops
 that must stay scalar, and scratch rows allocated once per thread. Every run compares the cpu target
 with the numpy evaluator on fresh random inputs."""
+import re
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +90,20 @@ def test_softmax_rows_symbolic(n):
     assert body.index("kumiko_tmp_alloc(") < body.index("#pragma omp for") and "#pragma omp parallel\n" in body
     # the row's sum divides every lane: one reciprocal per row, a multiply per vector (the scalar tail divides)
     assert "* kv_broadcast(1.0f / (" in body and " / kv_broadcast(" not in body
+    # exp and the row sum share one pass: each vector stored is added right away, in the tail too
+    fused = re.findall(r"kv_store\((a_\w+) \+ (\w+), kv_exp2\(\w+\)\);\n\s*(t\d+) = \3 \+ kv_load\(\1 \+ \2\);", body)
+    assert len(fused) == 5                           # 4 unrolled accumulators + the one-vector remainder
+    assert re.search(r"(a_\w+)\[(\w+)\] = kumiko_exp2\(\w+\);\n\s*(t\d+) = \3 \+ \1\[\2\];", body)
+
+
+def test_a_loop_whose_reduction_stays_scalar_runs_before_it():
+    """Rows of 3 (constant, below a vector): the row sum stays scalar, so the loop storing exp(x - max)
+    keeps its own pass and runs first; the results match the evaluator."""
+    x = Tensor.input("x", ("R", 3))
+    src = check(x.softmax(-1).graph("y"), {"x": randn(np.random.default_rng(3), 6, 3) * 4})
+    body = kernel_bodies(src)
+    assert "kv_" not in body
+    assert body.index("= kumiko_exp2(") < body.index("+ a_v_")
 
 
 @pytest.mark.parametrize("shape", [(3, 64), (2, 1000), (4, 4096), (1, 1)])
