@@ -208,7 +208,7 @@ KUMIKO_INLINE float kumiko_exp2(float x) {
     p = KUMIKO_FMAF(p, f, KUMIKO_EXP2_P2);
     p = KUMIKO_FMAF(p, f, KUMIKO_EXP2_P1);
     p = KUMIKO_FMAF(p, f, 1.0f);
-    int32_t k = (int32_t)n, k1 = k / 2, k2 = k - k1;
+    int32_t k = (int32_t)n, k1 = k >> 1, k2 = k - k1;   /* k1 = floor(k / 2), as kv_exp2's shift */
     return p * kumiko_bits_f32((uint32_t)(k1 + 127) << 23) * kumiko_bits_f32((uint32_t)(k2 + 127) << 23);
 }
 
@@ -370,14 +370,17 @@ KUMIKO_INLINE kv_t kv_exp2(kv_t x) {
     const __m512 n = _mm512_roundscale_ps((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     return (kv_t)_mm512_maskz_scalef_ps(live, (__m512)kv_exp2_poly(x - (kv_t)n), n);
 #else
-    kvi_t nan = x != x, dead = x <= kv_broadcast(-150.0f);
-    x = kv_select(dead, kv_zero(), kv_min(kv_broadcast(129.0f), x));
-    kv_t magic = kv_broadcast(12582912.0f);
-    kv_t n = (x + magic) - magic;
-    kv_t p = kv_exp2_poly(x - n);
-    kvi_t k = __builtin_convertvector(kv_select(nan, kv_zero(), n), kvi_t), k1 = k / 2, k2 = k - k1;
-    kv_t r = p * (kv_t)((k1 + 127) << 23) * (kv_t)((k2 + 127) << 23);
-    return kv_select(dead, kv_zero(), kv_select(nan, x, r));
+    /* Clamped to [-150, 129] by maxps/minps with x second, so a NaN lane stays NaN, makes p NaN and the
+     * product NaN whatever its exponent bits: no NaN mask to keep. n's integer is read off the bits of
+     * x + 1.5 * 2^23 (no conversion to lose on a NaN), halved by a shift (k1 >= -75: p * 2^k1 is exact,
+     * so the product rounds once, as kumiko_exp2's does). */
+    kvi_t dead = x <= kv_broadcast(-150.0f);
+    x = kv_min(kv_broadcast(129.0f), kv_max(kv_broadcast(-150.0f), x));
+    kv_t t = x + kv_broadcast(12582912.0f);
+    kv_t p = kv_exp2_poly(x - (t - kv_broadcast(12582912.0f)));
+    kvu_t k = (kvu_t)t - 0x4B400000u, k1 = (kvu_t)((kvi_t)k >> 1), k2 = k - k1;
+    kv_t r = p * (kv_t)((k1 + 127u) << 23) * (kv_t)((k2 + 127u) << 23);
+    return kv_select(dead, kv_zero(), r);
 #endif
 }
 
