@@ -373,14 +373,14 @@ KUMIKO_INLINE kv_t kv_exp2(kv_t x) {
     /* Clamped to [-150, 129] by maxps/minps with x second, so a NaN lane stays NaN, makes p NaN and the
      * product NaN whatever its exponent bits: no NaN mask to keep. n's integer is read off the bits of
      * x + 1.5 * 2^23 (no conversion to lose on a NaN), halved by a shift (k1 >= -75: p * 2^k1 is exact,
-     * so the product rounds once, as kumiko_exp2's does). */
+     * so the product rounds once, as kumiko_exp2's does). A dead lane's first factor is +0 instead of
+     * 2^k1: its product is an exact 0, not an underflow (an assist on Intel cores). */
     kvi_t dead = x <= kv_broadcast(-150.0f);
     x = kv_min(kv_broadcast(129.0f), kv_max(kv_broadcast(-150.0f), x));
     kv_t t = x + kv_broadcast(12582912.0f);
     kv_t p = kv_exp2_poly(x - (t - kv_broadcast(12582912.0f)));
     kvu_t k = (kvu_t)t - 0x4B400000u, k1 = (kvu_t)((kvi_t)k >> 1), k2 = k - k1;
-    kv_t r = p * (kv_t)((k1 + 127u) << 23) * (kv_t)((k2 + 127u) << 23);
-    return kv_select(dead, kv_zero(), r);
+    return p * (kv_t)(((k1 + 127u) << 23) & ~(kvu_t)dead) * (kv_t)((k2 + 127u) << 23);
 #endif
 }
 
