@@ -43,6 +43,7 @@ from kumiko.kernel.loops import (
     Store,
 )
 from kumiko.kernel.lower_vec import NotVector, VectorCtx, VectorEmitter
+from kumiko.region.srnf import children
 from kumiko.region.ssa import (
     Binary,
     BroadcastInDim,
@@ -395,7 +396,14 @@ class CpuLowering(VectorEmitter):
         """The loop ``it`` inside the vector loops of the reduction ``red`` (one pass over the row instead
         of two); when that reduction is not vectorised, the loop on its own first, then the reduction."""
         sub = path + (it.lid,)
-        self._fuse, self._fused = (lambda: self._emit_items(it.items, sub), red.expr), False
+
+        def body() -> list:          # emitted inside the reduction's loops, which keep their reduced axes
+            scope = list(self.red_axes)
+            try:
+                return self._emit_items(it.items, sub)
+            finally:
+                self.red_axes = scope
+        self._fuse, self._fused = (body, red.expr), False
         try:
             stmts = self.let_stmts(red)
         finally:
@@ -466,10 +474,7 @@ class CpuLowering(VectorEmitter):
 
 
 def _has_reduce(e: RExpr) -> bool:
-    if isinstance(e, Reduce):
-        return True
-    return any(_has_reduce(getattr(e, k)) for k in ("x", "y", "then", "other", "operand", "pred", "body")
-               if isinstance(getattr(e, k, None), RExpr))
+    return isinstance(e, Reduce) or any(_has_reduce(k) for k in children(e))
 
 
 def reused_reduce_axes(e: RExpr, iters: set) -> set:

@@ -276,9 +276,7 @@ class VectorEmitter:
         vb: list = []
         try:
             if fuse is not None:
-                scope = list(self.red_axes)
                 vb += fuse()
-                self.red_axes = scope
             if not self.varies(e.body):
                 self.red_axes = red
                 return None
@@ -310,9 +308,7 @@ class VectorEmitter:
         out.append(Decl(ct, res, C.literal(e.init, e.dtype)))
         tail: list = []
         if fuse is not None:
-            scope = list(self.red_axes)
             tail += fuse()
-            self.red_axes = scope
         v = self.expr(e.body, tail, e.dtype)
         bt = self.dt(e.body)
         if bt is not None and bt is not e.dtype:
