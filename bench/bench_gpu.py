@@ -13,6 +13,7 @@ goal for the SM80-path GEMM on an H100 is >= 60% of cuBLAS.
     python bench/bench_gpu.py                          # everything; appends a section to bench/RESULTS.md
     python bench/bench_gpu.py --quick                  # small sizes, nothing appended (a smoke run)
     python bench/bench_gpu.py --workloads gemm-4096,attn --reps 20 --json out.json
+    python bench/bench_gpu.py --workloads gemm --tiles 128x256x32/64x64/3,64x64x32/32x32/3   # a tile sweep
 
 Without a GPU (no cuda-bindings, driver or device) it says so and exits 0; without torch it times kumiko only.
 """
@@ -134,24 +135,88 @@ def _timer(dev: CudaDevice, torch):
     return lambda fn, reps, warmup: dev.time_ms(fn, reps=reps, warmup=warmup)
 
 
+TILE_SPEC = "BMxBNxBK/WMxWN/STAGES[/gGROUP_M][/merged|/trailing] (e.g. 128x128x32/64x64/4/g8/merged)"
+
+
+def parse_tile(spec: str) -> dict:
+    """``BMxBNxBK/WMxWN/S`` with optional ``/gN`` (CTA runs of N M tiles: layout_hints.group_m) and
+    ``/merged`` or ``/trailing`` (async.release) -> the MMA plan fields it sets (the plan's other
+    layout hints and async fields are kept by the caller)."""
+    try:
+        tile, warp, stages, *rest = spec.split("/")
+        bm, bn, bk = (int(x) for x in tile.split("x"))
+        wm, wn = (int(x) for x in warp.split("x"))
+        out = {"tile": (bm, bn, bk), "warp_tile": f"{wm}x{wn}", "stages": int(stages),
+               "threads": (bm // wm) * (bn // wn) * 32}
+        for r in rest:
+            if r in ("merged", "trailing"):
+                out["release"] = r
+            elif r.startswith("g"):
+                out["group_m"] = int(r[1:])
+            else:
+                raise ValueError(r)
+        return out
+    except ValueError:
+        raise SystemExit(f"--tiles: {spec!r} is not {TILE_SPEC}") from None
+
+
+def apply_tile(plan, spec: str):
+    """The plan with the tile spec's fields replaced."""
+    f = parse_tile(spec)
+    hints, asy = dict(plan.layout_hints), dict(plan.async_)
+    if "group_m" in f:
+        hints["group_m"] = f.pop("group_m")
+    if "release" in f:
+        asy["release"] = f.pop("release")
+    asy["prefetch_depth"] = f["stages"] - 1
+    return plan.with_(layout_hints=hints, async_=asy, **f)
+
+
+def _plan_note(plans) -> str:
+    return ", ".join(f"mma {'x'.join(map(str, p.tile))} w{p.warp_tile} s{p.stages} "
+                     f"g{p.get('layout_hints', 'group_m', 1)} {p.get('async_', 'release', 'trailing')}"
+                     if p.algo == "mma" else p.algo for p in plans.values())
+
+
+def time_kumiko(wl: Workload, exe, inputs: dict, sz: dict, args, timer, runner: str) -> tuple[Row, np.ndarray]:
+    """One full poisoned run (its output is checked by the caller), then the launches alone, timed."""
+    out = exe(**inputs)["y"]
+    prog = exe._run.runner()
+    b = prog.bind(exe.bind(inputs))
+    prog.upload(b, inputs)
+    ms = timer(lambda: prog.enqueue(b), args.reps, args.warmup)
+    k = Row(wl.key, runner, statistics.median(ms), min(ms),
+            note=f"{len(b.launches)} kernels ({_plan_note(exe._run.plans)}), {exe._run.gpu_arch}")
+    k.tflops = wl.flops(sz) / (k.median_ms * 1e-3) / 1e12
+    prog.release()
+    return k, out
+
+
+def tile_variants(wl: Workload, sz: dict, args, inputs: dict, timer) -> list[tuple[Row, np.ndarray]]:
+    """--tiles: the workload again under each given MMA tile (every MMA region gets it); a tile the
+    plan validator, the GPU IR verifier or ptxas rejects is reported as such and skipped."""
+    got = []
+    for spec in args.tiles:
+        graph = wl.graph(sz)
+        base = kumiko.compile(graph, "cuda")
+        plans = {name: apply_tile(p, spec) for name, p in base._run.plans.items() if p.algo == "mma"}
+        try:
+            exe = kumiko.compile(graph, "cuda", plans=plans)
+            got.append(time_kumiko(wl, exe, inputs, sz, args, timer, f"kumiko[cuda] {spec}"))
+        except KumikoError as e:
+            print(f"  tile {spec}: rejected: {e.code} {e.why}")
+    return got
+
+
 def bench_workload(wl: Workload, args, dev: CudaDevice, torch) -> list[Row]:
     sz = wl.quick if args.quick else wl.sizes
     print(f"\n{wl.key}: {wl.title}{' (quick sizes ' + str(sz) + ')' if args.quick else ''}")
     exe = kumiko.compile(wl.graph(sz), "cuda")
     inputs = exe.random_inputs(args.seed, sz)
     timer = _timer(dev, torch)
-    rows = []
-    out = exe(**inputs)["y"]                      # a full run: poisoned outputs, checked below
-    prog = exe._run.runner()
-    b = prog.bind(exe.bind(inputs))
-    prog.upload(b, inputs)
-    ms = timer(lambda: prog.enqueue(b), args.reps, args.warmup)
-    plans = ", ".join(f"{p.algo} {'x'.join(map(str, p.tile)) if p.algo == 'mma' else ''}".strip()
-                      for p in exe._run.plans.values())
-    k = Row(wl.key, "kumiko[cuda]", statistics.median(ms), min(ms), note=f"{len(b.launches)} kernels ({plans}), "
-            f"{exe._run.gpu_arch}")
-    k.tflops = wl.flops(sz) / (k.median_ms * 1e-3) / 1e12
-    rows.append(k)
+    k, out = time_kumiko(wl, exe, inputs, sz, args, timer, "kumiko[cuda]")
+    variants = tile_variants(wl, sz, args, inputs, timer) if args.tiles else []
+    rows = [k] + [r for r, _ in variants]
     if torch is not None:
         dt = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32}
         tin = {n: torch.from_numpy(v.astype(np.float32)).to("cuda", dt[v.dtype]) for n, v in inputs.items()}
@@ -160,17 +225,19 @@ def bench_workload(wl: Workload, args, dev: CudaDevice, torch) -> list[Row]:
         tms = timer(lambda: wl.torch(torch, tin, sz), args.reps, args.warmup)
         t = Row(wl.key, "torch", statistics.median(tms), min(tms), note=f"torch {torch.__version__}")
         t.tflops = wl.flops(sz) / (t.median_ms * 1e-3) / 1e12
-        k.rel_l2 = rel_l2(out.astype(np.float32), ref.float().cpu().numpy())
-        k.ratio = k.median_ms / t.median_ms
+        want = ref.float().cpu().numpy()
+        for r, o in [(k, out)] + variants:
+            r.rel_l2 = rel_l2(o.astype(np.float32), want)
+            r.ratio = r.median_ms / t.median_ms
         t.ratio, t.rel_l2 = 1.0, 0.0
         rows.append(t)
         del tin, ref
         torch.cuda.empty_cache()
-    prog.release()
     for r in rows:
-        print(f"  {r.runner:14s} median {r.median_ms:9.3f} ms  min {r.min_ms:9.3f} ms  {r.tflops:8.2f} TFLOP/s"
-              + (f"  kumiko/torch {k.ratio:.2f} ({100 / k.ratio:.0f}% of torch)" if r is k and k.ratio else "")
-              + (f"  rel L2 {k.rel_l2:.1e}" if r is k and k.rel_l2 is not None else ""))
+        mine = r.runner.startswith("kumiko")
+        print(f"  {r.runner:36s} median {r.median_ms:9.3f} ms  min {r.min_ms:9.3f} ms  {r.tflops:8.2f} TFLOP/s"
+              + (f"  kumiko/torch {r.ratio:.2f} ({100 / r.ratio:.0f}% of torch)" if mine and r.ratio else "")
+              + (f"  rel L2 {r.rel_l2:.1e}" if mine and r.rel_l2 is not None else ""))
     return rows
 
 
@@ -199,7 +266,7 @@ def results_markdown(rows: list[Row], args, m: dict) -> str:
              "| workload | runner | median ms | min ms | TFLOP/s | kumiko/torch | % of torch | rel L2 | note |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        pct = "-" if not r.ratio or r.runner != "kumiko[cuda]" else f"{100 / r.ratio:.0f}%"
+        pct = "-" if not r.ratio or not r.runner.startswith("kumiko") else f"{100 / r.ratio:.0f}%"
         l2 = "-" if r.rel_l2 is None else "ref" if r.runner == "torch" else \
             f"{r.rel_l2:.1e}{'' if r.rel_l2 < REL_L2_LIMIT else ' FAIL'}"
         lines.append(f"| {r.workload} | {r.runner} | {_fmt(r.median_ms)} | {_fmt(r.min_ms)} | "
@@ -216,6 +283,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of the whole path")
     p.add_argument("--no-torch", action="store_true", help="time kumiko only")
+    p.add_argument("--tiles", default="", help="also time each workload under these MMA tiles, comma-separated\n"
+                   f"{TILE_SPEC}: a tile sweep")
     p.add_argument("--append", dest="append", action="store_true", default=None,
                    help="append to the results file (default for full runs)")
     p.add_argument("--no-append", dest="append", action="store_false", help="do not append (default for --quick)")
@@ -225,6 +294,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.argv = argv
     if args.reps < 10 and not args.quick:
         p.error("--reps must be >= 10 (medians of fewer runs are noise)")
+    args.tiles = [t for t in args.tiles.split(",") if t]
+    for t in args.tiles:
+        parse_tile(t)
     if args.append is None:
         args.append = not args.quick
     return args

@@ -16,6 +16,7 @@
 //   shfl_xor_f32 / shfl_sync_f32 / shfl_down_f32 / shfl_up_f32(v, lane, mask)   warp shuffles
 //   warp_sum_f32 / warp_max_f32(v)          warp: butterfly reductions (every lane gets the result)
 //   pack_half2 / pack_bfloat162(lo, hi) -> uint32_t; unpack_half2 / unpack_bfloat162(u) -> float2
+//   st_global_v2(p, lo, hi)                 one store of two adjacent uint16_t (b32) or floats (v2.f32)
 //   lane_id(), warp_id()
 // Fragment layouts are the PTX ISA's (see cuda_emu.h next to each emulation for the formulas).
 #ifndef KUMIKO_CUDA_CUH
@@ -168,6 +169,24 @@ __device__ __forceinline__ float2 unpack_half2(uint32_t u) {
 __device__ __forceinline__ float2 unpack_bfloat162(uint32_t u) {
   return make_float2(__bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(u & 0xffffu))),
                      __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(u >> 16))));
+}
+// st.global of two adjacent elements as one access (st.global.b32 for two 16-bit values, lo at the lower
+// address; st.global.v2.f32 for two floats). p must be aligned to the pair (4 / 8 bytes): the caller checks.
+__device__ __forceinline__ void st_global_v2(uint16_t* p, uint16_t lo, uint16_t hi) {
+  const uint32_t v = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+#if defined(KUMIKO_EMU)
+  __builtin_memcpy(p, &v, 4);
+#else
+  *reinterpret_cast<uint32_t*>(p) = v;
+#endif
+}
+__device__ __forceinline__ void st_global_v2(float* p, float lo, float hi) {
+#if defined(KUMIKO_EMU)
+  const float v[2] = {lo, hi};
+  __builtin_memcpy(p, v, 8);
+#else
+  *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
+#endif
 }
 
 // ---------------------------------------------------------------- the launch ABI

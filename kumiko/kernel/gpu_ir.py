@@ -2,9 +2,11 @@
 
 An ``MmaKernel`` is the SM80 skeleton ``cp.async -> commit/wait -> ldmatrix -> mma.sync -> epilogue ->
 st.global`` written as data: a prologue that fills the shared-memory ring, a K loop whose body waits for
-a tile's load token, computes on it and refills the stage it released, and an epilogue on the
-accumulator with predicated stores. Every knob the Plan injects (tile, stages, warp tile, operand layouts,
-tail predicates, the epilogue) is a field here, so the verifier (``gpu_verify``) checks the schedule as
+a tile's load token, computes on it and refills a released stage (the stage read in the previous
+iteration, released by this iteration's one barrier, or the stage just read, released by a second,
+trailing barrier), and an epilogue on the accumulator with predicated stores. Every knob the Plan
+injects (tile, stages, warp tile, operand layouts, tail predicates, the epilogue, the ring schedule) is
+a field or a statement here, so the verifier (``gpu_verify``) checks the schedule as
 written and the bug-injection tests mutate these records, never the renderer or the emulator.
 
 Tokens (seed 001 §9.2): a ``LoadTile`` produces a ``TokLoad`` for the tile it issues, ``CommitGroup``
@@ -76,10 +78,15 @@ class SmemRing:
 class VecAccess:
     """The cp.async path of an operand: a plain row-major tile of a MemRef whose rows are 16-byte aligned
     when ``aligned`` (a C condition on the sizes, checked at run time) holds. ``offset`` is the element
-    offset of the chunk's first element once the chunk's axes are declared (``decl_s``, ``decl_k``)."""
+    offset of the chunk's first element once the chunk's axes are declared (``decl_s``, ``decl_k``);
+    ``s_step`` and ``k_step`` the element distances between consecutive (flattened) M/N and K indices.
+    The access is affine in both, so a thread's chunk addresses are one base pointer computed before the
+    K loop plus constant multiples of the ring row's stride, advanced by ``k0 * k_step`` per tile."""
     buf: str
     aligned: str
     offset: str
+    s_step: str = "1"
+    k_step: str = "1"
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,8 @@ class WaitGroup:
 
 @dataclass(frozen=True)
 class Barrier:
-    why: str                        # "landed" (copies visible to every warp) | "release" (stage free) | "epilogue"
+    why: str                        # "landed" (copies visible to every warp) | "release" (stage free) |
+                                    # "landed+release" (both: the one barrier of the merged schedule) | "epilogue"
 
 
 @dataclass(frozen=True)
@@ -212,6 +220,7 @@ class MmaKernel:
     decl_n: tuple = ()              # loops.Stmt: declare the N axes from ``kk_gn``
     notes: tuple = ()
     regs_budget: int = 255
+    group_m: int = 1                # CTA rasterisation: runs of group_m M tiles walk N together (L2 reuse)
 
     @property
     def threads(self) -> int:

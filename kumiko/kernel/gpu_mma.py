@@ -50,6 +50,7 @@ from kumiko.region.ssa import Read, Ref, Region, RExpr, VType
 from kumiko.symbolic import Expr
 
 MMA_DTYPES = ("fp16", "bf16")
+RELEASES = ("trailing", "merged")      # plan async.release: how a K loop iteration frees the stage it read
 PAD = 8                     # halves of padding per smem row: rows stay 16-byte aligned, banks rotate
 
 
@@ -100,7 +101,8 @@ def _vec_access(lo: CpuLowering, e: RExpr, s_axes: tuple, k_axes: tuple) -> tupl
     if any(Expr.lift(d) != Expr.lift(lo.sizes[a]) for d, a in zip(m.shape[-n:], names)):
         return None
     off = C.offset(e.index, m.shape, lo.axes_in_scope())
-    return layout, VecAccess(lo.cname[e.tensor], f"({contig}) % 8 == 0", off)
+    steps = ("(" + extent(lo, k_axes) + ")", "1") if layout == "sk" else ("1", f"({contig})")
+    return layout, VecAccess(lo.cname[e.tensor], f"({contig}) % 8 == 0", off, *steps)
 
 
 def _operand(lo: CpuLowering, c: Contraction, side: str, ring: str, allow_ks: bool) -> tuple[OperandLoad, str]:
@@ -207,12 +209,23 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
             extra = (Param(var, "float"),)
         epi = Epilogue(ops, t_mma, t_epi, "fragment", 1, code, overlap=overlap)
     t_load = Token("tL", "TokLoad")
+    compute = Compute(TileRef(0), (t_load,), t_mma, LdMatrix("x", False), LdMatrix("y", lay_y == "ks"), Mma(dt))
+    release = plan.get("async_", "release", "trailing")
+    if release not in RELEASES:
+        raise KumikoError("E1801", at=at, why=f"async.release {release!r} is not one of {RELEASES}")
+    # the ring's schedule: "trailing" keeps every stage in flight and releases the stage just read with a
+    # second barrier; "merged" keeps stages - 1 in flight and refills the stage read in the previous
+    # iteration right after this iteration's one barrier, which also released it
+    ahead = stages if release == "trailing" else stages - 1
     prologue = []
-    for s in range(stages):
+    for s in range(ahead):
         prologue += [LoadTile(TileRef(s, in_loop=False), t_load), CommitGroup()]
-    body = (WaitGroup(stages - 1, (t_load,)), Barrier("landed"),
-            Compute(TileRef(0), (t_load,), t_mma, LdMatrix("x", False), LdMatrix("y", lay_y == "ks"), Mma(dt)),
-            Barrier("release"), LoadTile(TileRef(stages), t_load), CommitGroup())
+    if release == "trailing":
+        body = (WaitGroup(stages - 1, (t_load,)), Barrier("landed"), compute,
+                Barrier("release"), LoadTile(TileRef(stages), t_load), CommitGroup())
+    else:
+        body = (WaitGroup(stages - 2, (t_load,)), Barrier("landed+release"),
+                LoadTile(TileRef(stages - 1), t_load), CommitGroup(), compute)
     drain: tuple = ()
     if epi.mode == "smem_window" or not overlap:
         drain = (WaitGroup(0),)
@@ -224,5 +237,6 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
         f"y by {'cp.async' if ld_y.vec else 'gather'} ({lay_y})",)
     kern = MmaKernel(name, plan.arch, kernel_params(lo, extra), (bm, bn, bk), (bm // wm, bn // wn), stages,
                      (ring_x, ring_y), (ld_x, ld_y), tuple(prologue), KLoop("kt", body), drain, epi,
-                     StGlobal(t_epi), tuple(setup), tuple(decl_m), tuple(decl_n), notes)
+                     StGlobal(t_epi, width=2 if epi.mode == "fragment" else 1), tuple(setup), tuple(decl_m),
+                     tuple(decl_n), notes, group_m=int(plan.get("layout_hints", "group_m", 1)))
     return MmaLowering(kern, c, scratch)

@@ -44,9 +44,9 @@ def check_shape(k: MmaKernel) -> None:
         raise _fail(k, "shape", f"{k.stages} stages: the ring needs 2 to 4")
     for ring in k.rings:
         chunks = ring.rows * ring.cols // 8
-        if ring.cols % 8 or chunks % k.threads:
+        if ring.cols % 8 or chunks % k.threads or k.threads % (ring.cols // 8):
             raise _fail(k, "shape", f"{ring.name}: {ring.rows}x{ring.cols} halves is not a whole number of 16-byte "
-                        f"chunks per thread ({k.threads} threads)")
+                        f"chunks per thread, or {k.threads} threads do not cover whole rows of {ring.cols // 8} chunks")
     if k.epilogue.mode == "smem_window" and bm % k.epilogue.window:
         raise _fail(k, "shape", f"BM={bm} is not a multiple of the window ({k.epilogue.window} rows)")
 
@@ -104,7 +104,7 @@ class _Machine:
                 self.groups.append(self.open)
                 self.open = set()
             elif isinstance(s, WaitGroup):
-                keep = self.groups[len(self.groups) - s.pending:] if s.pending else []
+                keep = self.groups[max(0, len(self.groups) - s.pending):] if s.pending else []
                 for g in self.groups[:len(self.groups) - len(keep)]:
                     self.landed |= g
                 self.groups = keep

@@ -1,14 +1,20 @@
 """Plans for the GPU (sm80 / sm90): choosing, validating, and feeding the ptxas report back.
 
 A region whose structure holds a contraction (``find_contraction``) with 16-bit operands gets the MMA
-skeleton: CTA tile (BM, BN, BK), a 2- or 3-stage cp.async ring, a warp tile of m16n8k16 MMAs, 16-byte
+skeleton: CTA tile (BM, BN, BK), a 2- to 4-stage cp.async ring, a warp tile of m16n8k16 MMAs, 16-byte
 (8-half) vector loads, tail predicates on M, N and K, the epilogue SRNF names, barrier model
-``cp_async_group``. The tile follows the problem: BN = 32 when N is a constant <= 32 (an attention
-head), else 64; BM = 64 (128 when M and N are constants of at least 128); BK = 32. Every other region
-(elementwise, row softmax/layernorm, pooling, fp32 contractions) gets the SIMT skeleton.
+``cp_async_group`` with one barrier per K tile (``async.release = "merged"``: the barrier that makes
+tile kt visible also frees the stage tile kt - 1 was read from, which is refilled right after it;
+``"trailing"`` adds a second barrier after the MMAs and keeps one more tile in flight). The tile
+follows the problem: one large enough for about two 128x128 CTAs per SM (or of unknown M/N) gets
+128x128x32 with 64x64 warp tiles and 4 stages; otherwise BN = 32 when N is a constant <= 32 (an
+attention head), else 64, BM = 64 (128 when M and N are constants of at least 128), BK = 32, 32x32
+warp tiles and 3 stages. Every other region (elementwise, row softmax/layernorm, pooling, fp32
+contractions) gets the SIMT skeleton.
 
-``validate_gpu_plan`` rejects a plan that cannot be instantiated (E1801) and ``check_resources`` rejects
-one whose nvcc build spills or overflows shared memory, with the numbers from ptxas.
+``validate_gpu_plan`` rejects a plan that cannot be instantiated (E1801), ``check_resources`` one whose
+nvcc build spills or overflows shared memory, with the numbers from ptxas; for a plan the chooser made,
+the ``cuda`` target then builds ``fallback_gpu_plan``'s next plan down instead.
 """
 from __future__ import annotations
 
@@ -28,6 +34,27 @@ def _const(x) -> int | None:
     return x if isinstance(x, int) else None
 
 
+#: 128x128 CTAs enough for about 1.5 waves of two per SM on an H100 (132 SMs; two on an A100's 108)
+BIG_TILE_CTAS = 192
+
+
+#: the large plan's CTA rasterisation: 8 M tiles walk N together, so the ~264 CTAs resident on an H100
+#: read 8 row blocks of A and ~33 column blocks of B instead of 2 of A and every one of B (8192^3: B is
+#: 128 MB, more than L2)
+GROUP_M = 8
+
+
+def _fills_gpu(m: int | None, n: int | None, batch: int | None) -> bool:
+    """Whether 128x128 tiles still keep every SM busy (``BIG_TILE_CTAS``). Unknown (symbolic) sizes count as large: a
+    small problem then runs on fewer CTAs (its tails are predicated), a large one at full speed."""
+    if n is not None and n <= 64:
+        return False
+    tiles = [None if x is None else -(-x // 128) for x in (m, n)] + [batch]
+    if any(t is None for t in tiles):
+        return True
+    return tiles[0] * tiles[1] * tiles[2] >= BIG_TILE_CTAS
+
+
 def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
     if arch not in GPU_ARCHS:
         raise KumikoError("E1801", at=f"plan of {region.name}", why=f"{arch!r} is not a GPU arch {GPU_ARCHS}")
@@ -39,14 +66,22 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
                          epilogue=tuple(epilogue(region)), layout_hints={"why_simt": why})
     m = _const(prod([lo.sizes[a] if a in lo.sizes else 1 for a in c.m_axes]))
     n = _const(prod([lo.sizes[a] for a in c.n_axes]))
-    bn = 32 if n is not None and n <= 32 else 64
-    bm = 128 if (m or 0) >= 128 and (n or 0) >= 128 else 64
-    if c.outer is not None:
-        ws = prod([a.size for a in c.outer.axes])
-        while bm % ws:
-            bm *= 2
-    wm, wn = min(bm, 32), min(bn, 32)
-    stages = 3
+    batch = _const(prod([lo.sizes[a] for a in c.batch])) if c.batch else 1
+    if _fills_gpu(m, n, batch) and c.outer is None:
+        # a large problem: 128x128 CTA tiles of 64x64 warp tiles (32 MMAs per k16 step for 8 ldmatrix.x4,
+        # twice the 32x32 warp tile's ratio), 4 warps and a 4-stage ring (76 KB), so two CTAs share an SM
+        # and one's barriers hide behind the other's MMAs
+        bm, bn, wm, wn, stages = 128, 128, 64, 64, 4
+        group_m = GROUP_M
+    else:
+        bn = 32 if n is not None and n <= 32 else 64
+        bm = 128 if (m or 0) >= 128 and (n or 0) >= 128 else 64
+        if c.outer is not None:
+            ws = prod([a.size for a in c.outer.axes])
+            while bm % ws:
+                bm *= 2
+        wm, wn, stages = min(bm, 32), min(bn, 32), 3
+        group_m = 1
     buffer = "reg" if c.pointwise else "smem" if c.outer is not None else "gmem"
     return make_plan(
         arch, tile=(bm, bn, 32), stages=stages, warp_tile=f"{wm}x{wn}",
@@ -55,9 +90,9 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
                {"tensor": "y", "where": "smem", "at": "k.o", "stages": stages}),
         vectorize={"axis": "k", "width": 8},
         predicate_tail=tuple(c.m_axes + c.n_axes + tuple(a.name for a in c.k_axes)),
-        epilogue=tuple(epilogue(region)), layout_hints={"smem_pad": 8, "C_stride": "row"},
+        epilogue=tuple(epilogue(region)), layout_hints={"smem_pad": 8, "C_stride": "row", "group_m": group_m},
         algo_choice={"contraction": "mma"}, local_edges=({"from": c.let, "to": "epilogue", "buffer": buffer},),
-        async_={"enable": True, "prefetch_depth": stages - 1, "epilogue_overlap": False},
+        async_={"enable": True, "prefetch_depth": stages - 1, "epilogue_overlap": False, "release": "merged"},
         barrier_model="cp_async_group", threads=(bm // wm) * (bn // wn) * 32)
 
 
@@ -82,6 +117,9 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
                           suggestion="e.g. tile (64, 64, 32) with warp_tile 32x32")
     if plan.stages not in (2, 3, 4):
         raise KumikoError("E1801", at=at, why=f"stages={plan.stages}: the cp.async ring has 2 to 4 stages")
+    group_m = plan.get("layout_hints", "group_m", 1)
+    if not isinstance(group_m, int) or not 1 <= group_m <= 64:
+        raise KumikoError("E1801", at=at, why=f"layout_hints.group_m={group_m!r}: CTA runs are 1 to 64 M tiles")
     threads = (bm // wm) * (bn // wn) * 32
     if threads > 1024 or (bm * bk // 8) % threads or (bn * bk // 8) % threads:
         raise KumikoError("E1801", at=at, why=f"{threads} threads cannot split the {bm}x{bk} and {bn}x{bk} tiles into "
@@ -95,6 +133,26 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
         raise KumikoError("E1801", at=at, why=f"a {plan.warp_tile} warp tile needs about {regs} registers a thread",
                           suggestion="use a smaller warp tile")
     return plan
+
+
+def fallback_gpu_plan(plan: Plan, why: str) -> Plan | None:
+    """The next plan to try when ptxas rejects a chosen MMA plan (a spill, too much shared memory): the
+    two-barrier ring first (it keeps fewer values live across the K loop's branches), then the small tile
+    (64 x <= 64, 32x32 warps, 3 stages). None when nothing smaller is left. ``why`` is recorded in the new
+    plan's ``layout_hints["after_ptxas"]``, so dumps say why the plan is not the chooser's."""
+    if plan.algo != "mma":
+        return None
+    hints = {**dict(plan.layout_hints), "after_ptxas": why}
+    asy = dict(plan.async_)
+    if asy.get("release", "trailing") == "merged":
+        return plan.with_(async_={**asy, "release": "trailing"}, layout_hints=hints)
+    bm, bn, bk = plan.tile
+    small = (64 if bm % 64 == 0 else bm, min(bn, 64), 32)
+    if (small, plan.warp_tile, plan.stages) == (plan.tile, "32x32", 3):
+        return None
+    return plan.with_(tile=small, warp_tile=f"{min(small[0], 32)}x{min(small[1], 32)}", stages=3,
+                   threads=(small[0] // min(small[0], 32)) * (small[1] // min(small[1], 32)) * 32,
+                   async_={**asy, "prefetch_depth": 2}, layout_hints=hints)
 
 
 def check_resources(plan: Plan, kernel: str, res: KernelResources, dynamic_smem: int) -> None:

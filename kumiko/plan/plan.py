@@ -10,7 +10,7 @@ Mappings are stored as sorted tuples so plans hash and compare by value; JSON ke
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from kumiko.diagnostics import KumikoError
@@ -94,6 +94,10 @@ class Plan:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
+
+    def with_(self, **kw: Any) -> "Plan":
+        """A copy with fields replaced; mappings and lists are frozen as ``make_plan`` does."""
+        return replace(self, **{k: _freeze(v) for k, v in kw.items()})
 
 
 def make_plan(arch: str, **kw: Any) -> Plan:

@@ -33,7 +33,7 @@ import numpy as np
 from kumiko import dtypes, knobs
 from kumiko.compiler import register_target
 from kumiko.diagnostics import KumikoError
-from kumiko.plan.gpu import check_resources
+from kumiko.plan.gpu import check_resources, fallback_gpu_plan
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import MemRef
 from kumiko.runtime.arena import plan_arena
@@ -107,9 +107,13 @@ def check_cubin(compiled: CompiledCuda, cubin: Cubin, smem_limit: int | None = N
         if res is None:
             raise KumikoError("E1701", at=ln.kernel, why=f"ptxas reported nothing for {ln.kernel} ({cubin.arch})",
                               cubin=str(cubin.path))
-        check_resources(compiled.plans[ln.region], ln.kernel, res, ln.smem)
+        try:
+            check_resources(compiled.plans[ln.region], ln.kernel, res, ln.smem)
+        except KumikoError as e:
+            e.details.setdefault("region", ln.region)
+            raise
         if smem_limit is not None and res.smem + ln.smem > smem_limit:
-            raise KumikoError("E1801", at=f"kernel {ln.kernel} ({cubin.arch})", hazard="smem",
+            raise KumikoError("E1801", at=f"kernel {ln.kernel} ({cubin.arch})", hazard="smem", region=ln.region,
                               why=f"{res.smem} bytes static + {ln.smem} dynamic shared memory exceed this device's "
                               f"{smem_limit} bytes per block", suggestion="use fewer stages or a smaller tile")
 
@@ -418,9 +422,22 @@ def compile_cuda_gpu(tiny: TinyGraph, *, plans: Mapping[str, Plan] | None = None
         gpu_arch = dev.arch
         plan_arch = plan_arch or plan_arch_for_cc(*dev.cc)
     check_arch(gpu_arch)
-    compiled = compile_cuda(tiny, plan_arch or "sm80", plans)
-    cubin = build_cubin(compiled.source, gpu_arch, name=safe_name(compiled.program.name), extra_flags=extra_flags)
-    check_cubin(compiled, cubin, dev.smem_optin if dev is not None else None)
+    given, chosen = set(plans or {}), dict(plans or {})
+    while True:
+        compiled = compile_cuda(tiny, plan_arch or "sm80", chosen)
+        cubin = build_cubin(compiled.source, gpu_arch, name=safe_name(compiled.program.name), extra_flags=extra_flags)
+        try:
+            check_cubin(compiled, cubin, dev.smem_optin if dev is not None else None)
+            break
+        except KumikoError as e:
+            # a plan the chooser made (never one the caller gave) that ptxas rejects gets the next plan down
+            region = e.details.get("region")
+            if e.code != "E1801" or region is None or region in given:
+                raise
+            nxt = fallback_gpu_plan(compiled.plans[region], f"{gpu_arch}: {e.why}")
+            if nxt is None:
+                raise
+            chosen[region] = nxt
     return CompiledCudaGpu(compiled, cubin, device=dev, ordinal=device, poison=poison, sync_each=sync_each,
                            extra_flags=extra_flags)
 

@@ -2,10 +2,12 @@
 the emulator (in the configuration docs/cuda.md names), and the schedule bugs already by the verifier."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_ir import MmaKernel
+from kumiko.kernel.gpu_ir import Barrier, KLoop, MmaKernel
 from kumiko.kernel.gpu_verify import verify_mma
 from kumiko.render.cuda import render_cuda
 from kumiko.runtime.target_cuda import CompiledCuda, compile_cuda
@@ -25,10 +27,18 @@ CAUGHT = {
 }
 
 
+def _compile(g, release: str) -> CompiledCuda:
+    """The GEMM under its chosen plan with the ring schedule ``release`` (async.release)."""
+    base = compile_cuda(g.tiny)
+    plans = {n: p.with_(async_={**dict(p.async_), "release": release}) for n, p in base.plans.items()}
+    return compile_cuda(g.tiny, plans=plans)
+
+
 @pytest.fixture(scope="module")
 def gemm():
+    """The study's seven bugs live in the two-barrier ("trailing") schedule: it has a trailing barrier."""
     g = graph("gemm_bias_relu", "fp16")
-    return g, compile_cuda(g.tiny)
+    return g, _compile(g, "trailing")
 
 
 def _inject(base: CompiledCuda, bug: str) -> CompiledCuda:
@@ -70,3 +80,31 @@ def test_verifier_rejects_schedule_bugs(gemm, bug):
     with pytest.raises(KumikoError) as e:
         verify_mma(bad)
     assert e.value.code == "E1801" and e.value.details["hazard"] == VERIFIER_HAZARD[bug], e.value
+
+
+#: the one-barrier ("merged") schedule, the plans' default: its schedule bugs -> (emulator config, fault)
+MERGED_BUGS = {
+    "missing_wait": BUGS["missing_wait"],
+    "wrong_wait_depth": BUGS["wrong_wait_depth"],
+    "missing_barrier": lambda k: replace(k, loop=KLoop(k.loop.var, tuple(s for s in k.loop.body
+                                                                         if not isinstance(s, Barrier)))),
+}
+
+
+@needs_gxx
+@pytest.mark.parametrize("bug", sorted(MERGED_BUGS))
+def test_merged_schedule_bugs_are_caught(gpu_cache, bug):
+    g = graph("gemm_bias_relu", "fp16")
+    base = _compile(g, "merged")
+    k = next(k for k in base.kernels if isinstance(k, MmaKernel))
+    assert [type(s).__name__ for s in k.loop.body] == ["WaitGroup", "Barrier", "LoadTile", "CommitGroup", "Compute"]
+    assert k.loop.body[0].pending == k.stages - 2
+    assert max(run_and_compare(base, g, "deferred", 5, SIZES).values()) < 1e-2
+    ks = [MERGED_BUGS[bug](k) if isinstance(k, MmaKernel) else k for k in base.kernels]
+    bad = CompiledCuda(base.program, base.plans, ks, render_cuda(ks), base.launches, base.arch)
+    with pytest.raises(KumikoError) as e:
+        verify_mma(next(k for k in ks if isinstance(k, MmaKernel)))
+    assert e.value.details["hazard"] in ("unwaited_token", "no_barrier_after_wait", "stage_not_released")
+    with pytest.raises(KumikoError) as e:
+        run_and_compare(bad, g, "deferred", 5, SIZES)
+    assert e.value.code == "E1702" and e.value.details["fault"] == "poisoned_read", e.value

@@ -4,6 +4,7 @@ not a GPU; skipped with a reason where nvcc is missing."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -161,3 +162,40 @@ def test_cuda_target_builds_without_a_device(cache):
     assert run.source == compile_cuda(g.tiny).source
     assert set(run.cubin.resources) >= {ln.kernel for ln in run.launches}
     assert kumiko.compile(g, "cuda", gpu_arch="sm_90a")._run.cubin.cached
+
+
+def test_a_chosen_plan_that_ptxas_rejects_steps_down(cache, monkeypatch):
+    """The ptxas report fed back to the chooser: a chosen MMA plan that spills is replaced by the next plan
+    down (the two-barrier ring, then the small tile) and the replacement says why; a plan the caller gave
+    is never replaced, it is rejected (E1801)."""
+    from kumiko.runtime import target_cuda_gpu as tg
+    real = tg.check_resources
+    seen = []
+
+    def spills_unless_small(plan, kernel, res, smem):
+        seen.append((plan.tile, plan.get("async_", "release")))
+        if plan.algo == "mma" and plan.tile != (64, 64, 32):
+            res = replace(res, registers=255, spill_stores=8, spill_loads=8)
+        real(plan, kernel, res, smem)
+
+    monkeypatch.setattr(tg, "check_resources", spills_unless_small)
+    g = graph("gemm_bias_relu", "fp16")
+    exe = kumiko.compile(g, "cuda", gpu_arch="sm_90a")
+    (plan,) = exe._run.plans.values()
+    assert seen == [((128, 128, 32), "merged"), ((128, 128, 32), "trailing"), ((64, 64, 32), "trailing")]
+    assert plan.tile == (64, 64, 32) and plan.warp_tile == "32x32" and plan.stages == 3 and plan.threads == 128
+    assert "spills 8 bytes" in plan.get("layout_hints", "after_ptxas")
+    assert "// plan: tile 64x64x32, warps 2x2, 3 stages" in exe._run.source
+    with pytest.raises(KumikoError) as e:
+        kumiko.compile(g, "cuda", gpu_arch="sm_90a", plans={"k_C2": compile_cuda(g.tiny).plans["k_C2"]})
+    assert e.value.code == "E1801" and e.value.details["hazard"] == "spill" and e.value.details["region"] == "k_C2"
+
+
+def test_chosen_plans_build_without_spills_for_awkward_sizes(cache):
+    """Sizes where ptxas (CUDA 13, sm_90a) spilled the one-barrier ring's small tile: the chooser's plan
+    after feedback builds clean."""
+    from kumiko import Tensor
+    g = (Tensor.input("A", (512, 512), dtype="fp16") @ Tensor.input("B", (512, 64), dtype="fp16")).graph("y", name="g")
+    for arch in ("sm_80", "sm_90a"):
+        run = kumiko.compile(g, "cuda", gpu_arch=arch)._run
+        assert all(r.spill_stores == r.spill_loads == 0 for r in run.cubin.resources.values())

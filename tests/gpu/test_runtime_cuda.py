@@ -170,10 +170,11 @@ def test_pack_params_bytes():
 def test_launch_dims_and_limits():
     c = compile_cuda(graph("gemm_bias_relu", "fp16").tiny)
     ln = c.launches[0]
-    grid, block = launch_dims(ln, {"M": 130, "N": 65, "K": 7})
+    bm, bn, _ = next(iter(c.plans.values())).tile
+    grid, block = launch_dims(ln, {"M": 2 * bm + 2, "N": bn + 1, "K": 7})
     assert grid == (2, 3, 1) and block == (ln.block, 1, 1)
     with pytest.raises(KumikoError) as e:
-        launch_dims(ln, {"M": 64 * 70000, "N": 64, "K": 8})       # grid.y past 65535
+        launch_dims(ln, {"M": bm * 70000, "N": bn, "K": 8})       # grid.y past 65535
     assert e.value.code == "E1703"
 
 
@@ -315,3 +316,26 @@ def test_gpu_bench_exits_cleanly_without_a_gpu(tmp_path, capsys):
         sys.modules.pop(spec.name, None)
         sys.modules.pop("kumiko_bench_cpu", None)
     assert "no GPU" in capsys.readouterr().out and not results.exists()
+
+
+def test_gpu_bench_tile_specs():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("kumiko_bench_gpu", EXAMPLES.parent / "bench" / "bench_gpu.py")
+    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+        assert mod.parse_tile("128x256x32/64x64/3") == {"tile": (128, 256, 32), "warp_tile": "64x64", "stages": 3,
+                                                        "threads": 256}
+        assert mod.parse_args(["--tiles", "64x64x32/32x32/3,128x128x32/64x64/4"]).tiles == [
+            "64x64x32/32x32/3", "128x128x32/64x64/4"]
+        plan = compile_cuda(graph("gemm_bias_relu", "fp16").tiny).plans["k_C2"]
+        p = mod.apply_tile(plan, "64x64x32/32x32/3/g4/trailing")
+        assert (p.tile, p.warp_tile, p.stages, p.threads) == ((64, 64, 32), "32x32", 3, 128)
+        assert p.get("layout_hints", "group_m") == 4 and p.get("layout_hints", "smem_pad") == 8
+        assert p.get("async_", "release") == "trailing" and p.get("async_", "prefetch_depth") == 2
+        for bad in ("128x128/64x64/4", "128x128x32/64x64", "axbxc/1x1/2", "128x128x32/64x64/4/q3"):
+            with pytest.raises(SystemExit, match="--tiles"):
+                mod.parse_tile(bad)
+    finally:
+        sys.modules.pop(spec.name, None)
+        sys.modules.pop("kumiko_bench_cpu", None)
