@@ -196,10 +196,10 @@ def tile_variants(wl: Workload, sz: dict, args, inputs: dict, timer) -> list[tup
     """--tiles: the workload again under each given MMA tile (every MMA region gets it); a tile the
     plan validator, the GPU IR verifier or ptxas rejects is reported as such and skipped."""
     got = []
+    graph = wl.graph(sz)
+    chosen = kumiko.compile(graph, "cuda")._run.plans
     for spec in args.tiles:
-        graph = wl.graph(sz)
-        base = kumiko.compile(graph, "cuda")
-        plans = {name: apply_tile(p, spec) for name, p in base._run.plans.items() if p.algo == "mma"}
+        plans = {name: apply_tile(p, spec) for name, p in chosen.items() if p.algo == "mma"}
         try:
             exe = kumiko.compile(graph, "cuda", plans=plans)
             got.append(time_kumiko(wl, exe, inputs, sz, args, timer, f"kumiko[cuda] {spec}"))
