@@ -34,12 +34,12 @@ def _const(x) -> int | None:
     return x if isinstance(x, int) else None
 
 
-#: 128x128 CTAs enough for about 1.5 waves of two per SM on an H100 (132 SMs; two on an A100's 108)
+#: 128x128 CTAs enough for about 1.5 per SM on an H100 (132 SMs), nearly two on an A100 (108)
 BIG_TILE_CTAS = 192
 
 
-#: the large plan's CTA rasterisation: 8 M tiles walk N together, so the ~264 CTAs resident on an H100
-#: read 8 row blocks of A and ~33 column blocks of B instead of 2 of A and every one of B (8192^3: B is
+#: the large plan's CTA rasterisation: 8 M tiles walk N together, so at 8192^3 the ~264 CTAs resident on
+#: an H100 read 8 row blocks of A and ~33 column blocks of B instead of ~4 of A and all 64 of B (B is
 #: 128 MB, more than L2)
 GROUP_M = 8
 
