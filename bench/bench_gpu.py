@@ -39,6 +39,7 @@ sys.path.insert(0, str(HERE.parent))       # run from a checkout without install
 import kumiko  # noqa: E402
 from kumiko import Tensor  # noqa: E402
 from kumiko.diagnostics import KumikoError  # noqa: E402
+from kumiko.plan.gpu import mma_threads  # noqa: E402
 from kumiko.runtime.cuda_driver import CudaDevice, device_available  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("kumiko_bench_cpu", HERE / "bench.py")
@@ -147,7 +148,7 @@ def parse_tile(spec: str) -> dict:
         bm, bn, bk = (int(x) for x in tile.split("x"))
         wm, wn = (int(x) for x in warp.split("x"))
         out = {"tile": (bm, bn, bk), "warp_tile": f"{wm}x{wn}", "stages": int(stages),
-               "threads": (bm // wm) * (bn // wn) * 32}
+               "threads": mma_threads((bm, bn), f"{wm}x{wn}")}
         for r in rest:
             if r in ("merged", "trailing"):
                 out["release"] = r

@@ -210,9 +210,7 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
         epi = Epilogue(ops, t_mma, t_epi, "fragment", 1, code, overlap=overlap)
     t_load = Token("tL", "TokLoad")
     compute = Compute(TileRef(0), (t_load,), t_mma, LdMatrix("x", False), LdMatrix("y", lay_y == "ks"), Mma(dt))
-    release = plan.get("async_", "release", "trailing")
-    if release not in RELEASES:
-        raise KumikoError("E1801", at=at, why=f"async.release {release!r} is not one of {RELEASES}")
+    release = plan.get("async_", "release", "trailing")      # one of RELEASES (validate_gpu_plan)
     # the ring's schedule: "trailing" keeps every stage in flight and releases the stage just read with a
     # second barrier; "merged" keeps stages - 1 in flight and refills the stage read in the previous
     # iteration right after this iteration's one barrier, which also released it

@@ -19,7 +19,7 @@ the ``cuda`` target then builds ``fallback_gpu_plan``'s next plan down instead.
 from __future__ import annotations
 
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_mma import mma_operand_dtype, probe
+from kumiko.kernel.gpu_mma import RELEASES, mma_operand_dtype, probe
 from kumiko.kernel.gpu_verify import MAX_REGISTERS, SMEM_LIMIT
 from kumiko.plan.plan import Plan, make_plan
 from kumiko.region.srnf import epilogue
@@ -28,6 +28,12 @@ from kumiko.runtime.ptxas import KernelResources
 from kumiko.symbolic import prod
 
 GPU_ARCHS = ("sm80", "sm90")
+
+
+def mma_threads(tile: tuple, warp_tile: str) -> int:
+    """Threads of an MMA plan's CTA: one warp per warp tile of the CTA tile (what the kernel launches)."""
+    wm, wn = (int(x) for x in str(warp_tile).split("x"))
+    return (tile[0] // wm) * (tile[1] // wn) * 32
 
 
 def _const(x) -> int | None:
@@ -93,7 +99,7 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         epilogue=tuple(epilogue(region)), layout_hints={"smem_pad": 8, "C_stride": "row", "group_m": group_m},
         algo_choice={"contraction": "mma"}, local_edges=({"from": c.let, "to": "epilogue", "buffer": buffer},),
         async_={"enable": True, "prefetch_depth": stages - 1, "epilogue_overlap": False, "release": "merged"},
-        barrier_model="cp_async_group", threads=(bm // wm) * (bn // wn) * 32)
+        barrier_model="cp_async_group", threads=mma_threads((bm, bn), f"{wm}x{wn}"))
 
 
 def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
@@ -117,10 +123,13 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
                           suggestion="e.g. tile (64, 64, 32) with warp_tile 32x32")
     if plan.stages not in (2, 3, 4):
         raise KumikoError("E1801", at=at, why=f"stages={plan.stages}: the cp.async ring has 2 to 4 stages")
+    release = plan.get("async_", "release", "trailing")
+    if release not in RELEASES:
+        raise KumikoError("E1801", at=at, why=f"async.release {release!r} is not one of {RELEASES}")
     group_m = plan.get("layout_hints", "group_m", 1)
     if not isinstance(group_m, int) or not 1 <= group_m <= 64:
         raise KumikoError("E1801", at=at, why=f"layout_hints.group_m={group_m!r}: CTA runs are 1 to 64 M tiles")
-    threads = (bm // wm) * (bn // wn) * 32
+    threads = mma_threads(plan.tile, plan.warp_tile)
     if threads > 1024 or (bm * bk // 8) % threads or (bn * bk // 8) % threads:
         raise KumikoError("E1801", at=at, why=f"{threads} threads cannot split the {bm}x{bk} and {bn}x{bk} tiles into "
                           "whole 16-byte chunks each", suggestion="use a larger warp tile or BK")
@@ -150,9 +159,9 @@ def fallback_gpu_plan(plan: Plan, why: str) -> Plan | None:
     small = (64 if bm % 64 == 0 else bm, min(bn, 64), 32)
     if (small, plan.warp_tile, plan.stages) == (plan.tile, "32x32", 3):
         return None
-    return plan.with_(tile=small, warp_tile=f"{min(small[0], 32)}x{min(small[1], 32)}", stages=3,
-                   threads=(small[0] // min(small[0], 32)) * (small[1] // min(small[1], 32)) * 32,
-                   async_={**asy, "prefetch_depth": 2}, layout_hints=hints)
+    warp = f"{min(small[0], 32)}x{min(small[1], 32)}"
+    return plan.with_(tile=small, warp_tile=warp, stages=3, threads=mma_threads(small, warp),
+                      async_={**asy, "prefetch_depth": 2}, layout_hints=hints)
 
 
 def check_resources(plan: Plan, kernel: str, res: KernelResources, dynamic_smem: int) -> None:

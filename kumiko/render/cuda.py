@@ -228,13 +228,18 @@ class _MmaRenderer:
         stores = [(x, ctypes.get(x.buf)) for x in code if isinstance(x, Store)]
         return stores if stores and all(t in ("uint16_t", "float") for _, t in stores) else None
 
-    def fragment_pairs(self) -> list[str]:
+    def fragment_loops(self) -> list[str]:
+        """The loops over a lane's accumulator fragments (mt, nt), with its group ``g`` and thread ``t``."""
+        return ["  const int g = lane >> 2, t = lane & 3;",
+                "  #pragma unroll", f"  for (int mt = 0; mt < {self.mt}; ++mt)",
+                "    #pragma unroll", f"    for (int nt = 0; nt < {self.nt}; ++nt)"]
+
+    def fragment_pairs(self, stores: list[tuple[Store, str]]) -> list[str]:
         """``StGlobal.width == 2``: a lane's fragment elements e = 2h, 2h + 1 are columns 2t, 2t + 1 of
         one row, so both are computed first (each under its own predicate), then stored by one
         ``st_global_v2`` when both are in bounds, the second lands right after the first (the output's
         layout, checked at run time) and the address is aligned to the pair; else one store each."""
         k, st = self.k, self.k.store
-        stores = self.pairs()
         conds = (["kk_gm < kk_M"] if st.pred_rows else []) + (["kk_gn < kk_N"] if st.pred_cols else [])
         captured = []
         j = 0
@@ -244,11 +249,9 @@ class _MmaRenderer:
                 j += 1
             else:
                 captured.append(x)
-        out = ["  {", "  const int g = lane >> 2, t = lane & 3;",
-               "  #pragma unroll", f"  for (int mt = 0; mt < {self.mt}; ++mt)",
-               "    #pragma unroll", f"    for (int nt = 0; nt < {self.nt}; ++nt)",
-               "      #pragma unroll", "      for (int kk_eh = 0; kk_eh < 2; ++kk_eh) {",
-               "        bool kk_ok[2];"]
+        out = ["  {"] + self.fragment_loops() + ["      #pragma unroll",
+                                                  "      for (int kk_eh = 0; kk_eh < 2; ++kk_eh) {",
+                                                  "        bool kk_ok[2];"]
         for j, (_, t) in enumerate(stores):
             out.append(f"        long long kk_so{j}[2] = {{0, 0}}; {t} kk_sv{j}[2] = {{0, 0}};")
         out += ["        #pragma unroll", "        for (int kk_h = 0; kk_h < 2; ++kk_h) {",
@@ -274,16 +277,14 @@ class _MmaRenderer:
 
     def epilogue(self) -> list[str]:
         k, e, st = self.k, self.k.epilogue, self.k.store
-        frag = ["  const int g = lane >> 2, t = lane & 3;",
-                "  #pragma unroll", f"  for (int mt = 0; mt < {self.mt}; ++mt)",
-                "    #pragma unroll", f"    for (int nt = 0; nt < {self.nt}; ++nt)",
-                "      #pragma unroll", "      for (int e = 0; e < 4; ++e) {"]
+        frag = self.fragment_loops() + ["      #pragma unroll", "      for (int e = 0; e < 4; ++e) {"]
         row = f"wm * {self.wm} + mt * 16 + g + 8 * (e >> 1)"
         col = f"wn * {self.wn} + nt * 8 + 2 * t + (e & 1)"
         out = [f"  // epilogue {list(e.ops)} ({e.mode}): consumes {e.in_token.name}, produces {e.out_token.name}; "
                f"st.global consumes {st.in_token.name}"]
-        if e.mode == "fragment" and st.width == 2 and self.pairs() is not None:
-            return out + self.fragment_pairs()
+        stores = self.pairs() if e.mode == "fragment" and st.width == 2 else None
+        if stores is not None:
+            return out + self.fragment_pairs(stores)
         if e.mode == "fragment":
             conds = (["kk_gm < kk_M"] if st.pred_rows else []) + (["kk_gn < kk_N"] if st.pred_cols else [])
             out += ["  {"] + frag + [f"        const long long kk_gm = m0 + {row};",

@@ -78,7 +78,8 @@ def test_plan_validation():
     assert p.algo == "mma" and p.barrier_model == "cp_async_group" and p.epilogue == ("cast", "add", "relu")
     assert validate_gpu_plan(p, r, syms) is p
     for bad in (replace(p, tile=(256, 256, 128), warp_tile="64x64", stages=4),      # shared memory
-                replace(p, warp_tile="24x32"), replace(p, stages=5), replace(p, arch="cpu-avx2")):
+                replace(p, warp_tile="24x32"), replace(p, stages=5), replace(p, arch="cpu-avx2"),
+                p.with_(async_={**dict(p.async_), "release": "eager"})):                   # no such ring schedule
         with pytest.raises(KumikoError) as e:
             validate_gpu_plan(bad, r, syms)
         assert e.value.code == "E1801"
