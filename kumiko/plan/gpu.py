@@ -164,17 +164,21 @@ def fallback_gpu_plan(plan: Plan, why: str) -> Plan | None:
                       async_={**asy, "prefetch_depth": 2}, layout_hints=hints)
 
 
-def check_resources(plan: Plan, kernel: str, res: KernelResources, dynamic_smem: int) -> None:
-    """Seed 001 §11: a kernel that spills, or whose shared memory passes the arch limit, is rejected."""
+def check_resources(plan: Plan, kernel: str, res: KernelResources, dynamic_smem: int,
+                    region: str | None = None) -> None:
+    """Seed 001 §11: a kernel that spills, or whose shared memory passes the arch limit, is rejected
+    (``details["region"]``: the region whose plan it was, when given)."""
     at = f"kernel {kernel} ({res.arch})"
     if res.spill_stores or res.spill_loads:
         raise KumikoError("E1801", at=at, why=f"ptxas spills {res.spill_stores} bytes stored / {res.spill_loads} bytes "
                           f"loaded with {res.registers} registers (plan tile {plan.tile}, warp tile {plan.warp_tile})",
-                          suggestion="use a smaller warp tile or tile", hazard="spill", registers=res.registers)
+                          suggestion="use a smaller warp tile or tile", hazard="spill", registers=res.registers,
+                          region=region)
     limit = SMEM_LIMIT.get(plan.arch, SMEM_LIMIT["sm80"])
     if res.smem + dynamic_smem > limit:
         raise KumikoError("E1801", at=at, why=f"{res.smem} bytes static + {dynamic_smem} dynamic shared memory exceed "
-                          f"{plan.arch}'s {limit}", suggestion="use fewer stages or a smaller tile", hazard="smem")
+                          f"{plan.arch}'s {limit}", suggestion="use fewer stages or a smaller tile", hazard="smem",
+                          region=region)
 
 
 def choose_gpu_plans(program: Program, arch: str, syms: tuple) -> dict[str, Plan]:

@@ -166,7 +166,7 @@ def nvcc_check(compiled: CompiledCuda, arch: str = "sm_80") -> dict:
         r = res.resources.get(launch.kernel)
         if r is None:
             raise KumikoError("E1701", at=launch.kernel, why=f"ptxas reported nothing for {launch.kernel}")
-        check_resources(compiled.plans[launch.region], launch.kernel, r, launch.smem)
+        check_resources(compiled.plans[launch.region], launch.kernel, r, launch.smem, launch.region)
     return res
 
 

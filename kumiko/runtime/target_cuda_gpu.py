@@ -107,11 +107,7 @@ def check_cubin(compiled: CompiledCuda, cubin: Cubin, smem_limit: int | None = N
         if res is None:
             raise KumikoError("E1701", at=ln.kernel, why=f"ptxas reported nothing for {ln.kernel} ({cubin.arch})",
                               cubin=str(cubin.path))
-        try:
-            check_resources(compiled.plans[ln.region], ln.kernel, res, ln.smem)
-        except KumikoError as e:
-            e.details.setdefault("region", ln.region)
-            raise
+        check_resources(compiled.plans[ln.region], ln.kernel, res, ln.smem, ln.region)
         if smem_limit is not None and res.smem + ln.smem > smem_limit:
             raise KumikoError("E1801", at=f"kernel {ln.kernel} ({cubin.arch})", hazard="smem", region=ln.region,
                               why=f"{res.smem} bytes static + {ln.smem} dynamic shared memory exceed this device's "

@@ -172,11 +172,11 @@ def test_a_chosen_plan_that_ptxas_rejects_steps_down(cache, monkeypatch):
     real = tg.check_resources
     seen = []
 
-    def spills_unless_small(plan, kernel, res, smem):
+    def spills_unless_small(plan, kernel, res, smem, region=None):
         seen.append((plan.tile, plan.get("async_", "release")))
         if plan.algo == "mma" and plan.tile != (64, 64, 32):
             res = replace(res, registers=255, spill_stores=8, spill_loads=8)
-        real(plan, kernel, res, smem)
+        real(plan, kernel, res, smem, region)
 
     monkeypatch.setattr(tg, "check_resources", spills_unless_small)
     g = graph("gemm_bias_relu", "fp16")
