@@ -14,6 +14,7 @@ goal for the SM80-path GEMM on an H100 is >= 60% of cuBLAS.
     python bench/bench_gpu.py --quick                  # small sizes, nothing appended (a smoke run)
     python bench/bench_gpu.py --workloads gemm-4096,attn --reps 20 --json out.json
     python bench/bench_gpu.py --workloads gemm --tiles 128x256x32/64x64/3,64x64x32/32x32/3   # a tile sweep
+    python bench/bench_gpu.py --workloads attn --cuda-graph   # kumiko's launches replayed as one CUDA Graph
 
 Without a GPU (no cuda-bindings, driver or device) it says so and exits 0; without torch it times kumiko only.
 """
@@ -187,7 +188,8 @@ def time_kumiko(wl: Workload, exe, inputs: dict, sz: dict, args, timer, runner: 
     prog.upload(b, inputs)
     ms = timer(lambda: prog.enqueue(b), args.reps, args.warmup)
     k = Row(wl.key, runner, statistics.median(ms), min(ms),
-            note=f"{len(b.launches)} kernels ({_plan_note(exe._run.plans)}), {exe._run.gpu_arch}")
+            note=f"{len(b.launches)} kernels ({_plan_note(exe._run.plans)}), {exe._run.gpu_arch}"
+                 + (", one CUDA Graph" if prog.graph else ""))
     k.tflops = wl.flops(sz) / (k.median_ms * 1e-3) / 1e12
     prog.release()
     return k, out
@@ -198,11 +200,11 @@ def tile_variants(wl: Workload, sz: dict, args, inputs: dict, timer) -> list[tup
     plan validator, the GPU IR verifier or ptxas rejects is reported as such and skipped."""
     got = []
     graph = wl.graph(sz)
-    chosen = kumiko.compile(graph, "cuda")._run.plans
+    chosen = kumiko.compile(graph, "cuda", cuda_graph=args.cuda_graph)._run.plans
     for spec in args.tiles:
         plans = {name: apply_tile(p, spec) for name, p in chosen.items() if p.algo == "mma"}
         try:
-            exe = kumiko.compile(graph, "cuda", plans=plans)
+            exe = kumiko.compile(graph, "cuda", plans=plans, cuda_graph=args.cuda_graph)
             got.append(time_kumiko(wl, exe, inputs, sz, args, timer, f"kumiko[cuda] {spec}"))
         except KumikoError as e:
             print(f"  tile {spec}: rejected: {e.code} {e.why}")
@@ -212,7 +214,7 @@ def tile_variants(wl: Workload, sz: dict, args, inputs: dict, timer) -> list[tup
 def bench_workload(wl: Workload, args, dev: CudaDevice, torch) -> list[Row]:
     sz = wl.quick if args.quick else wl.sizes
     print(f"\n{wl.key}: {wl.title}{' (quick sizes ' + str(sz) + ')' if args.quick else ''}")
-    exe = kumiko.compile(wl.graph(sz), "cuda")
+    exe = kumiko.compile(wl.graph(sz), "cuda", cuda_graph=args.cuda_graph)
     inputs = exe.random_inputs(args.seed, sz)
     timer = _timer(dev, torch)
     k, out = time_kumiko(wl, exe, inputs, sz, args, timer, "kumiko[cuda]")
@@ -284,6 +286,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of the whole path")
     p.add_argument("--no-torch", action="store_true", help="time kumiko only")
+    p.add_argument("--cuda-graph", action="store_true", help="kumiko replays its launches as one CUDA Graph")
     p.add_argument("--tiles", default="", help="also time each workload under these MMA tiles, comma-separated\n"
                    f"{TILE_SPEC}: a tile sweep")
     p.add_argument("--append", dest="append", action="store_true", default=None,

@@ -4,6 +4,7 @@
 - ``KUMIKO_DUMP``: a directory; when set, every compile writes each stage's JSON dump there.
 - ``KUMIKO_CACHE``: the compile cache directory (default ``~/.cache/kumiko``); ``0`` disables the cache.
 - ``KUMIKO_SPEC``: verifier strictness at stage boundaries: 0 off, 1 cheap checks (default), 2 all checks.
+- ``KUMIKO_CUDA_GRAPH``: 1 makes the ``cuda`` target replay each program's launches as a CUDA Graph (default 0).
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ def debug() -> int:
 
 def spec() -> int:
     return _int("KUMIKO_SPEC", 1)
+
+
+def cuda_graph() -> bool:
+    return _int("KUMIKO_CUDA_GRAPH", 0) >= 1
 
 
 def dump_dir() -> Path | None:

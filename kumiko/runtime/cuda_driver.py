@@ -180,6 +180,9 @@ class CudaDevice:
         self.driver_version = int(_ok(drv.cuDriverGetVersion(), "cuDriverGetVersion", "target cuda"))
         self.ctx = _ok(drv.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain", "target cuda")
         self._stream = drv.CUstream(0)
+        self._capture_stream: Any = None
+        self._capture_lock = threading.Lock()
+        self._tls = threading.local()            # .stream: the capture stream while this thread captures
 
     def attribute(self, name: str) -> int:
         attr = getattr(self.drv.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
@@ -230,9 +233,52 @@ class CudaDevice:
         _ok(self.drv.cuFuncSetAttribute(fn, attr, int(nbytes)), "cuFuncSetAttribute", kernel, smem=int(nbytes))
 
     def launch(self, fn: Any, kernel: str, grid: tuple, block: tuple, smem: int, argv: Any) -> None:
-        """``cuLaunchKernel`` on the default stream; ``argv`` is the ctypes ``void*[]`` of kernelParams."""
-        _ok(self.drv.cuLaunchKernel(fn, *grid, *block, int(smem), self._stream, ctypes.addressof(argv), 0),
+        """``cuLaunchKernel`` on the default stream (on the capture stream inside ``capture``); ``argv`` is the ctypes
+        ``void*[]`` of kernelParams."""
+        stream = getattr(self._tls, "stream", None)
+        stream = self._stream if stream is None else stream
+        _ok(self.drv.cuLaunchKernel(fn, *grid, *block, int(smem), stream, ctypes.addressof(argv), 0),
             "cuLaunchKernel", kernel, grid=list(grid), block=list(block), smem=int(smem))
+
+    # -- CUDA Graphs -------------------------------------------------------------------------------
+    def capture(self, issue: Callable[[], Any], what: str) -> Any:
+        """A CUDA Graph of the launches ``issue`` makes, instantiated (a ``CUgraphExec``).
+
+        The launches are captured on a non-blocking stream of this device's own (capture is not allowed on the
+        legacy default stream; the capture stream only records, the graph is replayed on the default stream), in
+        thread-local mode so another thread's CUDA calls are not swept in. ``issue`` must only launch (no copy,
+        no sync). The kernel parameters are copied into the graph: it replays the same pointers and sizes.
+        """
+        drv = self.drv
+        with self._capture_lock:
+            if self._capture_stream is None:
+                self._capture_stream = _ok(drv.cuStreamCreate(int(drv.CUstream_flags.CU_STREAM_NON_BLOCKING)),
+                                           "cuStreamCreate", what)
+            stream = self._capture_stream
+            mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+            _ok(drv.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture", what)
+            self._tls.stream = stream
+            try:
+                issue()
+            except BaseException:
+                res = drv.cuStreamEndCapture(stream)          # leave the stream usable; the partial graph goes
+                if int(res[0]) == 0:
+                    drv.cuGraphDestroy(res[1])
+                raise
+            finally:
+                self._tls.stream = None
+            graph = _ok(drv.cuStreamEndCapture(stream), "cuStreamEndCapture", what)
+        try:
+            return _ok(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate", what)
+        finally:
+            drv.cuGraphDestroy(graph)
+
+    def graph_launch(self, exe: Any, what: str) -> None:
+        """Replay an instantiated graph on the default stream (in order with copies, fills and launches there)."""
+        _ok(self.drv.cuGraphLaunch(exe, self._stream), "cuGraphLaunch", what)
+
+    def graph_destroy(self, exe: Any) -> None:
+        _ok(self.drv.cuGraphExecDestroy(exe), "cuGraphExecDestroy", "target cuda")
 
     def sync(self, what: str, **details: Any) -> None:
         """Wait for the device; a fault in a kernel launched since the last sync surfaces here."""

@@ -13,10 +13,12 @@ from), so the GPU runs exactly the source the emulator tests. Only the build and
    ``KUMIKO_SPEC=0``; ``cuLaunchKernel`` per launch with kernelParams packed from each kernel's ``Param``
    list (``pack_params``: 8-byte device pointers, scalars in their C type); one ``cuCtxSynchronize``.
 
-``kumiko.compile(g, "cuda", device=0, gpu_arch=None, sync_each=False)``: with ``gpu_arch`` given the
-cubin is built without opening a device (the device is opened at the first call); ``sync_each`` waits
-after every launch, so a fault names its kernel exactly (also on with ``KUMIKO_DEBUG>=2``, which prints
-each launch's time). Without cuda-bindings, a driver or a device, compiling for ``cuda`` raises E1501.
+``kumiko.compile(g, "cuda", device=0, gpu_arch=None, sync_each=False, cuda_graph=None)``: with ``gpu_arch``
+given the cubin is built without opening a device (the device is opened at the first call); ``sync_each``
+waits after every launch, so a fault names its kernel exactly (also on with ``KUMIKO_DEBUG>=2``, which
+prints each launch's time); ``cuda_graph`` (default: ``KUMIKO_CUDA_GRAPH=1`` in the environment) captures
+the launches for each set of sizes once as a CUDA Graph and replays it (one driver call a run instead of
+one per kernel). Without cuda-bindings, a driver or a device, compiling for ``cuda`` raises E1501.
 """
 from __future__ import annotations
 
@@ -129,6 +131,9 @@ class Backend(Protocol):
     def fill(self, ptr: int, byte: int, nbytes: int, what: str) -> None: ...
     def set_dynamic_smem(self, fn: Any, kernel: str, nbytes: int) -> None: ...
     def launch(self, fn: Any, kernel: str, grid: tuple, block: tuple, smem: int, argv: Any) -> None: ...
+    def capture(self, issue: Any, what: str) -> Any: ...
+    def graph_launch(self, exe: Any, what: str) -> None: ...
+    def graph_destroy(self, exe: Any) -> None: ...
     def sync(self, what: str, **details: Any) -> None: ...
 
 
@@ -152,6 +157,7 @@ class Bound:
     poison: list[tuple[int, int, str]] = field(default_factory=list)        # outputs, arena, scratch
     outputs: dict[str, tuple[tuple, np.dtype]] = field(default_factory=dict)
     launches: list[BoundLaunch] = field(default_factory=list)
+    graph: Any = None                  # the launches captured as a CUDA Graph (``cuda_graph``), on first enqueue
 
 
 def _nbytes(m: MemRef, env: Mapping[str, int]) -> tuple[tuple, int]:
@@ -166,9 +172,9 @@ class CudaProgram:
     KEEP_BOUND = 2
 
     def __init__(self, compiled: CompiledCuda, backend: Backend, functions: Mapping[str, Any], *,
-                 poison: bool | None = None, sync_each: bool = False):
+                 poison: bool | None = None, sync_each: bool = False, graph: bool = False):
         self.compiled, self.program, self.backend = compiled, compiled.program, backend
-        self.poison, self.sync_each = poison, sync_each
+        self.poison, self.sync_each, self.graph = poison, sync_each, graph
         self.symbols = program_symbols(self.program)
         self.params = {k.name: k.params for k in compiled.kernels}
         missing = [ln.kernel for ln in compiled.launches if ln.kernel not in functions or ln.kernel not in self.params]
@@ -262,6 +268,12 @@ class CudaProgram:
                     b.poison.append((alloc("scratch:" + var, nbytes, f"scratch {var}"), nbytes, f"scratch {var}"))
 
     def _free(self, b: Bound) -> None:
+        if b.graph is not None:
+            try:
+                self.backend.graph_destroy(b.graph)
+            except KumikoError:
+                pass                               # a sticky context error: the graph goes with the context
+            b.graph = None
         for ptr, _, _ in b.allocations:
             try:
                 self.backend.free(ptr)
@@ -296,12 +308,25 @@ class CudaProgram:
             self.backend.fill(ptr, POISON_BYTE, nbytes, what)
 
     def enqueue(self, b: Bound) -> None:
-        """Issue every launch (no wait). With ``sync_each``, wait after each so a fault names its kernel."""
+        """Issue every launch (no wait). With ``sync_each``, wait after each so a fault names its kernel.
+
+        With ``graph`` the launches are captured once per bound sizes (the first enqueue) and every enqueue
+        replays the CUDA Graph: one driver call for the whole program. ``sync_each`` and ``KUMIKO_DEBUG>=2``
+        (per-launch times) launch one by one instead."""
         timed = knobs.debug() >= 2
+        if self.graph and b.launches and not (self.sync_each or timed):
+            what = f"program {self.program.name}"
+            if b.graph is None:
+                b.graph = self.backend.capture(lambda: self._issue(b), what)
+            self.backend.graph_launch(b.graph, what)
+            return
+        self._issue(b, sync=self.sync_each or timed, timed=timed)
+
+    def _issue(self, b: Bound, sync: bool = False, timed: bool = False) -> None:
         for ln in b.launches:
             t0 = time.perf_counter()
             self.backend.launch(ln.fn, ln.kernel, ln.grid, ln.block, ln.smem, ln.argv)
-            if self.sync_each or timed:
+            if sync:
                 self.backend.sync(f"kernel {ln.kernel}", grid=list(ln.grid), block=list(ln.block), sizes=b.env)
             if timed:
                 print(f"kumiko: cuda {ln.kernel} grid {list(ln.grid)} block {ln.block[0]} smem {ln.smem}: "
@@ -356,10 +381,12 @@ class CompiledCudaGpu:
     """A program compiled for the ``cuda`` target: the cuda-emu lowering, a cubin, and (lazily) the device."""
 
     def __init__(self, compiled: CompiledCuda, cubin: Cubin, *, device: CudaDevice | None = None, ordinal: int = 0,
-                 poison: bool | None = None, sync_each: bool = False, extra_flags: Sequence[str] = ()):
+                 poison: bool | None = None, sync_each: bool = False, cuda_graph: bool = False,
+                 extra_flags: Sequence[str] = ()):
         self.compiled, self.cubin = compiled, cubin
         self.ordinal, self.device = ordinal, device
-        self.poison, self.sync_each, self.extra_flags = poison, sync_each, tuple(extra_flags)
+        self.poison, self.sync_each, self.cuda_graph = poison, sync_each, cuda_graph
+        self.extra_flags = tuple(extra_flags)
         self._program: CudaProgram | None = None
         self._module: Any = None
 
@@ -383,7 +410,8 @@ class CompiledCudaGpu:
             check_cubin(self.compiled, self.cubin, dev.smem_optin)
             self._module = self._load(dev)
             fns = {ln.kernel: dev.function(self._module, ln.kernel) for ln in self.compiled.launches}
-            self._program = CudaProgram(self.compiled, dev, fns, poison=self.poison, sync_each=self.sync_each)
+            self._program = CudaProgram(self.compiled, dev, fns, poison=self.poison, sync_each=self.sync_each,
+                                        graph=self.cuda_graph)
         else:
             self.device.activate()
         return self._program
@@ -406,11 +434,13 @@ class CompiledCudaGpu:
 
 def compile_cuda_gpu(tiny: TinyGraph, *, plans: Mapping[str, Plan] | None = None, device: int = 0,
                      gpu_arch: str | None = None, plan_arch: str | None = None, poison: bool | None = None,
-                     sync_each: bool = False, extra_flags: Sequence[str] = ()) -> CompiledCudaGpu:
+                     sync_each: bool = False, cuda_graph: bool | None = None,
+                     extra_flags: Sequence[str] = ()) -> CompiledCudaGpu:
     """Lower like cuda-emu, build the cubin (nvcc, cached) and check its resources.
 
     ``gpu_arch=None`` opens device ``device`` now (E1501 if there is none) and builds for its compute
     capability; an explicit ``gpu_arch`` (``sm_80``, ``sm_90a``...) builds without a device.
+    ``cuda_graph`` (default: ``KUMIKO_CUDA_GRAPH``) replays each size's launches as one CUDA Graph.
     """
     dev = None
     if gpu_arch is None:
@@ -434,15 +464,17 @@ def compile_cuda_gpu(tiny: TinyGraph, *, plans: Mapping[str, Plan] | None = None
             if nxt is None:
                 raise
             chosen[region] = nxt
+    graph = knobs.cuda_graph() if cuda_graph is None else bool(cuda_graph)
     return CompiledCudaGpu(compiled, cubin, device=dev, ordinal=device, poison=poison, sync_each=sync_each,
-                           extra_flags=extra_flags)
+                           cuda_graph=graph, extra_flags=extra_flags)
 
 
 @register_target("cuda")
 def _cuda_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, device: int = 0,
                  gpu_arch: str | None = None, poison: bool | None = None, sync_each: bool = False,
-                 **_) -> CompiledCudaGpu:
-    return compile_cuda_gpu(tiny, plans=plans, device=device, gpu_arch=gpu_arch, poison=poison, sync_each=sync_each)
+                 cuda_graph: bool | None = None, **_) -> CompiledCudaGpu:
+    return compile_cuda_gpu(tiny, plans=plans, device=device, gpu_arch=gpu_arch, poison=poison, sync_each=sync_each,
+                            cuda_graph=cuda_graph)
 
 
 __all__ = ["CompiledCudaGpu", "CudaProgram", "compile_cuda_gpu", "check_cubin", "pack_params", "param_ctype",

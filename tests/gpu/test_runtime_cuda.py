@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import shutil
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -114,6 +115,11 @@ def test_driver_calls_marshal_their_arguments():
     drv = _bindings()
     dev = object.__new__(CudaDevice)      # no device here: only the argument conversion is exercised
     dev.drv, dev.handle, dev.ctx, dev._stream = drv, drv.CUdevice(0), drv.CUcontext(), drv.CUstream(0)
+    dev._capture_stream, dev._capture_lock, dev._tls = None, threading.Lock(), threading.local()
+
+    def capture_on(stream):
+        dev._capture_stream = stream
+        return dev.capture(lambda: None, "g")
     arr = np.zeros(64, np.float16)
     from kumiko.kernel.gpu_ir import Param
     argv, _ = pack_params((Param("y", "float"), Param("n", "long long", pointer=False)), [0x1000, 7])
@@ -123,7 +129,9 @@ def test_driver_calls_marshal_their_arguments():
              lambda: dev.function(drv.CUmodule(), "kumiko_k"), lambda: dev.unload_module(drv.CUmodule()),
              lambda: dev.set_dynamic_smem(drv.CUfunction(), "k", 100000),
              lambda: dev.launch(drv.CUfunction(), "k", (2, 1, 1), (128, 1, 1), 0, argv), lambda: dev.sync("k"),
-             lambda: dev.time_ms(lambda: None, reps=1, warmup=0)]
+             lambda: dev.time_ms(lambda: None, reps=1, warmup=0), lambda: capture_on(None),
+             lambda: capture_on(drv.CUstream()), lambda: dev.graph_launch(drv.CUgraphExec(), "g"),
+             lambda: dev.graph_destroy(drv.CUgraphExec())]
     for call in calls:
         with pytest.raises(Exception) as e:
             call()
@@ -191,6 +199,8 @@ class EmuLaunches:
         self.module, self.lib = module, module._load()
         self.mem: dict[int, np.ndarray] = {}
         self.launched: list[str] = []
+        self.capturing: list | None = None
+        self.graphs: list[list] = []          # live captured graphs (each a list of launch arguments)
 
     def functions(self, kernels):
         return {k: emu_worker.bind(self.lib, k)[0] for k in kernels}
@@ -217,6 +227,12 @@ class EmuLaunches:
         pass
 
     def launch(self, fn, kernel, grid, block, smem, argv):
+        if self.capturing is not None:
+            self.capturing.append((fn, kernel, grid, block, smem, argv))
+            return
+        self._run(fn, kernel, grid, block, smem, argv)
+
+    def _run(self, fn, kernel, grid, block, smem, argv):
         emu_worker.configure(self.lib, self.module.config.runtime_options())
         rc, err, _ = emu_worker.call(self.lib, fn, grid, block, smem, argv)
         if rc:
@@ -224,7 +240,25 @@ class EmuLaunches:
         self.launched.append(kernel)
 
     def sync(self, what, **details):
-        pass
+        assert self.capturing is None, "no sync while capturing"
+
+    def capture(self, issue, what):
+        """As CudaDevice.capture: the launches are recorded, not run."""
+        self.capturing = []
+        try:
+            issue()
+        finally:
+            graph, self.capturing = self.capturing, None
+        self.graphs.append(graph)
+        return graph
+
+    def graph_launch(self, graph, what):
+        assert any(g is graph for g in self.graphs), "a destroyed graph is never launched"
+        for launch in graph:
+            self._run(*launch)
+
+    def graph_destroy(self, graph):
+        self.graphs.remove(graph)
 
 
 def _emu_program(stem: str, dtype: str = "fp16", **kw) -> tuple[CudaProgram, EmuLaunches]:
@@ -280,6 +314,41 @@ def test_cuda_program_poisons_and_reuses_buffers(gpu_cache):
 
 
 @needs_gxx
+def test_cuda_program_replays_a_captured_graph(gpu_cache, monkeypatch):
+    """graph=True: the launches of one set of sizes are captured once, replayed by every later run (new inputs,
+    same buffers), one graph per bound size set, destroyed with its buffers; sync_each launches one by one."""
+    stem = "attention_row_softmax"
+    prog, be = _emu_program(stem, graph=True)
+    g = graph(stem, "fp16")
+    ref = kumiko.compile(g, "eval")
+    kernels = [ln.kernel for ln in prog.compiled.launches]
+    assert len(kernels) > 1
+    for seed, shapes in ((1, None), (2, None), (3, {k: v + 5 for k, v in g.symbols.items()}), (4, None)):
+        ins = ref.random_inputs(seed, shapes)
+        out = prog(ins, ref.bind(ins, None))
+        want = ref(**ins)
+        assert all(rel_l2(out[k], want[k]) < 1e-2 for k in want), (seed, shapes)
+    assert len(be.graphs) == 2 and all(len(gr) == len(kernels) for gr in be.graphs), "one capture per size set"
+    assert be.launched == kernels * 4, "every run replays every kernel once, in order"
+    assert all(b.graph is not None for b in prog._bound.values())
+    prog.release()
+    assert not be.graphs and not be.mem, "graphs are destroyed with their buffers"
+
+    prog, be = _emu_program(stem, graph=True, sync_each=True)
+    ins = ref.random_inputs(5)
+    prog(ins, ref.bind(ins, None))
+    assert not be.graphs and be.launched == kernels, "sync_each: launched one by one, no capture"
+    prog.release()
+
+    prog, be = _emu_program(stem, graph=True)
+    monkeypatch.setattr(be, "launch", lambda *a: (_ for _ in ()).throw(KumikoError("E1703", at="k", why="bad")))
+    with pytest.raises(KumikoError) as e:
+        prog(ins, ref.bind(ins, None))
+    assert e.value.code == "E1703" and be.capturing is None and not be.graphs, "a failed capture leaves nothing"
+    prog.release()
+
+
+@needs_gxx
 def test_cuda_program_fp32_and_zero_sizes(gpu_cache):
     prog, _ = _emu_program("gemm_bias_relu", "fp32")
     g = graph("gemm_bias_relu", "fp32")
@@ -328,6 +397,7 @@ def test_gpu_bench_tile_specs():
                                                         "threads": 256}
         assert mod.parse_args(["--tiles", "64x64x32/32x32/3,128x128x32/64x64/4"]).tiles == [
             "64x64x32/32x32/3", "128x128x32/64x64/4"]
+        assert mod.parse_args(["--cuda-graph"]).cuda_graph and not mod.parse_args([]).cuda_graph
         plan = compile_cuda(graph("gemm_bias_relu", "fp16").tiny).plans["k_C2"]
         p = mod.apply_tile(plan, "64x64x32/32x32/3/g4/trailing")
         assert (p.tile, p.warp_tile, p.stages, p.threads) == ((64, 64, 32), "32x32", 3, 128)
