@@ -40,6 +40,7 @@ sys.path.insert(0, str(HERE.parent))       # run from a checkout without install
 import kumiko  # noqa: E402
 from kumiko import Tensor  # noqa: E402
 from kumiko.diagnostics import KumikoError  # noqa: E402
+from kumiko.kernel.gpu_mma import RELEASES  # noqa: E402
 from kumiko.plan.gpu import mma_threads  # noqa: E402
 from kumiko.runtime.cuda_driver import CudaDevice, device_available  # noqa: E402
 
@@ -137,12 +138,12 @@ def _timer(dev: CudaDevice, torch):
     return lambda fn, reps, warmup: dev.time_ms(fn, reps=reps, warmup=warmup)
 
 
-TILE_SPEC = "BMxBNxBK/WMxWN/STAGES[/gGROUP_M][/merged|/trailing] (e.g. 128x128x32/64x64/4/g8/merged)"
+TILE_SPEC = "BMxBNxBK/WMxWN/STAGES[/gGROUP_M][/registers|/merged|/trailing] (e.g. 128x128x32/64x64/4/g8/registers)"
 
 
 def parse_tile(spec: str) -> dict:
     """``BMxBNxBK/WMxWN/S`` with optional ``/gN`` (CTA runs of N M tiles: layout_hints.group_m) and
-    ``/merged`` or ``/trailing`` (async.release) -> the MMA plan fields it sets (the plan's other
+    ``/registers``, ``/merged`` or ``/trailing`` (async.release) -> the MMA plan fields it sets (the plan's other
     layout hints and async fields are kept by the caller)."""
     try:
         tile, warp, stages, *rest = spec.split("/")
@@ -151,7 +152,7 @@ def parse_tile(spec: str) -> dict:
         out = {"tile": (bm, bn, bk), "warp_tile": f"{wm}x{wn}", "stages": int(stages),
                "threads": mma_threads((bm, bn), f"{wm}x{wn}")}
         for r in rest:
-            if r in ("merged", "trailing"):
+            if r in RELEASES:
                 out["release"] = r
             elif r.startswith("g"):
                 out["group_m"] = int(r[1:])

@@ -4,17 +4,20 @@ An ``MmaKernel`` is the SM80 skeleton ``cp.async -> commit/wait -> ldmatrix -> m
 st.global`` written as data: a prologue that fills the shared-memory ring, a K loop whose body waits for
 a tile's load token, computes on it and refills a released stage (the stage read in the previous
 iteration, released by this iteration's one barrier, or the stage just read, released by a second,
-trailing barrier), and an epilogue on the accumulator with predicated stores. Every knob the Plan
-injects (tile, stages, warp tile, operand layouts, tail predicates, the epilogue, the ring schedule) is
-a field or a statement here, so the verifier (``gpu_verify``) checks the schedule as
-written and the bug-injection tests mutate these records, never the renderer or the emulator.
+trailing barrier; or, with fragments double-buffered in registers, the stage of the previous tile,
+released by a barrier placed after that tile's last ldmatrix), and an epilogue on the accumulator with
+predicated stores. Every knob the Plan injects (tile, stages, warp tile, operand layouts, tail
+predicates, the epilogue, the ring schedule) is a field or a statement here, so the verifier
+(``gpu_verify``) checks the schedule as written and the bug-injection tests mutate these records, never
+the renderer or the emulator.
 
 Tokens (seed 001 §9.2): a ``LoadTile`` produces a ``TokLoad`` for the tile it issues, ``CommitGroup``
 closes a cp.async group, ``WaitGroup(pending=n)`` consumes the tokens of every group but the n newest,
-``Compute`` consumes the tile's ``TokLoad`` tokens and produces ``TokCompute``, the ``Epilogue`` consumes
-``TokCompute`` and produces ``TokEpilogue``, which the ``StGlobal`` consumes. Tile references are relative
-to the K-loop variable (``TileRef(offset, in_loop)``): tile ``kt + offset`` inside the loop, tile ``offset``
-in the prologue; a tile always lives in stage ``tile % stages``.
+``Compute`` (or the ``LoadFrag`` / ``MmaFrag`` steps it splits into) consumes the tile's ``TokLoad`` tokens
+and produces ``TokCompute``, the ``Epilogue`` consumes ``TokCompute`` and produces ``TokEpilogue``, which
+the ``StGlobal`` consumes. Tile references are relative to the K-loop variable (``TileRef(offset,
+in_loop)``): tile ``kt + offset`` inside the loop, tile ``offset`` in the prologue; a tile always lives in
+stage ``tile % stages``.
 
 Element computations (an operand gathered through its index map and pad Select, the region's epilogue)
 are CPU loop-IR statements (``kumiko.kernel.loops``) built by the region expression emitter; the CUDA
@@ -158,6 +161,28 @@ class Compute:
 
 
 @dataclass(frozen=True)
+class LoadFrag:
+    """ldmatrix both operands' warp fragments of k16 step ``kstep`` of tile ``tile`` into register buffer ``buf``
+    (0 or 1), skipped past K. With ``MmaFrag`` it splits a ``Compute`` so fragments are double-buffered: step
+    j + 1 loads while step j's MMAs run, and the next tile's step 0 loads right after the barrier that
+    releases this tile's stage (``async.release = "registers"``)."""
+    tile: TileRef
+    kstep: int
+    buf: int
+    in_tokens: tuple
+    lda: LdMatrix
+    ldb: LdMatrix
+
+
+@dataclass(frozen=True)
+class MmaFrag:
+    """The warp tile's mma.sync on the fragments in register buffer ``buf`` (one k16 step)."""
+    buf: int
+    out_token: Token
+    mma: Mma
+
+
+@dataclass(frozen=True)
 class KLoop:
     var: str
     body: tuple
@@ -189,7 +214,7 @@ class StGlobal:
     width: int = 1
 
 
-GpuStmt = Union[LoadTile, CommitGroup, WaitGroup, Barrier, Compute, KLoop, Epilogue, StGlobal]
+GpuStmt = Union[LoadTile, CommitGroup, WaitGroup, Barrier, Compute, LoadFrag, MmaFrag, KLoop, Epilogue, StGlobal]
 
 
 @dataclass(frozen=True)

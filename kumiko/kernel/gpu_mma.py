@@ -30,8 +30,10 @@ from kumiko.kernel.gpu_ir import (
     Epilogue,
     KLoop,
     LdMatrix,
+    LoadFrag,
     LoadTile,
     Mma,
+    MmaFrag,
     MmaKernel,
     OperandLoad,
     Param,
@@ -50,7 +52,8 @@ from kumiko.region.ssa import Read, Ref, Region, RExpr, VType
 from kumiko.symbolic import Expr
 
 MMA_DTYPES = ("fp16", "bf16")
-RELEASES = ("trailing", "merged")      # plan async.release: how a K loop iteration frees the stage it read
+#: plan async.release: how a K loop iteration frees the stage it read (see lower_mma)
+RELEASES = ("trailing", "merged", "registers")
 PAD = 8                     # halves of padding per smem row: rows stay 16-byte aligned, banks rotate
 
 
@@ -209,11 +212,16 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
             extra = (Param(var, "float"),)
         epi = Epilogue(ops, t_mma, t_epi, "fragment", 1, code, overlap=overlap)
     t_load = Token("tL", "TokLoad")
-    compute = Compute(TileRef(0), (t_load,), t_mma, LdMatrix("x", False), LdMatrix("y", lay_y == "ks"), Mma(dt))
+    lda, ldb = LdMatrix("x", False), LdMatrix("y", lay_y == "ks")
+    compute = Compute(TileRef(0), (t_load,), t_mma, lda, ldb, Mma(dt))
     release = plan.get("async_", "release", "trailing")      # one of RELEASES (validate_gpu_plan)
     # the ring's schedule: "trailing" keeps every stage in flight and releases the stage just read with a
     # second barrier; "merged" keeps stages - 1 in flight and refills the stage read in the previous
-    # iteration right after this iteration's one barrier, which also released it
+    # iteration right after this iteration's one barrier, which also released it; "registers" double-
+    # buffers the fragments: k16 step j + 1 is loaded while step j's MMAs run, and the one barrier sits
+    # after the tile's last ldmatrix (its stage is free from there on) and before the next tile's first,
+    # so that load's latency hides behind the last step's MMAs (BK a multiple of 32: the steps alternate
+    # between the two register buffers the same way in every tile)
     ahead = stages if release == "trailing" else stages - 1
     prologue = []
     for s in range(ahead):
@@ -221,9 +229,22 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
     if release == "trailing":
         body = (WaitGroup(stages - 1, (t_load,)), Barrier("landed"), compute,
                 Barrier("release"), LoadTile(TileRef(stages), t_load), CommitGroup())
-    else:
+    elif release == "merged":
         body = (WaitGroup(stages - 2, (t_load,)), Barrier("landed+release"),
                 LoadTile(TileRef(stages - 1), t_load), CommitGroup(), compute)
+    else:
+        steps = bk // 16
+        mma = Mma(dt)
+        prologue += [WaitGroup(stages - 2, (t_load,)), Barrier("landed"),
+                     LoadFrag(TileRef(0, in_loop=False), 0, 0, (t_load,), lda, ldb)]
+        body = []
+        for j in range(steps - 1):
+            body += [LoadFrag(TileRef(0), j + 1, (j + 1) % 2, (t_load,), lda, ldb), MmaFrag(j % 2, t_mma, mma)]
+            if j == 0:      # the refill's address arithmetic issues while step 0's MMAs run
+                body += [LoadTile(TileRef(stages - 1), t_load), CommitGroup()]
+        body += [WaitGroup(stages - 2, (t_load,)), Barrier("landed+release"),
+                 LoadFrag(TileRef(1), 0, 0, (t_load,), lda, ldb), MmaFrag((steps - 1) % 2, t_mma, mma)]
+        body = tuple(body)
     drain: tuple = ()
     if epi.mode == "smem_window" or not overlap:
         drain = (WaitGroup(0),)

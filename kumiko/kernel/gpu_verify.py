@@ -13,6 +13,9 @@ It rejects (E1801, ``details["hazard"]`` says which):
 - ``stage_not_released``: a ``LoadTile`` refills a stage that warps read with no barrier in between
   (missing trailing barrier), or that holds a tile not yet consumed;
 - ``stale_stage``: a ``Compute`` reads a stage that holds another tile;
+- ``fragment_order``: with fragments double-buffered (``LoadFrag`` / ``MmaFrag``), an MMA on a register buffer
+  no ldmatrix filled, an ldmatrix over fragments not yet multiplied, or a k16 step of some tile multiplied
+  other than exactly once;
 - ``token_flow``: the epilogue / store do not consume the tokens the MMA / epilogue produce;
 - ``epilogue_smem``: an epilogue that reuses the ring's shared memory starts before every group landed
   and a barrier passed;
@@ -23,7 +26,7 @@ The emulator catches the same bugs at run time; the verifier catches them before
 from __future__ import annotations
 
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_ir import Barrier, CommitGroup, Compute, KLoop, LoadTile, MmaKernel, WaitGroup
+from kumiko.kernel.gpu_ir import Barrier, CommitGroup, Compute, KLoop, LoadFrag, LoadTile, MmaFrag, MmaKernel, WaitGroup
 
 #: per-block shared memory limits (bytes) and the register file limit per thread
 SMEM_LIMIT = {"sm80": 166912, "sm90": 232448}
@@ -77,6 +80,29 @@ class _Machine:
         self.stage: dict[int, int] = {}     # stage -> tile it holds (issued)
         self.consumed: set = set()
         self.read_since_barrier: set = set()
+        self.steps = k.tile[2] // 16            # k16 steps per tile
+        self.frags: dict[int, tuple] = {}       # register buffer -> (tile, step) loaded, not yet multiplied
+        self.done: list[tuple] = []             # (tile, step) multiplied, in order
+
+    def read(self, t: int, tokens: tuple, what: str) -> int:
+        """A read of tile ``t``'s stage: it must have landed, be visible to every thread, and hold tile t."""
+        k = self.k
+        st = t % k.stages
+        for ld in k.loads:
+            key = (t, ld.operand)
+            if key not in self.landed and key not in self.visible:
+                raise _fail(k, "unwaited_token", f"{what} reads tile {t} of {ld.operand} (token "
+                            f"{tokens[0].name if tokens else '?'}[{t}]) before a wait delivers it "
+                            f"(KT={self.kt_count}, {len(self.groups)} groups pending)",
+                            suggestion=f"wait_group {k.stages - 1} before the tile's first read")
+            if key not in self.visible:
+                raise _fail(k, "no_barrier_after_wait", f"tile {t} of {ld.operand} landed but no barrier "
+                            "made the other threads' copies visible before the read")
+        if self.stage.get(st) != t:
+            raise _fail(k, "stale_stage", f"{what} reads tile {t} from stage {st}, which holds tile "
+                        f"{self.stage.get(st)}")
+        self.read_since_barrier.add(st)
+        return st
 
     def run(self, stmts, kt: int | None) -> None:
         k = self.k
@@ -113,22 +139,26 @@ class _Machine:
                 self.read_since_barrier = set()
             elif isinstance(s, Compute):
                 t = s.tile.at(kt)
-                st = t % k.stages
-                for ld in k.loads:
-                    key = (t, ld.operand)
-                    if key not in self.landed and key not in self.visible:
-                        raise _fail(k, "unwaited_token", f"Compute reads tile {t} of {ld.operand} (token "
-                                    f"{s.in_tokens[0].name if s.in_tokens else '?'}[{t}]) before a wait delivers it "
-                                    f"(KT={self.kt_count}, {len(self.groups)} groups pending)",
-                                    suggestion=f"wait_group {k.stages - 1} before the tile's first read")
-                    if key not in self.visible:
-                        raise _fail(k, "no_barrier_after_wait", f"tile {t} of {ld.operand} landed but no barrier "
-                                    "made the other threads' copies visible before the read")
-                if self.stage.get(st) != t:
-                    raise _fail(k, "stale_stage", f"Compute reads tile {t} from stage {st}, which holds tile "
-                                f"{self.stage.get(st)}")
+                self.read(t, s.in_tokens, "Compute")
                 self.consumed.add(t)
-                self.read_since_barrier.add(st)
+                self.done += [(t, j) for j in range(self.steps)]
+            elif isinstance(s, LoadFrag):
+                t = s.tile.at(kt if kt is not None else 0)
+                if t >= self.kt_count:
+                    continue
+                if s.buf in self.frags:
+                    raise _fail(k, "fragment_order", f"ldmatrix of tile {t} step {s.kstep} into register buffer "
+                                f"{s.buf} overwrites tile {self.frags[s.buf][0]} step {self.frags[s.buf][1]} before "
+                                f"its MMAs (KT={self.kt_count})")
+                self.read(t, s.in_tokens, f"ldmatrix of step {s.kstep}")
+                self.frags[s.buf] = (t, s.kstep)
+                if s.kstep == self.steps - 1:
+                    self.consumed.add(t)
+            elif isinstance(s, MmaFrag):
+                if s.buf not in self.frags:
+                    raise _fail(k, "fragment_order", f"mma.sync on register buffer {s.buf}, which no ldmatrix "
+                                f"filled since its last MMAs (KT={self.kt_count})")
+                self.done.append(self.frags.pop(s.buf))
             elif isinstance(s, KLoop):
                 for it in range(self.kt_count):
                     self.run(s.body, it)
@@ -136,8 +166,10 @@ class _Machine:
 
 def check_schedule(k: MmaKernel) -> None:
     computes = [s for s in k.loop.body if isinstance(s, Compute)]
-    if len(computes) != 1:
-        raise _fail(k, "shape", "the K loop must compute exactly one tile per iteration")
+    split = [s for s in k.loop.body if isinstance(s, (LoadFrag, MmaFrag))]
+    if len(computes) + bool(split) != 1:
+        raise _fail(k, "shape", "the K loop must compute exactly one tile per iteration (one Compute, or "
+                    "LoadFrag / MmaFrag steps)")
     for kt_count in sorted({1, 2, k.stages, k.stages + 1, 2 * k.stages + 1}):
         m = _Machine(k, kt_count)
         m.run(k.prologue, None)
@@ -145,6 +177,10 @@ def check_schedule(k: MmaKernel) -> None:
         missing = set(range(kt_count)) - m.consumed
         if missing:
             raise _fail(k, "unwaited_token", f"tiles {sorted(missing)} are never computed (KT={kt_count})")
+        want = [(t, j) for t in range(kt_count) for j in range(m.steps)]
+        if sorted(m.done) != want or m.frags:
+            raise _fail(k, "fragment_order", f"k16 steps multiplied {sorted(m.done)}, want each of {want} once "
+                        f"(KT={kt_count}; loaded, never multiplied: {sorted(m.frags.values())})")
         m.run(k.drain, None)
         if k.epilogue.mode == "smem_window":
             pending = [g for g in m.groups if g] + ([m.open] if m.open else [])
@@ -154,12 +190,18 @@ def check_schedule(k: MmaKernel) -> None:
 
 
 def check_tokens(k: MmaKernel) -> None:
-    (comp,) = [s for s in k.loop.body if isinstance(s, Compute)]
-    produced = {s.out_token for s in k.prologue + k.loop.body if isinstance(s, LoadTile)}
-    if not set(comp.in_tokens) <= produced or any(t.kind != "TokLoad" for t in comp.in_tokens):
-        raise _fail(k, "token_flow", f"Compute consumes {comp.in_tokens}, the loads produce {produced}")
-    if k.epilogue.in_token != comp.out_token or comp.out_token.kind != "TokCompute":
-        raise _fail(k, "token_flow", f"the epilogue consumes {k.epilogue.in_token}, the MMA produces {comp.out_token}")
+    stmts = k.prologue + k.loop.body
+    consumed = {t for s in stmts if isinstance(s, (Compute, LoadFrag)) for t in s.in_tokens}
+    outs = {s.out_token for s in stmts if isinstance(s, (Compute, MmaFrag))}
+    produced = {s.out_token for s in stmts if isinstance(s, LoadTile)}
+    if not consumed <= produced or any(t.kind != "TokLoad" for t in consumed):
+        raise _fail(k, "token_flow", f"the MMAs consume {sorted(t.name for t in consumed)}, the loads produce "
+                    f"{sorted(t.name for t in produced)}")
+    if len(outs) != 1:
+        raise _fail(k, "token_flow", f"the MMAs produce {sorted(t.name for t in outs)}, not one TokCompute")
+    (out,) = outs
+    if k.epilogue.in_token != out or out.kind != "TokCompute":
+        raise _fail(k, "token_flow", f"the epilogue consumes {k.epilogue.in_token}, the MMA produces {out}")
     if k.store.in_token != k.epilogue.out_token or k.epilogue.out_token.kind != "TokEpilogue":
         raise _fail(k, "token_flow", f"the store consumes {k.store.in_token}, the epilogue produces "
                     f"{k.epilogue.out_token}")

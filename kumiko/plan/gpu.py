@@ -3,9 +3,13 @@
 A region whose structure holds a contraction (``find_contraction``) with 16-bit operands gets the MMA
 skeleton: CTA tile (BM, BN, BK), a 2- to 4-stage cp.async ring, a warp tile of m16n8k16 MMAs, 16-byte
 (8-half) vector loads, tail predicates on M, N and K, the epilogue SRNF names, barrier model
-``cp_async_group`` with one barrier per K tile (``async.release = "merged"``: the barrier that makes
-tile kt visible also frees the stage tile kt - 1 was read from, which is refilled right after it;
-``"trailing"`` adds a second barrier after the MMAs and keeps one more tile in flight). The tile
+``cp_async_group`` with one barrier per K tile: ``async.release = "registers"`` double-buffers the warp
+fragments (k16 step j + 1 is loaded while step j's MMAs run; the barrier sits after a tile's last
+ldmatrix, so it frees that tile's stage and makes the next tile visible, whose first fragments load
+while the last step's MMAs run), ``"merged"`` is the same ring with one set of fragments (the barrier at
+the top of the iteration), ``"trailing"`` adds a second barrier after the MMAs and keeps one more tile
+in flight. The large plan's 64x64 warp tiles take "merged" (128 accumulators leave no room for a second
+set of fragments), the small plan's 32x32 ones "registers". The tile
 follows the problem: one large enough for about two 128x128 CTAs per SM (or of unknown M/N) gets
 128x128x32 with 64x64 warp tiles and 4 stages; otherwise BN = 32 when N is a constant <= 32 (an
 attention head), else 64, BM = 64 (128 when M and N are constants of at least 128), BK = 32, 32x32
@@ -79,6 +83,9 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         # and one's barriers hide behind the other's MMAs
         bm, bn, wm, wn, stages = 128, 128, 64, 64, 4
         group_m = GROUP_M
+        # 128 accumulators a thread: double-buffered fragments (64 more registers) put ptxas at 254-255
+        # registers, spilling with a scratch epilogue (attention's QK^T); one set of fragments keeps 232-246
+        release = "merged"
     else:
         bn = 32 if n is not None and n <= 32 else 64
         bm = 128 if (m or 0) >= 128 and (n or 0) >= 128 else 64
@@ -88,6 +95,7 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
                 bm *= 2
         wm, wn, stages = min(bm, 32), min(bn, 32), 3
         group_m = 1
+        release = "registers"           # 32 accumulators: room for two sets of fragments (~124 registers)
     buffer = "reg" if c.pointwise else "smem" if c.outer is not None else "gmem"
     return make_plan(
         arch, tile=(bm, bn, 32), stages=stages, warp_tile=f"{wm}x{wn}",
@@ -98,7 +106,7 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         predicate_tail=tuple(c.m_axes + c.n_axes + tuple(a.name for a in c.k_axes)),
         epilogue=tuple(epilogue(region)), layout_hints={"smem_pad": 8, "C_stride": "row", "group_m": group_m},
         algo_choice={"contraction": "mma"}, local_edges=({"from": c.let, "to": "epilogue", "buffer": buffer},),
-        async_={"enable": True, "prefetch_depth": stages - 1, "epilogue_overlap": False, "release": "merged"},
+        async_={"enable": True, "prefetch_depth": stages - 1, "epilogue_overlap": False, "release": release},
         barrier_model="cp_async_group", threads=mma_threads((bm, bn), f"{wm}x{wn}"))
 
 
@@ -126,6 +134,9 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
     release = plan.get("async_", "release", "trailing")
     if release not in RELEASES:
         raise KumikoError("E1801", at=at, why=f"async.release {release!r} is not one of {RELEASES}")
+    if release == "registers" and bk % 32:
+        raise KumikoError("E1801", at=at, why=f"async.release 'registers' alternates two fragment buffers over the "
+                          f"k16 steps of a tile: BK={bk} must be a multiple of 32", suggestion="use BK 32 or 64")
     group_m = plan.get("layout_hints", "group_m", 1)
     if not isinstance(group_m, int) or not 1 <= group_m <= 64:
         raise KumikoError("E1801", at=at, why=f"layout_hints.group_m={group_m!r}: CTA runs are 1 to 64 M tiles")
@@ -144,17 +155,23 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
     return plan
 
 
+#: the ring schedule to step down to when ptxas rejects one: fewer values live across the K loop each time
+RELEASE_FALLBACK = {"registers": "merged", "merged": "trailing"}
+
+
 def fallback_gpu_plan(plan: Plan, why: str) -> Plan | None:
     """The next plan to try when ptxas rejects a chosen MMA plan (a spill, too much shared memory): the
-    two-barrier ring first (it keeps fewer values live across the K loop's branches), then the small tile
+    next ring schedule down first (``RELEASE_FALLBACK``: fragments no longer double-buffered, then the
+    two-barrier ring, which keeps fewer values live across the K loop's branches), then the small tile
     (64 x <= 64, 32x32 warps, 3 stages). None when nothing smaller is left. ``why`` is recorded in the new
     plan's ``layout_hints["after_ptxas"]``, so dumps say why the plan is not the chooser's."""
     if plan.algo != "mma":
         return None
     hints = {**dict(plan.layout_hints), "after_ptxas": why}
     asy = dict(plan.async_)
-    if asy.get("release", "trailing") == "merged":
-        return plan.with_(async_={**asy, "release": "trailing"}, layout_hints=hints)
+    release = asy.get("release", "trailing")
+    if release != "trailing":
+        return plan.with_(async_={**asy, "release": RELEASE_FALLBACK[release]}, layout_hints=hints)
     bm, bn, bk = plan.tile
     small = (64 if bm % 64 == 0 else bm, min(bn, 64), 32)
     if (small, plan.warp_tile, plan.stages) == (plan.tile, "32x32", 3):

@@ -13,7 +13,9 @@ from kumiko.kernel.gpu_ir import (
     CommitGroup,
     Compute,
     KLoop,
+    LoadFrag,
     LoadTile,
+    MmaFrag,
     MmaKernel,
     OperandLoad,
     SimtKernel,
@@ -41,7 +43,6 @@ __device__ __forceinline__ float kk_b2f(uint16_t b) { return __bfloat162float(__
 __device__ __forceinline__ uint16_t kk_f2b(float f) { return __bfloat16_as_ushort(__float2bfloat16(f)); }
 __device__ __forceinline__ float kk_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ __forceinline__ float kk_minf(float a, float b) { return (a < b || a != a) ? a : b; }
-__device__ __forceinline__ int kk_clamp8(long long x) { return x < 0 ? 0 : x > 8 ? 8 : (int)x; }
 """
 
 
@@ -68,7 +69,7 @@ class _MmaRenderer:
         self.wm, self.wn = k.warp_tile
         self.mt, self.nt = self.wm // 16, self.wn // 8
         self.rings = {r.operand: r for r in k.rings}
-        dt = next(s.mma.dtype for s in k.loop.body if isinstance(s, Compute))
+        dt = next(s.mma.dtype for s in k.loop.body if isinstance(s, (Compute, MmaFrag)))
         self.cvt = "kk_f2b" if dt == "bf16" else "kk_f2h"      # the gather's float -> the MMA's 16-bit type
 
     # loads -------------------------------------------------------------------------------------------
@@ -85,8 +86,11 @@ class _MmaRenderer:
         if ld.vec is not None:
             o, step = ld.operand, ld.vec.k_step
             ch, _, rows = self.chunks(ld)
+            # on this path the contiguous extent is a multiple of 8 (``vec.aligned``) and chunks start at
+            # multiples of 8, so a chunk is wholly inside or wholly outside: 16 bytes or none, never a
+            # partial src-size (which costs ptxas address arithmetic per copy)
             if sk:      # rows are the operand's M/N (rows left below chunk 0: kk_l), columns K
-                lim = f"kk_clamp8({ld.k_extent} - kk_gk)" if s.pred_k else "8"
+                lim = f"({ld.k_extent} > kk_gk ? 8 : 0)" if s.pred_k else "8"
                 n = f"({f'kk_l{o} > kk_i * {rows}' if s.pred_rows else 'true'}) ? {lim} : 0"
             else:       # rows are K, columns the operand's N (the chunk's valid halves: kk_l)
                 n = f"({f'kk_gk < {ld.k_extent}' if s.pred_k else 'true'}) ? {f'kk_l{o}' if s.pred_rows else '8'} : 0"
@@ -133,13 +137,13 @@ class _MmaRenderer:
         """Before the K loop: the thread's first cp.async chunk (ring row ``kk_r0X``, column ``kk_c0X``),
         its tile-0 source address ``kk_pX`` (the operand's index map at K = 0), the address step
         ``kk_qX`` between its chunks, and the loop-invariant bound ``kk_lX``: rows of M/N left below
-        chunk 0 (``sk``) or the chunk's valid halves (``ks``: all chunks share the column). Addresses are
+        chunk 0 (``sk``) or the chunk's valid halves, 8 or 0 (``ks``: all chunks share the column). Addresses are
         formed for every chunk; only the loads' predicates decide what is read."""
         o, sk, vec = ld.operand, self.rings[ld.operand].layout == "sk", ld.vec
         s0 = "m0" if o == "x" else "n0"
         _, cpr, rows = self.chunks(ld)
         bound = (f"const long long kk_l{o} = {ld.s_extent} - kk_gs{o};" if sk
-                 else f"const int kk_l{o} = kk_clamp8({ld.s_extent} - kk_gs{o});")
+                 else f"const int kk_l{o} = {ld.s_extent} > kk_gs{o} ? 8 : 0;  // whole chunks (vec.aligned)")
         out = [f"  const int kk_r0{o} = tid / {cpr}, kk_c0{o} = (tid % {cpr}) * 8;",
                f"  const long long kk_q{o} = (long long){rows} * {vec.s_step if sk else vec.k_step};",
                f"  const uint16_t* kk_p{o};",
@@ -160,41 +164,63 @@ class _MmaRenderer:
         return out
 
     # compute -----------------------------------------------------------------------------------------
-    def compute(self, s: Compute, pad: str) -> list[str]:
-        k = self.k
+    def ldmatrix(self, lda, ldb, kk: str, fa: str, fb: str, pad: str) -> list[str]:
+        """ldmatrix the warp's A fragments into ``fa[mt]`` and B fragments into ``fb[nt]`` for the k16 step at
+        column ``kk`` of the stage at ``kk_a`` / ``kk_b``."""
         ra, rb = self.rings["x"], self.rings["y"]
-        st = f"({s.tile.c()} % {k.stages})"
-        mma = "mma_m16n8k16_bf16f32" if s.mma.dtype == "bf16" else "mma_m16n8k16_f16f32"
-        if s.ldb.trans:
-            bload = (f"ldmatrix_x4_trans(kk_r4, kk_b + (kk + (lane % {s.ldb.row_lanes // 2}) + ((lane / 8) % 2) * 8) * "
-                     f"{rb.ld} + wn * {self.wn} + np * 16 + (lane / 16) * 8);")
+        if ldb.trans:
+            bload = (f"ldmatrix_x4_trans(kk_r4, kk_b + ({kk} + (lane % {ldb.row_lanes // 2}) + ((lane / 8) % 2) * 8) "
+                     f"* {rb.ld} + wn * {self.wn} + np * 16 + (lane / 16) * 8);")
         else:
-            bload = (f"ldmatrix_x4(kk_r4, kk_b + (wn * {self.wn} + np * 16 + (lane % {s.ldb.row_lanes // 2}) + "
-                     f"(lane / 16) * 8) * {rb.ld} + kk + ((lane / 8) % 2) * 8);")
+            bload = (f"ldmatrix_x4(kk_r4, kk_b + (wn * {self.wn} + np * 16 + (lane % {ldb.row_lanes // 2}) + "
+                     f"(lane / 16) * 8) * {rb.ld} + {kk} + ((lane / 8) % 2) * 8);")
         return [
-            f"{pad}{{  // consumes {', '.join(t.name for t in s.in_tokens)}[{s.tile.c()}], produces {s.out_token.name}",
-            f"{pad}  const uint16_t* const kk_a = {ra.name} + {st} * {ra.stage_elems};",
-            f"{pad}  const uint16_t* const kk_b = {rb.name} + {st} * {rb.stage_elems};",
-            f"{pad}  #pragma unroll",
-            f"{pad}  for (int kk = 0; kk < {self.bk}; kk += 16) {{",
-            f"{pad}    uint32_t kk_af[{self.mt}][4], kk_bf[{self.nt}][2];",
-            f"{pad}    #pragma unroll",
-            f"{pad}    for (int mt = 0; mt < {self.mt}; ++mt)",
-            f"{pad}      ldmatrix_x4(kk_af[mt], kk_a + (wm * {self.wm} + mt * 16 + lane % {s.lda.row_lanes}) * "
-            f"{ra.ld} + kk + (lane / 16) * 8);",
-            f"{pad}    #pragma unroll",
-            f"{pad}    for (int np = 0; np < {self.nt // 2}; ++np) {{",
-            f"{pad}      uint32_t kk_r4[4];",
-            f"{pad}      {bload}",
-            f"{pad}      kk_bf[2 * np][0] = kk_r4[0]; kk_bf[2 * np][1] = kk_r4[1];",
-            f"{pad}      kk_bf[2 * np + 1][0] = kk_r4[2]; kk_bf[2 * np + 1][1] = kk_r4[3];",
-            f"{pad}    }}",
-            f"{pad}    #pragma unroll",
-            f"{pad}    for (int mt = 0; mt < {self.mt}; ++mt)",
-            f"{pad}      #pragma unroll",
-            f"{pad}      for (int nt = 0; nt < {self.nt}; ++nt) {mma}(acc[mt][nt], kk_af[mt], kk_bf[nt], acc[mt][nt]);",
-            f"{pad}  }}",
+            f"{pad}#pragma unroll",
+            f"{pad}for (int mt = 0; mt < {self.mt}; ++mt)",
+            f"{pad}  ldmatrix_x4({fa}[mt], kk_a + (wm * {self.wm} + mt * 16 + lane % {lda.row_lanes}) * "
+            f"{ra.ld} + {kk} + (lane / 16) * 8);",
+            f"{pad}#pragma unroll",
+            f"{pad}for (int np = 0; np < {self.nt // 2}; ++np) {{",
+            f"{pad}  uint32_t kk_r4[4];",
+            f"{pad}  {bload}",
+            f"{pad}  {fb}[2 * np][0] = kk_r4[0]; {fb}[2 * np][1] = kk_r4[1];",
+            f"{pad}  {fb}[2 * np + 1][0] = kk_r4[2]; {fb}[2 * np + 1][1] = kk_r4[3];",
             f"{pad}}}"]
+
+    def mmas(self, mma, fa: str, fb: str, pad: str) -> list[str]:
+        fn = "mma_m16n8k16_bf16f32" if mma.dtype == "bf16" else "mma_m16n8k16_f16f32"
+        return [f"{pad}#pragma unroll",
+                f"{pad}for (int mt = 0; mt < {self.mt}; ++mt)",
+                f"{pad}  #pragma unroll",
+                f"{pad}  for (int nt = 0; nt < {self.nt}; ++nt) {fn}(acc[mt][nt], {fa}[mt], {fb}[nt], acc[mt][nt]);"]
+
+    def stage_ptrs(self, tile, pad: str) -> list[str]:
+        ra, rb = self.rings["x"], self.rings["y"]
+        st = f"({tile.c()} % {self.k.stages})"
+        return [f"{pad}const uint16_t* const kk_a = {ra.name} + {st} * {ra.stage_elems};",
+                f"{pad}const uint16_t* const kk_b = {rb.name} + {st} * {rb.stage_elems};"]
+
+    def compute(self, s: Compute, pad: str) -> list[str]:
+        tokens = ", ".join(t.name for t in s.in_tokens)
+        return [f"{pad}{{  // consumes {tokens}[{s.tile.c()}], produces {s.out_token.name}",
+                *self.stage_ptrs(s.tile, pad + "  "),
+                f"{pad}  #pragma unroll",
+                f"{pad}  for (int kk = 0; kk < {self.bk}; kk += 16) {{",
+                f"{pad}    uint32_t kk_af[{self.mt}][4], kk_bf[{self.nt}][2];",
+                *self.ldmatrix(s.lda, s.ldb, "kk", "kk_af", "kk_bf", pad + "    "),
+                *self.mmas(s.mma, "kk_af", "kk_bf", pad + "    "),
+                f"{pad}  }}",
+                f"{pad}}}"]
+
+    def load_frag(self, s: LoadFrag, pad: str) -> list[str]:
+        """One k16 step's fragments into register buffer ``s.buf`` (``kk_fa`` / ``kk_fb``, declared before the
+        prologue); skipped past K like the tile loads."""
+        head = "{" if s.tile.in_loop and not s.tile.offset else f"if ({s.tile.c()} < KT) {{"
+        tokens = ", ".join(t.name for t in s.in_tokens)
+        return [f"{pad}{head}  // consumes {tokens}[{s.tile.c()}] step {s.kstep} -> registers {s.buf}",
+                *self.stage_ptrs(s.tile, pad + "  "),
+                *self.ldmatrix(s.lda, s.ldb, str(16 * s.kstep), f"kk_fa[{s.buf}]", f"kk_fb[{s.buf}]", pad + "  "),
+                f"{pad}}}"]
 
     def stmts(self, body, pad: str) -> list[str]:
         out: list[str] = []
@@ -209,6 +235,11 @@ class _MmaRenderer:
                 out.append(f"{pad}__syncthreads();  // {s.why}")
             elif isinstance(s, Compute):
                 out += self.compute(s, pad)
+            elif isinstance(s, LoadFrag):
+                out += self.load_frag(s, pad)
+            elif isinstance(s, MmaFrag):
+                out.append(f"{pad}// registers {s.buf} -> {s.out_token.name}")
+                out += self.mmas(s.mma, f"kk_fa[{s.buf}]", f"kk_fb[{s.buf}]", pad)
             elif isinstance(s, KLoop):
                 out.append(f"{pad}for (int {s.var} = 0; {s.var} < KT; ++{s.var}) {{")
                 out += self.stmts(s.body, pad + "  ")
@@ -352,6 +383,8 @@ class _MmaRenderer:
                 "  #pragma unroll", f"  for (int mt = 0; mt < {self.mt}; ++mt)",
                 "    #pragma unroll", f"    for (int nt = 0; nt < {self.nt}; ++nt)",
                 "      #pragma unroll", "      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;"]
+        if any(isinstance(s, LoadFrag) for s in k.prologue + k.loop.body):
+            out.append(f"  uint32_t kk_fa[2][{self.mt}][4], kk_fb[2][{self.nt}][2];  // fragments, double-buffered")
         out += self.stmts(k.prologue, "  ")
         out += self.stmts((k.loop,), "  ")
         out += self.stmts(k.drain, "  ")

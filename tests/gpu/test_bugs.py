@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_ir import Barrier, KLoop, MmaKernel
+from kumiko.kernel.gpu_ir import Barrier, KLoop, LoadFrag, MmaKernel, WaitGroup
 from kumiko.kernel.gpu_verify import verify_mma
 from kumiko.render.cuda import render_cuda
 from kumiko.runtime.target_cuda import CompiledCuda, compile_cuda
@@ -82,29 +82,50 @@ def test_verifier_rejects_schedule_bugs(gemm, bug):
     assert e.value.code == "E1801" and e.value.details["hazard"] == VERIFIER_HAZARD[bug], e.value
 
 
-#: the one-barrier ("merged") schedule, the plans' default: its schedule bugs -> (emulator config, fault)
-MERGED_BUGS = {
+#: the one-barrier schedules' own bugs ("merged", the large plan's; "registers", the small plan's, with its
+#: fragments double-buffered): every one is rejected by the verifier and caught by the emulator
+ONE_BARRIER_BUGS = {
     "missing_wait": BUGS["missing_wait"],
     "wrong_wait_depth": BUGS["wrong_wait_depth"],
     "missing_barrier": lambda k: replace(k, loop=KLoop(k.loop.var, tuple(s for s in k.loop.body
                                                                          if not isinstance(s, Barrier)))),
 }
+BODIES = {"merged": ["WaitGroup", "Barrier", "LoadTile", "CommitGroup", "Compute"],
+          "registers": ["LoadFrag", "MmaFrag", "LoadTile", "CommitGroup", "WaitGroup", "Barrier", "LoadFrag",
+                        "MmaFrag"]}
+
+
+def _swap_first_fragment_steps(k: MmaKernel) -> MmaKernel:
+    """The registers schedule's own bug: the iteration's first MMAs read register buffer 1 before its ldmatrix
+    refills it (the previous tile's last step, multiplied again), and step 0 is never multiplied."""
+    body = list(k.loop.body)
+    i = next(i for i, s in enumerate(body) if isinstance(s, LoadFrag))
+    body[i], body[i + 1] = body[i + 1], body[i]
+    body[i] = replace(body[i], buf=1 - body[i].buf)
+    return replace(k, loop=KLoop(k.loop.var, tuple(body)))
 
 
 @needs_gxx
-@pytest.mark.parametrize("bug", sorted(MERGED_BUGS))
-def test_merged_schedule_bugs_are_caught(gpu_cache, bug):
+@pytest.mark.parametrize("release, bug", [(r, b) for r in BODIES for b in sorted(ONE_BARRIER_BUGS)]
+                         + [("registers", "fragment_order")])
+def test_one_barrier_schedule_bugs_are_caught(gpu_cache, release, bug):
     g = graph("gemm_bias_relu", "fp16")
-    base = _compile(g, "merged")
+    base = _compile(g, release)
     k = next(k for k in base.kernels if isinstance(k, MmaKernel))
-    assert [type(s).__name__ for s in k.loop.body] == ["WaitGroup", "Barrier", "LoadTile", "CommitGroup", "Compute"]
-    assert k.loop.body[0].pending == k.stages - 2
+    assert [type(s).__name__ for s in k.loop.body] == BODIES[release]
+    assert all(s.pending == k.stages - 2 for s in k.loop.body if isinstance(s, WaitGroup))
     assert max(run_and_compare(base, g, "deferred", 5, SIZES).values()) < 1e-2
-    ks = [MERGED_BUGS[bug](k) if isinstance(k, MmaKernel) else k for k in base.kernels]
+    mutate = _swap_first_fragment_steps if bug == "fragment_order" else ONE_BARRIER_BUGS[bug]
+    ks = [mutate(k) if isinstance(k, MmaKernel) else k for k in base.kernels]
     bad = CompiledCuda(base.program, base.plans, ks, render_cuda(ks), base.launches, base.arch)
+    assert bad.source != base.source
     with pytest.raises(KumikoError) as e:
         verify_mma(next(k for k in ks if isinstance(k, MmaKernel)))
-    assert e.value.details["hazard"] in ("unwaited_token", "no_barrier_after_wait", "stage_not_released")
+    assert e.value.details["hazard"] in (("fragment_order",) if bug == "fragment_order" else
+                                         ("unwaited_token", "no_barrier_after_wait", "stage_not_released"))
+    if bug == "fragment_order":                  # stale registers: a wrong result, no fault
+        assert max(run_and_compare(bad, g, "deferred", 5, SIZES).values()) > 0.05
+        return
     with pytest.raises(KumikoError) as e:
         run_and_compare(bad, g, "deferred", 5, SIZES)
     assert e.value.code == "E1702" and e.value.details["fault"] == "poisoned_read", e.value

@@ -8,7 +8,7 @@ import pytest
 
 from kumiko import Tensor
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_ir import Barrier, KLoop, MmaKernel, SimtKernel
+from kumiko.kernel.gpu_ir import Barrier, KLoop, LoadFrag, MmaFrag, MmaKernel, SimtKernel
 from kumiko.kernel.gpu_verify import verify_mma
 from kumiko.plan.gpu import choose_gpu_plan, validate_gpu_plan
 from kumiko.plan.plan import Plan
@@ -133,6 +133,49 @@ def test_injected_plan_two_stages_and_overlap(gpu_cache):
     for emu in ("deferred", "eager"):
         errs = run_and_compare(c, g, emu, 7, {"M": 130, "N": 72, "K": 40})
         assert max(errs.values()) < 1e-2, errs
+
+
+@needs_gxx
+def test_registers_schedule_double_buffers_fragments(gpu_cache):
+    """async.release="registers" (the small plan's schedule; the large plan's 64x64 warps keep one set of
+    fragments): k16 step j + 1 is loaded into the other register buffer while step j's MMAs run, the one
+    barrier sits between the tile's last ldmatrix and the next tile's first; BK=64 gives four steps over two
+    buffers. The verifier follows the buffers; BK must be a multiple of 32."""
+    g = graph("gemm_bias_relu", "fp16")
+    r, syms = _region("gemm_bias_relu")
+    base = choose_gpu_plan(r, "sm80", syms)
+    assert base.warp_tile == "64x64" and base.get("async_", "release") == "merged"
+    r_small, syms_small = _gemm_region(1024, 1024, 1024)
+    small = choose_gpu_plan(r_small, "sm80", syms_small)
+    assert small.warp_tile == "32x32" and small.get("async_", "release") == "registers"
+    plan = replace(base, tile=(64, 64, 64), warp_tile="32x32", stages=3, threads=128).with_(
+        async_={**dict(base.async_), "release": "registers"})
+    c = compile_cuda(g.tiny, plans={r.name: plan})
+    k = c.kernels[0]
+    steps = [(type(s).__name__, getattr(s, "kstep", None), s.buf) for s in k.loop.body
+             if isinstance(s, (LoadFrag, MmaFrag))]
+    assert steps == [("LoadFrag", 1, 1), ("MmaFrag", None, 0), ("LoadFrag", 2, 0), ("MmaFrag", None, 1),
+                     ("LoadFrag", 3, 1), ("MmaFrag", None, 0), ("LoadFrag", 0, 0), ("MmaFrag", None, 1)]
+    last = [i for i, s in enumerate(k.loop.body) if isinstance(s, LoadFrag)]
+    bar = next(i for i, s in enumerate(k.loop.body) if isinstance(s, Barrier))
+    assert last[-2] < bar < last[-1] and k.loop.body[last[-1]].tile.offset == 1
+    assert "uint32_t kk_fa[2][2][4], kk_fb[2][4][2];" in c.source
+    for emu in ("deferred", "eager"):
+        for sizes in ({"M": 130, "N": 72, "K": 200}, {"M": 64, "N": 64, "K": 64}, {"M": 33, "N": 40, "K": 8}):
+            errs = run_and_compare(c, g, emu, 3, sizes)
+            assert max(errs.values()) < 1e-2, (emu, sizes, errs)
+    # a step multiplied twice and one never: the verifier says which
+    body = list(k.loop.body)
+    i = next(i for i, s in enumerate(body) if isinstance(s, MmaFrag))
+    body[i] = replace(body[i], buf=1)
+    with pytest.raises(KumikoError) as e:
+        verify_mma(replace(k, loop=KLoop("kt", tuple(body))))
+    assert e.value.details["hazard"] == "fragment_order"
+    with pytest.raises(KumikoError) as e:
+        validate_gpu_plan(replace(plan, tile=(64, 64, 48)), r, syms)
+    assert e.value.code == "E1801" and "multiple of 32" in e.value.why
+    assert validate_gpu_plan(plan.with_(tile=(64, 64, 48), async_={**dict(plan.async_), "release": "merged"}),
+                             r, syms)
 
 
 def test_generated_source_is_deterministic():

@@ -403,6 +403,7 @@ def test_gpu_bench_tile_specs():
         assert (p.tile, p.warp_tile, p.stages, p.threads) == ((64, 64, 32), "32x32", 3, 128)
         assert p.get("layout_hints", "group_m") == 4 and p.get("layout_hints", "smem_pad") == 8
         assert p.get("async_", "release") == "trailing" and p.get("async_", "prefetch_depth") == 2
+        assert mod.parse_tile("128x128x32/64x64/4/registers")["release"] == "registers"
         for bad in ("128x128/64x64/4", "128x128x32/64x64", "axbxc/1x1/2", "128x128x32/64x64/4/q3"):
             with pytest.raises(SystemExit, match="--tiles"):
                 mod.parse_tile(bad)
