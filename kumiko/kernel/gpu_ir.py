@@ -271,8 +271,8 @@ class MmaKernel:
 
 @dataclass(frozen=True)
 class SimtKernel:
-    """One thread per point of the ``outer`` axes (the iters no let reduces over); ``body`` is loop-IR
-    code per point, looping over the inner axes itself."""
+    """One thread (``warp``: one warp, its lanes striding over the row) per point of the ``outer`` axes (the
+    iters no let reduces over); ``body`` is loop-IR code per point, looping over the inner axes itself."""
     name: str
     params: tuple
     total: str                      # C expression: number of points
@@ -281,3 +281,8 @@ class SimtKernel:
     threads: int = 256
     notes: tuple = ()
     outer: tuple = ()               # the axes one thread's point spans (the grid covers their product)
+    warp: bool = False
+
+    @property
+    def points_per_block(self) -> int:
+        return self.threads // 32 if self.warp else self.threads

@@ -1,4 +1,4 @@
-"""Region -> SIMT kernel: one CUDA thread per output point (or per row), any region, correct by construction.
+"""Region -> SIMT kernel: one CUDA thread (or one warp) per row, any region, correct by construction.
 
 The GPU cannot give every thread a heap row buffer the way the CPU nest does, so the SIMT skeleton
 trades memory for recomputation. The iteration axes that some let reduces over (a row softmax's ``n``)
@@ -9,6 +9,15 @@ inner axes), once per use scope. A row softmax is therefore three passes over it
 max, sum, store - each recomputing the row's values from the inputs (or from a contraction's
 accumulator that the MMA kernel wrote, see ``gpu_mma``). Expressions are the CPU emitter's C strings
 (``CpuLowering.expr``): CUDA C accepts the same math, with the prelude's device helpers.
+
+Where a row is contiguous in memory (a softmax or layernorm over the last axis, a row sum), one thread
+per row would read rows a row apart in every warp instruction; the plan then binds a row to a *warp*
+(``bind.point = "warp"``, ``simt_binding``): the lanes stride over the row together (coalesced), the
+row-level lets' top-level reductions become lane-strided loops combined by a shuffle butterfly (every
+lane gets the result), and the store loop is lane-strided too (lane 0 stores a point with no inner
+axes). Reductions nested inside another (per-lane) loop, and ones not in fp32, stay serial per lane -
+each lane then computes the whole reduction, which is the same value - so the warp binding never
+changes what is computed, only who computes it.
 """
 from __future__ import annotations
 
@@ -17,8 +26,9 @@ from kumiko.kernel import cexpr as C
 from kumiko.kernel.gpu_ir import Param, SimtKernel
 from kumiko.kernel.loops import Assign, Decl, For, If
 from kumiko.kernel.lower_cpu import CpuLowering, reused_reduce_axes
-from kumiko.region.ssa import Guard, Reduce, Ref, Region, RExpr, Select
-from kumiko.symbolic import prod
+from kumiko.region.srnf import children
+from kumiko.region.ssa import Guard, Read, Reduce, Ref, Region, RExpr, Select
+from kumiko.symbolic import Expr, prod
 
 
 def decompose(lo: CpuLowering, flat: str, axes: tuple, out: list) -> None:
@@ -46,19 +56,75 @@ def kernel_params(lo: CpuLowering, extra: tuple = ()) -> tuple:
     return tuple(ps)
 
 
-class SimtLowering(CpuLowering):
-    """CpuLowering whose Refs to row-varying lets are recomputed at the use (memoised per scope)."""
+#: lanes of a warp (the warp binding's stride)
+WARP = 32
 
-    def __init__(self, region: Region, syms: tuple, name: str, precomputed: dict | None = None):
+
+def row_axes(region: Region, precomputed=()) -> tuple[tuple, tuple]:
+    """(inner, outer) iters: inner ones some let (other than the ``precomputed`` ones) reduces over."""
+    iters = [a.name for a in region.iters]
+    inner: set = set()
+    for let in region.lets:
+        if let.name not in precomputed:
+            inner |= reused_reduce_axes(let.expr, set(iters))
+    return tuple(a for a in iters if a in inner), tuple(a for a in iters if a not in inner)
+
+
+def _top_reduces(e: RExpr):
+    """The reductions in ``e`` that no other reduction encloses."""
+    if isinstance(e, Reduce):
+        yield e
+        return
+    for c in children(e):
+        yield from _top_reduces(c)
+
+
+def _last_indices(e: RExpr):
+    """The fastest-varying index of every Read in ``e``, when it is one bare axis (else None)."""
+    if isinstance(e, Read):
+        yield None if e.flat or not e.index else Expr.lift(e.index[-1]).as_symbol()
+    for c in children(e):
+        yield from _last_indices(c)
+
+
+def simt_binding(region: Region, precomputed=()) -> str:
+    """Whether a SIMT point (row) binds to a ``"warp"`` or a ``"thread"``, from the access maps: a warp when
+    its lanes would read memory in order - the rows (inner axes) include the fastest-varying iter (a softmax
+    or layernorm over the last axis), or the region reduces along the fastest index of what it reads and
+    reads nothing along its last outer iter (a row sum; a GEMM's B is read along N, which threads of
+    adjacent points read in order) - and the rows are not constantly shorter than a warp. Otherwise adjacent
+    threads take adjacent points, which is then the coalesced order."""
+    inner, outer = row_axes(region, precomputed)
+    iters = [a.name for a in region.iters]
+    if inner and iters[-1] in inner:
+        n = prod([a.size for a in region.iters if a.name in inner])
+        return "thread" if isinstance(n, int) and n < WARP else "warp"
+    along, across = [], False
+    for let in region.lets:
+        if let.name in precomputed:
+            continue
+        for r in _top_reduces(let.expr):
+            axes = {a.name for a in r.axes}
+            lasts = set(_last_indices(r.body))
+            if lasts & axes:
+                along.append(prod([a.size for a in r.axes]))
+            across |= bool(outer) and outer[-1] in lasts
+    if not along or across:
+        return "thread"
+    return "thread" if all(isinstance(n, int) and n < WARP for n in along) else "warp"
+
+
+class SimtLowering(CpuLowering):
+    """CpuLowering whose Refs to row-varying lets are recomputed at the use (memoised per scope);
+    ``warp``: a row per warp, its top-level row reductions lane-strided and combined by shuffles."""
+
+    def __init__(self, region: Region, syms: tuple, name: str, precomputed: dict | None = None,
+                 warp: bool = False):
         super().__init__(region, syms, name, parallel=False)
         self.precomputed = dict(precomputed or {})          # let -> ("array", var, axes) in gmem scratch
-        iters = [a.name for a in self.r.iters]
-        inner: set = set()
-        for let in self.r.lets:
-            if let.name not in self.precomputed:
-                inner |= reused_reduce_axes(let.expr, set(iters))
-        self.inner = tuple(a for a in iters if a in inner)
-        self.outer = tuple(a for a in iters if a not in inner)
+        self.inner, self.outer = row_axes(self.r, self.precomputed)
+        self.warp = warp
+        self.split = False              # a Reduce met now may be lane-strided (a row-level let's top level)
         self.lets = {x.name: x for x in self.r.lets}
         self.memo: dict[str, str] = {}
         self.storage.update(self.precomputed)
@@ -78,10 +144,48 @@ class SimtLowering(CpuLowering):
         return super().expr(e, out, hint)
 
     def reduce(self, e: Reduce, out: list) -> str:
-        saved = dict(self.memo)
-        v = super().reduce(e, out)
+        saved, split = dict(self.memo), self.split
+        self.split = False                  # a reduction inside this one runs within one lane's iterations
+        try:
+            if split and C.COMPUTE[e.dtype.name] == "float":
+                v = self.warp_reduce(e, out)
+            else:
+                v = super().reduce(e, out)
+        finally:
+            self.split = split
         self.memo = saved
         return v
+
+    def warp_reduce(self, e: Reduce, out: list) -> str:
+        """The reduction over the flattened axes, lane ``lane`` taking every 32nd point, then a butterfly of
+        ``shfl_xor`` so that every lane holds the whole reduction (the same order-free ops: sum, max, min)."""
+        ct = C.COMPUTE[e.dtype.name]
+        acc, flat = self.tmp(), self.tmp()
+        out.append(Decl(ct, acc, C.literal(e.init, e.dtype)))
+        self.ty.add_axes(e.axes)
+        self.red_axes += [a.name for a in e.axes]
+        sizes = [C.index(self.trip(a.name, a.size), set()) for a in e.axes]
+        body: list = []
+        rest = flat
+        for k, (a, size) in enumerate(zip(reversed(e.axes), reversed(sizes))):
+            last = k == len(e.axes) - 1
+            body.append(Decl("const long long", a.name, rest if last else f"({rest}) % ({size})"))
+            rest = f"({rest}) / ({size})"
+        v = self.expr(e.body, body, e.dtype)
+        bt = self.dt(e.body)
+        if bt is not None and bt is not e.dtype:
+            v = C.cast(v, bt, e.dtype)
+        body.append(Assign(acc, self.combine(e.op, acc, v, ct)))
+        for a in e.axes:
+            self.red_axes.remove(a.name)
+        out.append(For(flat, "lane", " * ".join(f"({x})" for x in sizes), tuple(body), step=str(WARP)))
+        for off in (16, 8, 4, 2, 1):
+            out.append(Assign(acc, self.combine(e.op, acc, f"shfl_xor_f32({acc}, {off})", ct)))
+        return acc
+
+    @staticmethod
+    def combine(op: str, acc: str, v: str, ct: str) -> str:
+        return f"{acc} + {v}" if op == "sum" else C.binary(op, acc, v, ct)
 
     def select(self, e: Select, out: list, hint) -> str:
         if not isinstance(e.pred, Guard):
@@ -106,26 +210,35 @@ class SimtLowering(CpuLowering):
             if let.name in self.precomputed or not self.row_level(let.name):
                 continue
             self.red_axes = []
+            self.split = self.warp
             v = super().expr(let.expr, out, self.types[let.name].dtype)
+            self.split = False
             var = f"v_{let.name}"
             out.append(Decl(C.COMPUTE[self.types[let.name].dtype.name], var, v))
             self.storage[let.name] = ("scalar", var)
         self.memo = {}
         store = self.store(Ref(self.r.yields[0].src))
+        if self.warp and not self.inner:            # one point: every lane holds its value, lane 0 stores it
+            return out + [If("lane == 0", tuple(store))]
+        if self.warp:                   # the row's points, lane-strided (adjacent lanes, adjacent elements)
+            decl: list = []
+            decompose(self, "kk_j", self.inner, decl)
+            return out + [For("kk_j", "lane", extent(self, self.inner), tuple(decl) + tuple(store), step=str(WARP))]
         for a in reversed(self.inner):
             store = [For(a, "0", C.index(self.sizes[a], set()), tuple(store))]
         return out + store
 
 
 def lower_simt(region: Region, syms: tuple, name: str, precomputed: dict | None = None,
-               threads: int = 256) -> SimtKernel:
+               threads: int = 256, bind: str = "thread") -> SimtKernel:
     """A SIMT kernel for any region; ``precomputed`` lets (a contraction's accumulator) come from
-    scratch arrays that an earlier kernel wrote."""
-    lo = SimtLowering(region, syms, name, precomputed)
+    scratch arrays that an earlier kernel wrote; ``bind`` ``"warp"`` gives each point (row) a warp."""
+    lo = SimtLowering(region, syms, name, precomputed, warp=bind == "warp")
     decl: list = []
     decompose(lo, "kk_p", lo.outer, decl)
     extra = tuple(Param(var, "float", const=True) for _, var, _ in (lo.precomputed[k] for k in sorted(lo.precomputed)))
-    notes = tuple(region.notes) + (f"SIMT: one thread per point of {list(lo.outer)}"
-                                   + (f", looping over {list(lo.inner)}" if lo.inner else ""),)
+    who = "warp" if lo.warp else "thread"
+    loops = (f", {'its lanes striding' if lo.warp else 'looping'} over {list(lo.inner)}" if lo.inner else "")
+    notes = tuple(region.notes) + (f"SIMT: one {who} per point of {list(lo.outer)}{loops}",)
     return SimtKernel(name, kernel_params(lo, extra), extent(lo, lo.outer), tuple(decl), tuple(lo.body()),
-                      threads=threads, notes=notes, outer=lo.outer)
+                      threads=threads, notes=notes, outer=lo.outer, warp=lo.warp)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.gpu_mma import RELEASES, mma_operand_dtype, probe
+from kumiko.kernel.gpu_simt import simt_binding
 from kumiko.kernel.gpu_verify import MAX_REGISTERS, SMEM_LIMIT
 from kumiko.plan.plan import Plan, make_plan
 from kumiko.region.srnf import epilogue
@@ -32,6 +33,7 @@ from kumiko.runtime.ptxas import KernelResources
 from kumiko.symbolic import prod
 
 GPU_ARCHS = ("sm80", "sm90")
+SIMT_BINDINGS = ("thread", "warp")
 
 
 def mma_threads(tile: tuple, warp_tile: str) -> int:
@@ -72,7 +74,7 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
     dt = mma_operand_dtype(lo, c) if c is not None else None
     if c is None or dt is None:
         why = "no contraction" if c is None else "fp32 operands (mma.sync takes fp16/bf16)"
-        return make_plan(arch, algo_choice={"region": "simt"}, threads=256, bind={"point": "thread"},
+        return make_plan(arch, algo_choice={"region": "simt"}, threads=256, bind={"point": simt_binding(region)},
                          epilogue=tuple(epilogue(region)), layout_hints={"why_simt": why})
     m = _const(prod([lo.sizes[a] if a in lo.sizes else 1 for a in c.m_axes]))
     n = _const(prod([lo.sizes[a] for a in c.n_axes]))
@@ -97,9 +99,11 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         group_m = 1
         release = "registers"           # 32 accumulators: room for two sets of fragments (~124 registers)
     buffer = "reg" if c.pointwise else "smem" if c.outer is not None else "gmem"
+    bind = {"n.o": "block.x", "m.o": "block.y", "batch": "block.z", "m.i.o": "warp.y", "n.i.o": "warp.x"}
+    if buffer == "gmem":                # the SIMT kernel for the rest: a thread or a warp per row
+        bind["rest.point"] = simt_binding(region, (c.let,))
     return make_plan(
-        arch, tile=(bm, bn, 32), stages=stages, warp_tile=f"{wm}x{wn}",
-        bind={"n.o": "block.x", "m.o": "block.y", "batch": "block.z", "m.i.o": "warp.y", "n.i.o": "warp.x"},
+        arch, tile=(bm, bn, 32), stages=stages, warp_tile=f"{wm}x{wn}", bind=bind,
         cache=({"tensor": "x", "where": "smem", "at": "k.o", "stages": stages},
                {"tensor": "y", "where": "smem", "at": "k.o", "stages": stages}),
         vectorize={"axis": "k", "width": 8},
@@ -115,6 +119,11 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
     at = f"plan of {region.name}"
     if plan.arch not in GPU_ARCHS:
         raise KumikoError("E1801", at=at, why=f"plan arch {plan.arch!r} is not a GPU arch {GPU_ARCHS}")
+    for key in ("point", "rest.point"):
+        point = plan.get("bind", key, "thread")
+        if point not in SIMT_BINDINGS or (point == "warp" and (plan.threads or 256) % 32):
+            raise KumikoError("E1801", at=at, why=f"bind.{key}={point!r}: a SIMT point binds to one of "
+                              f"{SIMT_BINDINGS} (a warp needs a multiple of 32 threads)")
     if plan.algo != "mma":
         return plan
     lo, c = probe(region, syms)

@@ -395,9 +395,13 @@ class _MmaRenderer:
 
 def render_simt(k: SimtKernel) -> str:
     out = [f"// {n}" for n in k.notes]
-    out += [f"extern \"C\" __global__ void __launch_bounds__({k.threads}) {k.name}({_params(k.params)}) {{",
-            "  const long long kk_p = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
-            f"  if (kk_p >= {k.total}) return;"]
+    out.append(f"extern \"C\" __global__ void __launch_bounds__({k.threads}) {k.name}({_params(k.params)}) {{")
+    if k.warp:                  # a point per warp: the exit is warp-uniform, so every shuffle has all 32 lanes
+        out += [f"  const long long kk_p = (long long)blockIdx.x * {k.points_per_block} + (threadIdx.x >> 5);",
+                "  const int lane = threadIdx.x & 31;"]
+    else:
+        out.append("  const long long kk_p = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
+    out.append(f"  if (kk_p >= {k.total}) return;")
     out += _code(k.decl + k.body, 1)
     out += ["}", f"KUMIKO_ENTRY({k.name})"]
     return "\n".join(out)

@@ -121,15 +121,17 @@ def lower_program(program: Program, plans: Mapping[str, Plan]) -> tuple[list, li
                                    scratch))
             if low.scratch is not None:
                 var, let, axes = low.scratch
-                rest = lower_simt(r, syms, name + "_rest", {let: ("array", var, axes)}, threads=256)
+                rest = lower_simt(r, syms, name + "_rest", {let: ("array", var, axes)}, threads=256,
+                                  bind=plan.get("bind", "rest.point", "thread"))
                 kernels.append(rest)
-                launches.append(Launch(r.name, rest.name, ((_simt_extent(r, rest), 256), (1, 1), (1, 1)), 256, 0,
-                                       _buf_args(r, rest.params), scratch))
+                launches.append(Launch(r.name, rest.name, ((_simt_extent(r, rest), rest.points_per_block), (1, 1),
+                                                           (1, 1)), rest.threads, 0, _buf_args(r, rest.params),
+                                       scratch))
             continue
-        kern = lower_simt(r, syms, name, threads=plan.threads or 256)
+        kern = lower_simt(r, syms, name, threads=plan.threads or 256, bind=plan.get("bind", "point", "thread"))
         kernels.append(kern)
-        launches.append(Launch(r.name, name, ((_simt_extent(r, kern), kern.threads), (1, 1), (1, 1)), kern.threads, 0,
-                               _buf_args(r, kern.params)))
+        launches.append(Launch(r.name, name, ((_simt_extent(r, kern), kern.points_per_block), (1, 1), (1, 1)),
+                               kern.threads, 0, _buf_args(r, kern.params)))
     return kernels, launches
 
 

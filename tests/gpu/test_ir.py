@@ -178,6 +178,58 @@ def test_registers_schedule_double_buffers_fragments(gpu_cache):
                              r, syms)
 
 
+_ROWS = {   # region -> the SIMT binding its access maps call for
+    "softmax over the last axis": (lambda: Tensor.input("x", ("M", "N"), dtype="fp32").softmax(-1), "warp"),
+    "layernorm (fp16)": (lambda: Tensor.input("x", ("M", "N"), dtype="fp16").layernorm(-1), "warp"),
+    "row sum": (lambda: Tensor.input("x", ("M", "N"), dtype="fp32").sum(1, keepdim=True), "warp"),
+    "row max": (lambda: Tensor.input("x", ("M", "N"), dtype="fp32").max(-1), "warp"),
+    "softmax over axis 0": (lambda: Tensor.input("x", ("M", "N"), dtype="fp32").softmax(0), "thread"),
+    "column sum": (lambda: Tensor.input("x", ("M", "N"), dtype="fp32").sum(0), "thread"),
+    "rows of 8": (lambda: Tensor.input("x", ("M", 8), dtype="fp32").softmax(-1), "thread"),
+    "fp32 GEMM": (lambda: Tensor.input("a", ("M", "N"), dtype="fp32") @ Tensor.input("b", ("N", "M"), dtype="fp32"),
+                  "thread"),
+}
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", sorted(_ROWS))
+def test_simt_rows_bind_to_warps_where_they_are_contiguous(gpu_cache, case):
+    """A SIMT row whose elements are contiguous goes to a warp (lanes stride over it, reductions end in a
+    shuffle butterfly); otherwise adjacent threads take adjacent points. Both bindings compute the same
+    values (checked against the evaluator at sizes below, at and above a warp)."""
+    build, want = _ROWS[case]
+    g = build().graph("y", name="rows")
+    c = compile_cuda(g.tiny)
+    (name, plan), = c.plans.items()
+    (k,), (ln,) = c.kernels, c.launches
+    assert plan.get("bind", "point") == want and k.warp == (want == "warp")
+    assert ln.grid[0][1] == (8 if want == "warp" else 256) and ln.block == 256
+    assert ("shfl_xor_f32" in c.source) == (want == "warp")
+    other = compile_cuda(g.tiny, plans={name: plan.with_(bind={"point": "thread" if want == "warp" else "warp"})})
+    assert other.kernels[0].warp != k.warp
+    sizes = [{"M": 37, "N": 5}, {"M": 9, "N": 100}, {"M": 3, "N": 32}]
+    for emu in ("deferred", "eager"):
+        for sz in sizes:
+            sz = {s: v for s, v in sz.items() if s == "M" or case != "rows of 8"}
+            for prog in (c, other):
+                errs = run_and_compare(prog, g, emu, 2, sz)
+                assert max(errs.values()) < 1e-5 * (300 if "fp16" in case else 1), (case, emu, sz, errs)
+
+
+def test_attention_softmax_rest_binds_to_warps():
+    c = compile_cuda(graph("attention_row_softmax", "fp16").tiny)
+    (plan,) = c.plans.values()
+    assert plan.algo == "mma" and plan.get("bind", "rest.point") == "warp"
+    rest = c.kernels[1]
+    assert isinstance(rest, SimtKernel) and rest.warp and c.launches[1].grid[0][1] == 8
+    r, syms = _region("gemm_bias_relu", "fp32")
+    p = choose_gpu_plan(r, "sm80", syms)
+    for bad in (p.with_(bind={"point": "block"}), replace(p.with_(bind={"point": "warp"}), threads=48)):
+        with pytest.raises(KumikoError) as e:
+            validate_gpu_plan(bad, r, syms)
+        assert e.value.code == "E1801" and "bind.point" in e.value.why
+
+
 def test_generated_source_is_deterministic():
     g = graph("attention_causal", "fp16")
     assert compile_cuda(g.tiny).source == compile_cuda(g.tiny).source
