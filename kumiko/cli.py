@@ -24,6 +24,7 @@ examples:
   kumiko dump examples/conv3x3_s2_p1.json --stage frontend,tiny --out dumps/
   kumiko check my_graph.json --json
   kumiko bench examples/gemm_bias_relu.json --shapes M=512,N=512,K=512 --reps 10
+  kumiko compile examples/gemm_bias_relu.json --target cuda --gpu-arch sm_90a --dump c --out build/
 
 Graph files are frontend JSON (see docs/frontend.md), a dumped Tiny IR (a file with "uops"),
 or the graph DSL (.kumiko). Errors print as diagnostics and exit with status 2.
@@ -146,29 +147,58 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from kumiko.pipeline import dump
     program = _load(args.file)
     opts = {"tune": bool(args.tune), "shapes": _shapes(args.shapes)}
+    if args.gpu_arch:
+        if args.target != "cuda":
+            raise KumikoError("E1010", at="--gpu-arch", why=f"--gpu-arch builds a cubin for --target cuda, not "
+                              f"{args.target}", suggestion="add --target cuda (nvcc must be on PATH)")
+        opts["gpu_arch"] = args.gpu_arch
     t0 = time.perf_counter()
     exe = kcompile(program, target=args.target, **opts)
     took = time.perf_counter() - t0
     built = exe._run
     stages = [s.strip() for s in (args.dump or "").split(",") if s.strip()]
     out_dir = Path(args.out) if args.out else None
+    cubin = getattr(built, "cubin", None)
     if stages:
         dump(program, [s for s in stages if s not in ("plan", "c")], out_dir)
     if out_dir is not None and hasattr(built, "source"):
         from kumiko.util import atomic_write
         if "c" in stages:
-            atomic_write(out_dir / f"{program.name}.c", built.source)
+            ext = "cu" if hasattr(built, "launches") else "c"
+            atomic_write(out_dir / f"{program.name}.{ext}", built.source)
+            if cubin is not None:
+                atomic_write(out_dir / f"{program.name}.{cubin.arch}.cubin", cubin.data)
         if "plan" in stages:
             atomic_write(out_dir / f"{program.name}.plan.json",
                          json.dumps({n: p.to_json() for n, p in built.plans.items()}, indent=2) + "\n")
+    launches = [_launch_info(ln, cubin) for ln in getattr(built, "launches", ())]
     if args.json:
         plans = {n: p.to_json() for n, p in getattr(built, "plans", {}).items()}
-        print(json.dumps({"target": exe.target, "compile_s": round(took, 4), "plans": plans}, indent=2))
+        res = {"target": exe.target, "compile_s": round(took, 4), "plans": plans}
+        if launches:
+            res["launches"] = launches
+        if cubin is not None:
+            res["gpu_arch"] = cubin.arch
+        print(json.dumps(res, indent=2))
         return 0
-    print(f"{Path(args.file).name}: compiled for {exe.target} in {took * 1e3:.1f} ms")
+    print(f"{Path(args.file).name}: compiled for {exe.target}"
+          + (f" ({cubin.arch} cubin{', from the cache' if cubin.cached else ''})" if cubin is not None else "")
+          + f" in {took * 1e3:.1f} ms")
     for name, p in getattr(built, "plans", {}).items():
         extra = f" micro {p.micro[0]}x{p.micro[1]} blocks {list(p.tile)}" if p.algo == "packed" else ""
+        if p.algo == "mma":
+            extra = (f" tile {'x'.join(map(str, p.tile))} warps {p.warp_tile} {p.stages} stages "
+                     f"{p.get('async_', 'release', 'trailing')}")
+            if p.get("bind", "rest.point"):
+                extra += f", then SIMT: a {p.get('bind', 'rest.point')} per point"
+        elif p.algo == "simt" and p.arch.startswith("sm"):
+            extra = f" a {p.get('bind', 'point', 'thread')} per point"
         print(f"  {name}: {p.algo} ({p.arch}, vector width {p.vector_width}){extra}")
+    for ln in launches:
+        res = ln.get("ptxas")
+        print(f"    launch {ln['kernel']}: grid {ln['grid']} block {ln['block']} dynamic smem {ln['smem']} B"
+              + (f"; ptxas: {res['registers']} registers, {res['smem']} B static smem, {res['spill_stores']} B "
+                 f"spill stores" if res else ""))
     runner = getattr(built, "runner", None)
     for step in getattr(runner, "steps", ()):
         if len(step.regions) > 1:
@@ -177,6 +207,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if out_dir is not None and stages:
         print(f"  dumps in {out_dir}")
     return 0
+
+
+def _launch_info(ln, cubin) -> dict:
+    """One GPU launch for ``compile``'s report: grid as ceil(extent / tile) per axis, block, dynamic shared
+    memory, and ptxas's registers / static shared memory / spills when a cubin was built."""
+    grid = [str(e) if t == 1 else str(-(-e // t)) if isinstance(e, int) else f"ceil({e}/{t})" for e, t in ln.grid]
+    out = {"kernel": ln.kernel, "region": ln.region, "grid": grid, "block": ln.block, "smem": ln.smem}
+    res = cubin.resources.get(ln.kernel) if cubin is not None else None
+    if res is not None:
+        out["ptxas"] = {"registers": res.registers, "smem": res.smem, "spill_stores": res.spill_stores,
+                        "spill_loads": res.spill_loads}
+    return out
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -276,8 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--target", default=DEFAULT_TARGET, help=f"target (default {DEFAULT_TARGET}; {targets})")
     k.add_argument("--tune", action="store_true", help="autotune: build and time candidate plans, cache the best")
     k.add_argument("--shapes", help="sizes to tune for, e.g. M=1024,N=1024,K=1024 (default: the file's symbols)")
-    k.add_argument("--dump", help="comma-separated stages to write (needs --out)")
+    k.add_argument("--dump", help="comma-separated stages to write (needs --out); c writes the generated "
+                   "source (.c, or .cu for the CUDA targets, with the cubin for --target cuda)")
     k.add_argument("--out", help="directory for dumps")
+    k.add_argument("--gpu-arch", help="--target cuda: build for this arch (sm_80, sm_90a, ...) with nvcc, "
+                   "without a GPU (default: the device's)")
     k.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     k.set_defaults(fn=cmd_compile)
 

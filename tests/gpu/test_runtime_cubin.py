@@ -15,7 +15,7 @@ from kumiko.runtime.ptxas import nvcc_path
 from kumiko.runtime.target_cuda import compile_cuda
 from kumiko.runtime.target_cuda_gpu import check_cubin
 
-from .conftest import graph
+from .conftest import EXAMPLES, graph
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")]
 
@@ -200,3 +200,27 @@ def test_chosen_plans_build_without_spills_for_awkward_sizes(cache):
     for arch in ("sm_80", "sm_90a"):
         run = kumiko.compile(g, "cuda", gpu_arch=arch)._run
         assert all(r.spill_stores == r.spill_loads == 0 for r in run.cubin.resources.values())
+
+
+def test_cli_compiles_for_cuda_without_a_device(cache, tmp_path, capsys):
+    """``kumiko compile --target cuda --gpu-arch sm_90a`` builds with nvcc alone, reports each launch with
+    ptxas's numbers, and ``--dump c`` writes the .cu and the cubin; --gpu-arch elsewhere is a diagnostic."""
+    from kumiko.cli import main
+    d = json.loads((EXAMPLES / "attention_causal.json").read_text())
+    for t in d["tensors"].values():
+        t["dtype"] = "fp16"
+    f = tmp_path / "attn16.json"
+    f.write_text(json.dumps(d))
+    out = tmp_path / "build"
+    assert main(["compile", str(f), "--target", "cuda", "--gpu-arch", "sm_90a", "--dump", "c", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "compiled for cuda (sm_90a cubin" in text and "mma (sm80" in text and "a warp per point" in text
+    assert text.count("    launch ") == 3 and "registers" in text and "0 B spill stores" in text
+    name = d.get("name", "attention_causal")
+    assert (out / f"{name}.cu").read_text() == compile_cuda(graph("attention_causal", "fp16").tiny).source
+    assert (out / f"{name}.sm_90a.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert main(["--json", "compile", str(f), "--target", "cuda", "--gpu-arch", "sm_80"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["gpu_arch"] == "sm_80" and [ln["ptxas"]["spill_stores"] for ln in res["launches"]] == [0, 0, 0]
+    assert main(["compile", str(f), "--gpu-arch", "sm_80"]) == 2
+    assert "E1010" in capsys.readouterr().err
