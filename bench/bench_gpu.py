@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE.parent))       # run from a checkout without install
 import kumiko  # noqa: E402
 from kumiko import Tensor  # noqa: E402
 from kumiko.diagnostics import KumikoError  # noqa: E402
-from kumiko.kernel.gpu_mma import RELEASES  # noqa: E402
+from kumiko.kernel.gpu_mma import RELEASES, ring_release  # noqa: E402
 from kumiko.plan.gpu import mma_threads  # noqa: E402
 from kumiko.runtime.cuda_driver import CudaDevice, device_available  # noqa: E402
 
@@ -177,7 +177,7 @@ def apply_tile(plan, spec: str):
 
 def _plan_note(plans) -> str:
     return ", ".join(f"mma {'x'.join(map(str, p.tile))} w{p.warp_tile} s{p.stages} "
-                     f"g{p.get('layout_hints', 'group_m', 1)} {p.get('async_', 'release', 'trailing')}"
+                     f"g{p.get('layout_hints', 'group_m', 1)} {ring_release(p)}"
                      if p.algo == "mma" else p.algo for p in plans.values())
 
 

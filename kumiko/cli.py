@@ -144,6 +144,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from kumiko.compiler import compile as kcompile
+    from kumiko.kernel.gpu_mma import ring_release
     from kumiko.pipeline import dump
     program = _load(args.file)
     opts = {"tune": bool(args.tune), "shapes": _shapes(args.shapes)}
@@ -188,7 +189,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         extra = f" micro {p.micro[0]}x{p.micro[1]} blocks {list(p.tile)}" if p.algo == "packed" else ""
         if p.algo == "mma":
             extra = (f" tile {'x'.join(map(str, p.tile))} warps {p.warp_tile} {p.stages} stages "
-                     f"{p.get('async_', 'release', 'trailing')}")
+                     f"{ring_release(p)}")
             if p.get("bind", "rest.point"):
                 extra += f", then SIMT: a {p.get('bind', 'rest.point')} per point"
         elif p.algo == "simt" and p.arch.startswith("sm"):

@@ -147,6 +147,15 @@ def unary(fn: str, x: str, ct: str) -> str:
     return tmpl.format(x=x)
 
 
+def reduce_update(op: str, acc: str, v: str, ct: str) -> str:
+    """The new value of a reduction's accumulator ``acc`` after element ``v`` (ops sum, max, min)."""
+    if op == "sum":
+        return f"{acc} + {v}"
+    if op in ("max", "min"):
+        return binary(op, acc, v, ct)
+    raise KeyError(f"reduction op {op!r}")
+
+
 def binary(fn: str, a: str, b: str, ct: str) -> str:
     if fn in ("max", "min"):
         if ct in ("float",):

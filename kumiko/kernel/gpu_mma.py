@@ -54,6 +54,11 @@ from kumiko.symbolic import Expr
 MMA_DTYPES = ("fp16", "bf16")
 #: plan async.release: how a K loop iteration frees the stage it read (see lower_mma)
 RELEASES = ("trailing", "merged", "registers")
+
+
+def ring_release(plan: Plan) -> str:
+    """The plan's ring schedule (``async.release``); a plan without one has the two-barrier ring."""
+    return plan.get("async_", "release", "trailing")
 PAD = 8                     # halves of padding per smem row: rows stay 16-byte aligned, banks rotate
 
 
@@ -214,7 +219,7 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
     t_load = Token("tL", "TokLoad")
     lda, ldb = LdMatrix("x", False), LdMatrix("y", lay_y == "ks")
     compute = Compute(TileRef(0), (t_load,), t_mma, lda, ldb, Mma(dt))
-    release = plan.get("async_", "release", "trailing")      # one of RELEASES (validate_gpu_plan)
+    release = ring_release(plan)                             # one of RELEASES (validate_gpu_plan)
     # the ring's schedule: "trailing" keeps every stage in flight and releases the stage just read with a
     # second barrier; "merged" keeps stages - 1 in flight and refills the stage read in the previous
     # iteration right after this iteration's one barrier, which also released it; "registers" double-

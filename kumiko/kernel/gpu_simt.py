@@ -175,17 +175,13 @@ class SimtLowering(CpuLowering):
         bt = self.dt(e.body)
         if bt is not None and bt is not e.dtype:
             v = C.cast(v, bt, e.dtype)
-        body.append(Assign(acc, self.combine(e.op, acc, v, ct)))
+        body.append(Assign(acc, C.reduce_update(e.op, acc, v, ct)))
         for a in e.axes:
             self.red_axes.remove(a.name)
         out.append(For(flat, "lane", " * ".join(f"({x})" for x in sizes), tuple(body), step=str(WARP)))
         for off in (16, 8, 4, 2, 1):
-            out.append(Assign(acc, self.combine(e.op, acc, f"shfl_xor_f32({acc}, {off})", ct)))
+            out.append(Assign(acc, C.reduce_update(e.op, acc, f"shfl_xor_f32({acc}, {off})", ct)))
         return acc
-
-    @staticmethod
-    def combine(op: str, acc: str, v: str, ct: str) -> str:
-        return f"{acc} + {v}" if op == "sum" else C.binary(op, acc, v, ct)
 
     def select(self, e: Select, out: list, hint) -> str:
         if not isinstance(e.pred, Guard):

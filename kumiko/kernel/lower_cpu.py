@@ -312,7 +312,7 @@ class CpuLowering(VectorEmitter):
         bt = self.dt(e.body)
         if bt is not None and bt is not e.dtype:
             v = C.cast(v, bt, e.dtype)
-        upd = {"sum": f"{acc} + {v}", "max": C.binary("max", acc, v, ct), "min": C.binary("min", acc, v, ct)}[e.op]
+        upd = C.reduce_update(e.op, acc, v, ct)
         inner: tuple = tuple(body) + (Assign(acc, upd),)
         for a in reversed(e.axes):
             inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)

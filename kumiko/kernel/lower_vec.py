@@ -313,7 +313,7 @@ class VectorEmitter:
         bt = self.dt(e.body)
         if bt is not None and bt is not e.dtype:
             v = C.cast(v, bt, e.dtype)
-        upd = {"sum": f"{res} + {v}", "max": C.binary("max", res, v, ct), "min": C.binary("min", res, v, ct)}[e.op]
+        upd = C.reduce_update(e.op, res, v, ct)
         tail.append(Assign(res, upd))
         self.red_axes = red
         inner: tuple = vloops + (For(last.name, f"({n}) / KUMIKO_VW * KUMIKO_VW", n, tuple(tail), tail=True),)

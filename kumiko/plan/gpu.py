@@ -23,7 +23,7 @@ the ``cuda`` target then builds ``fallback_gpu_plan``'s next plan down instead.
 from __future__ import annotations
 
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_mma import RELEASES, mma_operand_dtype, probe
+from kumiko.kernel.gpu_mma import RELEASES, mma_operand_dtype, probe, ring_release
 from kumiko.kernel.gpu_simt import simt_binding
 from kumiko.kernel.gpu_verify import MAX_REGISTERS, SMEM_LIMIT
 from kumiko.plan.plan import Plan, make_plan
@@ -140,7 +140,7 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
                           suggestion="e.g. tile (64, 64, 32) with warp_tile 32x32")
     if plan.stages not in (2, 3, 4):
         raise KumikoError("E1801", at=at, why=f"stages={plan.stages}: the cp.async ring has 2 to 4 stages")
-    release = plan.get("async_", "release", "trailing")
+    release = ring_release(plan)
     if release not in RELEASES:
         raise KumikoError("E1801", at=at, why=f"async.release {release!r} is not one of {RELEASES}")
     if release == "registers" and bk % 32:
@@ -178,7 +178,7 @@ def fallback_gpu_plan(plan: Plan, why: str) -> Plan | None:
         return None
     hints = {**dict(plan.layout_hints), "after_ptxas": why}
     asy = dict(plan.async_)
-    release = asy.get("release", "trailing")
+    release = ring_release(plan)
     if release != "trailing":
         return plan.with_(async_={**asy, "release": RELEASE_FALLBACK[release]}, layout_hints=hints)
     bm, bn, bk = plan.tile
