@@ -324,20 +324,25 @@ def main(argv: list[str] | None = None) -> int:
     m = machine(dev, torch)
     print(f"machine: {m}")
     rows: list[Row] = []
-    try:
-        for wl in select(args.workloads):
+    failed = []
+    for wl in select(args.workloads):
+        try:
             rows += bench_workload(wl, args, dev, torch)
-    except KumikoError as e:
-        print(e.render(), file=sys.stderr)
-        return 2
-    if args.append:
+        except KumikoError as e:            # the other workloads are still measured (and recorded)
+            print(e.render(), file=sys.stderr)
+            failed.append(wl.key)
+            if e.details.get("sticky"):     # a fault: this process's CUDA context is gone
+                break
+    if failed:
+        print(f"bench_gpu: failed: {', '.join(failed)}", file=sys.stderr)
+    if args.append and rows:
         with Path(args.results).open("a") as f:
             f.write("\n" + results_markdown(rows, args, m))
         print(f"\nappended to {args.results}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": m, "rows": [r.__dict__ for r in rows]}, indent=2))
     bad = [r for r in rows if r.rel_l2 is not None and r.rel_l2 >= REL_L2_LIMIT]
-    return 1 if bad else 0
+    return 2 if failed else 1 if bad else 0
 
 
 if __name__ == "__main__":
