@@ -5,12 +5,18 @@ import os
 import tempfile
 from pathlib import Path
 
+#: the process's umask, read once at import (reading it means setting it)
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 
 def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write a file so that readers see the old content or the new, never half of it."""
+    """Write a file so that readers see the old content or the new, never half of it; the file gets the
+    permissions an ``open(path, "w")`` would give (mkstemp's temporary file is private to its owner)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
         os.replace(tmp, path)
