@@ -196,7 +196,7 @@ _ROWS = {   # region -> the SIMT binding its access maps call for
 def test_simt_rows_bind_to_warps_where_they_are_contiguous(gpu_cache, case):
     """A SIMT row whose elements are contiguous goes to a warp (lanes stride over it, reductions end in a
     shuffle butterfly); otherwise adjacent threads take adjacent points. Both bindings compute the same
-    values (checked against the evaluator at sizes below, at and above a warp)."""
+    values (checked against the evaluator at rows shorter than, as long as and longer than a warp)."""
     build, want = _ROWS[case]
     g = build().graph("y", name="rows")
     c = compile_cuda(g.tiny)
@@ -207,13 +207,13 @@ def test_simt_rows_bind_to_warps_where_they_are_contiguous(gpu_cache, case):
     assert ("shfl_xor_f32" in c.source) == (want == "warp")
     other = compile_cuda(g.tiny, plans={name: plan.with_(bind={"point": "thread" if want == "warp" else "warp"})})
     assert other.kernels[0].warp != k.warp
-    sizes = [{"M": 37, "N": 5}, {"M": 9, "N": 100}, {"M": 3, "N": 32}]
-    for emu in ("deferred", "eager"):
-        for sz in sizes:
-            sz = {s: v for s, v in sz.items() if s == "M" or case != "rows of 8"}
-            for prog in (c, other):
-                errs = run_and_compare(prog, g, emu, 2, sz)
-                assert max(errs.values()) < 1e-5 * (300 if "fp16" in case else 1), (case, emu, sz, errs)
+    # deferred + round-robin only: a SIMT kernel has no cp.async and no barrier for the other configurations
+    # to reorder; its shuffles are checked by the emulator's warp collectives in any of them
+    for sz in ({"M": 37, "N": 5}, {"M": 9, "N": 100}, {"M": 3, "N": 32}):
+        sz = {s: v for s, v in sz.items() if s == "M" or case != "rows of 8"}
+        for prog in (c, other):
+            errs = run_and_compare(prog, g, "deferred", 2, sz)
+            assert max(errs.values()) < 1e-5 * (300 if "fp16" in case else 1), (case, sz, errs)
 
 
 def test_attention_softmax_rest_binds_to_warps():
