@@ -25,8 +25,8 @@ renderer prints them unchanged inside the skeleton.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Union
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, Union
 
 TOKEN_KINDS = ("TokLoad", "TokCompute", "TokEpilogue")
 
@@ -286,3 +286,16 @@ class SimtKernel:
     @property
     def points_per_block(self) -> int:
         return self.threads // 32 if self.warp else self.threads
+
+
+def ir_json(obj: Any) -> Any:
+    """The GPU IR as JSON data: each record is ``{"kind": its class, field: value...}`` (the element code it
+    carries included, as loop-IR records with C expression strings), tuples are lists, symbolic sizes strings.
+    The ``gpu_ir`` dump stage (``kumiko dump --stage gpu_ir``) writes it."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {"kind": type(obj).__name__, **{f.name: ir_json(getattr(obj, f.name)) for f in fields(obj)}}
+    if isinstance(obj, (list, tuple)):
+        return [ir_json(x) for x in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)

@@ -18,10 +18,11 @@ import numpy as np
 
 from kumiko.compiler import register_target
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_ir import MmaKernel, SimtKernel
+from kumiko.kernel.gpu_ir import MmaKernel, SimtKernel, ir_json
 from kumiko.kernel.gpu_mma import lower_mma
 from kumiko.kernel.gpu_simt import lower_simt
 from kumiko.kernel.gpu_verify import verify_mma
+from kumiko.pipeline import register_stage
 from kumiko.plan.gpu import check_resources, choose_gpu_plan, validate_gpu_plan
 from kumiko.plan.plan import Plan
 from kumiko.region import form_regions
@@ -141,6 +142,16 @@ def _simt_extent(region, kern: SimtKernel):
     return prod([sizes[a] for a in kern.outer]) if kern.outer else 1
 
 
+def _gpu_ir_stage(program) -> dict:
+    """The ``gpu_ir`` dump: every kernel's GPU IR under the chosen sm80 plans, and the launches."""
+    from kumiko.compiler import to_tiny
+    c = compile_cuda(to_tiny(program))
+    return {"program": c.program.name, "arch": c.arch, "kernels": [ir_json(k) for k in c.kernels],
+            "launches": [{"region": ln.region, "kernel": ln.kernel, "grid": [[str(e), t] for e, t in ln.grid],
+                          "block": ln.block, "smem": ln.smem, "args": [list(a) for a in ln.args]}
+                         for ln in c.launches]}
+
+
 def compile_cuda(tiny: TinyGraph, arch: str = "sm80", plans: Mapping[str, Plan] | None = None,
                  emu: str = "deferred") -> CompiledCuda:
     if emu not in EMU_CONFIGS:
@@ -213,5 +224,7 @@ def _cuda_emu_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, e
                      arch: str = "sm80", **_) -> CompiledCuda:
     return compile_cuda(tiny, arch, plans, emu)
 
+
+register_stage("gpu_ir", _gpu_ir_stage)
 
 __all__ = ["compile_cuda", "nvcc_check", "CompiledCuda", "GpuRunner", "Launch", "MmaKernel", "SimtKernel"]

@@ -16,7 +16,7 @@ from kumiko.region import form_regions
 from kumiko.runtime.program import program_symbols
 from kumiko.runtime.target_cuda import compile_cuda
 
-from .conftest import graph, needs_gxx, run_and_compare
+from .conftest import EXAMPLES, graph, needs_gxx, run_and_compare
 
 
 def _mma(stem: str, dtype: str = "fp16", **kw) -> MmaKernel:
@@ -228,6 +228,27 @@ def test_attention_softmax_rest_binds_to_warps():
         with pytest.raises(KumikoError) as e:
             validate_gpu_plan(bad, r, syms)
         assert e.value.code == "E1801" and "bind.point" in e.value.why
+
+
+def test_gpu_ir_dump_stage(tmp_path):
+    """``kumiko dump --stage gpu_ir``: every kernel's GPU IR as records named by kind (the ring schedule,
+    fragments, the SIMT binding, the element code), and the launches; byte-identical across runs."""
+    import json
+
+    from kumiko.cli import main
+    from kumiko.pipeline import dumps, stage_json
+    g = graph("attention_causal", "fp16")
+    d = stage_json(g, "gpu_ir")
+    assert [k["kind"] for k in d["kernels"]] == ["MmaKernel", "SimtKernel", "MmaKernel"]
+    qk, rest, pv = d["kernels"]
+    assert [s["kind"] for s in qk["loop"]["body"]] == ["WaitGroup", "Barrier", "LoadTile", "CommitGroup", "Compute"]
+    assert [s["kind"] for s in pv["loop"]["body"]][:2] == ["LoadFrag", "MmaFrag"] and rest["warp"] is True
+    assert [ln["kernel"] for ln in d["launches"]] == [qk["name"], rest["name"], pv["name"]]
+    assert d["launches"][1]["grid"][0] == ["B*H*S", 8]
+    text = dumps(d)
+    assert json.loads(text) == d and dumps(stage_json(g, "gpu_ir")) == text
+    assert main(["dump", str(EXAMPLES / "gemm_bias_relu.json"), "--stage", "gpu_ir", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "gemm_bias_relu.gpu_ir.json").read_text())["kernels"][0]["kind"] == "SimtKernel"
 
 
 def test_generated_source_is_deterministic():
