@@ -263,10 +263,12 @@ class MmaKernel:
         return ring
 
     def estimated_registers(self) -> int:
-        """Accumulators + one k16 step of fragments + ~40 for addresses and the epilogue (ptxas decides)."""
+        """Accumulators + the k16 steps of fragments held at once (two when double-buffered) + ~40 for
+        addresses and the epilogue (ptxas decides; its report is checked after the build)."""
         wm, wn = self.warp_tile
         mt, nt = wm // 16, wn // 8
-        return mt * nt * 4 + mt * 4 + nt * 2 + 40
+        sets = 2 if any(isinstance(s, LoadFrag) for s in self.loop.body) else 1
+        return mt * nt * 4 + sets * (mt * 4 + nt * 2) + 40
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,8 @@ def test_registers_schedule_double_buffers_fragments(gpu_cache):
     bar = next(i for i, s in enumerate(k.loop.body) if isinstance(s, Barrier))
     assert last[-2] < bar < last[-1] and k.loop.body[last[-1]].tile.offset == 1
     assert "uint32_t kk_fa[2][2][4], kk_fb[2][4][2];" in c.source
+    merged = compile_cuda(g.tiny, plans={r.name: plan.with_(async_={**dict(plan.async_), "release": "merged"})})
+    assert k.estimated_registers() == merged.kernels[0].estimated_registers() + 2 * 4 + 4 * 2   # a 2nd fragment set
     for emu in ("deferred", "eager"):
         for sizes in ({"M": 130, "N": 72, "K": 200}, {"M": 64, "N": 64, "K": 64}, {"M": 33, "N": 40, "K": 8}):
             errs = run_and_compare(c, g, emu, 3, sizes)
