@@ -3,9 +3,10 @@
 
 Workloads in fp16 (fp32 accumulation): GEMM 4096^3 and 8192^3 (torch.matmul = cuBLAS), GEMM + bias + ReLU
 4096^3 (torch.addmm + relu), attention and causal attention B=8 H=16 S=2048 D=64
-(torch.nn.functional.scaled_dot_product_attention). Every runner gets the same random inputs (never
-zeros), already on the device; kumiko's output, from a full poisoned run, is checked against torch's
-(relative L2 < 1e-2). Times are GPU times by CUDA events on the default stream (kumiko: its launches
+(torch.nn.functional.scaled_dot_product_attention), and the memory-bound row ops softmax and layernorm over
+the last axis of 8192 x 8192 (torch.softmax, torch.nn.functional.layer_norm). Every runner gets the same
+random inputs (never zeros), already on the device; kumiko's output, from a full poisoned run, is checked
+against torch's (relative L2 < 1e-2). Times are GPU times by CUDA events on the default stream (kumiko: its launches
 only; inputs stay on the device, no poisoning), median and min of --reps runs (>= 10) after --warmup runs.
 The ratio is kumiko's median over torch's (> 1: kumiko slower); "% of torch" is its inverse. The issue's
 goal for the SM80-path GEMM on an H100 is >= 60% of cuBLAS.
@@ -93,6 +94,24 @@ def _attn_flops(sz):                        # QK^T and PV; causal counts the ful
     return 4.0 * sz["B"] * sz["H"] * sz["S"] * sz["S"] * sz["D"]
 
 
+def _rows(op: str):
+    """A row-wise op over the last axis of an fp16 [M, N] tensor (the SIMT skeleton, a warp per row)."""
+    def build(sz):
+        x = Tensor.input("x", ("M", "N"), dtype="fp16")
+        return (x.softmax(-1) if op == "softmax" else x.layernorm(-1)).graph("y", name=op)
+    return build
+
+
+def _torch_rows(op: str):
+    if op == "softmax":
+        return lambda t, i, sz: t.softmax(i["x"], -1)
+    return lambda t, i, sz: t.nn.functional.layer_norm(i["x"], (sz["N"],), eps=1e-5)
+
+
+def _rows_flops(sz):                        # memory-bound: ~5 operations an element; compare the times
+    return 5.0 * sz["M"] * sz["N"]
+
+
 ATTN = {"B": 8, "H": 16, "S": 2048, "D": 64}
 ATTN_QUICK = {"B": 1, "H": 2, "S": 128, "D": 64}
 WORKLOADS = {w.key: w for w in [
@@ -107,6 +126,11 @@ WORKLOADS = {w.key: w for w in [
              _attn_flops),
     Workload("attn-causal", "fp16 causal attention B=8 H=16 S=2048 D=64", ATTN, ATTN_QUICK, _attn(True),
              _torch_attn(True), _attn_flops),
+    Workload("softmax-8192", "fp16 softmax over the last axis, 8192 x 8192 (memory-bound)", {"M": 8192, "N": 8192},
+             {"M": 64, "N": 1000}, _rows("softmax"), _torch_rows("softmax"), _rows_flops),
+    Workload("layernorm-8192", "fp16 layernorm over the last axis, 8192 x 8192 (memory-bound)",
+             {"M": 8192, "N": 8192}, {"M": 64, "N": 1000}, _rows("layernorm"), _torch_rows("layernorm"),
+             _rows_flops),
 ]}
 
 

@@ -410,3 +410,33 @@ def test_gpu_bench_tile_specs():
     finally:
         sys.modules.pop(spec.name, None)
         sys.modules.pop("kumiko_bench_cpu", None)
+
+
+@needs_gxx
+@pytest.mark.parametrize("key", ["softmax-8192", "layernorm-8192"])
+def test_gpu_bench_row_workloads_match_torch_on_the_emulator(gpu_cache, key):
+    """The bench's memory-bound row workloads: their graphs take the warp-per-row SIMT kernel, and at the quick
+    sizes the emulated kernel matches the evaluator and (where torch is installed) the bench's own torch
+    reference on the CPU, within the bench's limit."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("kumiko_bench_gpu", EXAMPLES.parent / "bench" / "bench_gpu.py")
+    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+        wl = mod.WORKLOADS[key]
+        g = wl.graph(wl.quick)
+        c = compile_cuda(g.tiny)
+        assert [p.get("bind", "point") for p in c.plans.values()] == ["warp"]
+        ins = kumiko.compile(g, "eval").random_inputs(0, wl.quick)
+        ref = kumiko.compile(g, "eval")
+        out = c.runner("deferred")(ins, ref.bind(ins, None))["y"]
+        assert rel_l2(out, ref(**ins)["y"]) < 1e-3 and wl.flops(wl.quick) > 0
+        try:
+            import torch
+        except ImportError:
+            return
+        want = wl.torch(torch, {k: torch.from_numpy(v) for k, v in ins.items()}, wl.quick).float().numpy()
+        assert rel_l2(out, want) < mod.REL_L2_LIMIT
+    finally:
+        sys.modules.pop(spec.name, None)
+        sys.modules.pop("kumiko_bench_cpu", None)
