@@ -41,8 +41,8 @@ sys.path.insert(0, str(HERE.parent))       # run from a checkout without install
 import kumiko  # noqa: E402
 from kumiko import Tensor  # noqa: E402
 from kumiko.diagnostics import KumikoError  # noqa: E402
-from kumiko.kernel.gpu_mma import RELEASES, ring_release  # noqa: E402
-from kumiko.plan.gpu import mma_threads  # noqa: E402
+from kumiko.kernel.gpu_mma import RELEASES  # noqa: E402
+from kumiko.plan.gpu import describe_gpu_plan, mma_threads  # noqa: E402
 from kumiko.runtime.cuda_driver import CudaDevice, device_available  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("kumiko_bench_cpu", HERE / "bench.py")
@@ -199,12 +199,6 @@ def apply_tile(plan, spec: str):
     return plan.with_(layout_hints=hints, async_=asy, **f)
 
 
-def _plan_note(plans) -> str:
-    return ", ".join(f"mma {'x'.join(map(str, p.tile))} w{p.warp_tile} s{p.stages} "
-                     f"g{p.get('layout_hints', 'group_m', 1)} {ring_release(p)}"
-                     if p.algo == "mma" else p.algo for p in plans.values())
-
-
 def time_kumiko(wl: Workload, exe, inputs: dict, sz: dict, args, timer, runner: str) -> tuple[Row, np.ndarray]:
     """One full poisoned run (its output is checked by the caller), then the launches alone, timed."""
     out = exe(**inputs)["y"]
@@ -212,20 +206,20 @@ def time_kumiko(wl: Workload, exe, inputs: dict, sz: dict, args, timer, runner: 
     b = prog.bind(exe.bind(inputs))
     prog.upload(b, inputs)
     ms = timer(lambda: prog.enqueue(b), args.reps, args.warmup)
+    plans = "; ".join(f"{p.algo} {describe_gpu_plan(p)}" for p in exe._run.plans.values())
+    graph = ", one CUDA Graph" if prog.graph else ""
     k = Row(wl.key, runner, statistics.median(ms), min(ms),
-            note=f"{len(b.launches)} kernels ({_plan_note(exe._run.plans)}), {exe._run.gpu_arch}"
-                 + (", one CUDA Graph" if prog.graph else ""))
+            note=f"{len(b.launches)} kernels ({plans}), {exe._run.gpu_arch}{graph}")
     k.tflops = wl.flops(sz) / (k.median_ms * 1e-3) / 1e12
     prog.release()
     return k, out
 
 
-def tile_variants(wl: Workload, sz: dict, args, inputs: dict, timer) -> list[tuple[Row, np.ndarray]]:
-    """--tiles: the workload again under each given MMA tile (every MMA region gets it); a tile the
-    plan validator, the GPU IR verifier or ptxas rejects is reported as such and skipped."""
+def tile_variants(wl: Workload, sz: dict, args, inputs: dict, timer, chosen) -> list[tuple[Row, np.ndarray]]:
+    """--tiles: the workload again under each given MMA tile (every MMA region of the ``chosen`` plans gets
+    it); a tile the plan validator, the GPU IR verifier or ptxas rejects is reported as such and skipped."""
     got = []
     graph = wl.graph(sz)
-    chosen = kumiko.compile(graph, "cuda", cuda_graph=args.cuda_graph)._run.plans
     for spec in args.tiles:
         plans = {name: apply_tile(p, spec) for name, p in chosen.items() if p.algo == "mma"}
         try:
@@ -243,7 +237,7 @@ def bench_workload(wl: Workload, args, dev: CudaDevice, torch) -> list[Row]:
     inputs = exe.random_inputs(args.seed, sz)
     timer = _timer(dev, torch)
     k, out = time_kumiko(wl, exe, inputs, sz, args, timer, "kumiko[cuda]")
-    variants = tile_variants(wl, sz, args, inputs, timer) if args.tiles else []
+    variants = tile_variants(wl, sz, args, inputs, timer, exe._run.plans) if args.tiles else []
     rows = [k] + [r for r, _ in variants]
     if torch is not None:
         dt = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32}

@@ -144,8 +144,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from kumiko.compiler import compile as kcompile
-    from kumiko.kernel.gpu_mma import ring_release
     from kumiko.pipeline import dump
+    from kumiko.plan.gpu import GPU_ARCHS, describe_gpu_plan
     program = _load(args.file)
     opts = {"tune": bool(args.tune), "shapes": _shapes(args.shapes)}
     if args.gpu_arch:
@@ -165,7 +165,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if out_dir is not None and hasattr(built, "source"):
         from kumiko.util import atomic_write
         if "c" in stages:
-            ext = "cu" if hasattr(built, "launches") else "c"
+            ext = "cu" if exe.target in ("cuda", "cuda-emu") else "c"
             atomic_write(out_dir / f"{program.name}.{ext}", built.source)
             if cubin is not None:
                 atomic_write(out_dir / f"{program.name}.{cubin.arch}.cubin", cubin.data)
@@ -187,13 +187,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
           + f" in {took * 1e3:.1f} ms")
     for name, p in getattr(built, "plans", {}).items():
         extra = f" micro {p.micro[0]}x{p.micro[1]} blocks {list(p.tile)}" if p.algo == "packed" else ""
-        if p.algo == "mma":
-            extra = (f" tile {'x'.join(map(str, p.tile))} warps {p.warp_tile} {p.stages} stages "
-                     f"{ring_release(p)}")
-            if p.get("bind", "rest.point"):
-                extra += f", then SIMT: a {p.get('bind', 'rest.point')} per point"
-        elif p.algo == "simt" and p.arch.startswith("sm"):
-            extra = f" a {p.get('bind', 'point', 'thread')} per point"
+        if p.arch in GPU_ARCHS:
+            extra = " " + describe_gpu_plan(p)
         print(f"  {name}: {p.algo} ({p.arch}, vector width {p.vector_width}){extra}")
     for ln in launches:
         res = ln.get("ptxas")
@@ -211,10 +206,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _launch_info(ln, cubin) -> dict:
-    """One GPU launch for ``compile``'s report: grid as ceil(extent / tile) per axis, block, dynamic shared
-    memory, and ptxas's registers / static shared memory / spills when a cubin was built."""
-    grid = [str(e) if t == 1 else str(-(-e // t)) if isinstance(e, int) else f"ceil({e}/{t})" for e, t in ln.grid]
-    out = {"kernel": ln.kernel, "region": ln.region, "grid": grid, "block": ln.block, "smem": ln.smem}
+    """One GPU launch for ``compile``'s report (``Launch.to_json``), its grid as ceil(extent / tile) per axis,
+    with ptxas's registers / static shared memory / spills when a cubin was built."""
+    out = {**ln.to_json(), "grid": [str(e) if t == 1 else str(-(-e // t)) if isinstance(e, int)
+                                    else f"ceil({e}/{t})" for e, t in ln.grid]}
     res = cubin.resources.get(ln.kernel) if cubin is not None else None
     if res is not None:
         out["ptxas"] = {"registers": res.registers, "smem": res.smem, "spill_stores": res.spill_stores,

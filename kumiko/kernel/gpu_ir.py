@@ -262,13 +262,17 @@ class MmaKernel:
             ring = max(ring, 4 * self.tile[0] * (self.tile[1] + 4))
         return ring
 
+    @property
+    def fragment_sets(self) -> int:
+        """Sets of warp fragments held at once: 2 when double-buffered in registers (``LoadFrag``), else 1."""
+        return 2 if any(isinstance(s, LoadFrag) for s in self.loop.body) else 1
+
     def estimated_registers(self) -> int:
-        """Accumulators + the k16 steps of fragments held at once (two when double-buffered) + ~40 for
-        addresses and the epilogue (ptxas decides; its report is checked after the build)."""
+        """Accumulators + the k16 steps of fragments held at once + ~40 for addresses and the epilogue
+        (ptxas decides; its report is checked after the build)."""
         wm, wn = self.warp_tile
         mt, nt = wm // 16, wn // 8
-        sets = 2 if any(isinstance(s, LoadFrag) for s in self.loop.body) else 1
-        return mt * nt * 4 + sets * (mt * 4 + nt * 2) + 40
+        return mt * nt * 4 + self.fragment_sets * (mt * 4 + nt * 2) + 40
 
 
 @dataclass(frozen=True)

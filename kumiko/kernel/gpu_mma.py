@@ -217,8 +217,7 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
             extra = (Param(var, "float"),)
         epi = Epilogue(ops, t_mma, t_epi, "fragment", 1, code, overlap=overlap)
     t_load = Token("tL", "TokLoad")
-    lda, ldb = LdMatrix("x", False), LdMatrix("y", lay_y == "ks")
-    compute = Compute(TileRef(0), (t_load,), t_mma, lda, ldb, Mma(dt))
+    lda, ldb, mma = LdMatrix("x", False), LdMatrix("y", lay_y == "ks"), Mma(dt)
     release = ring_release(plan)                             # one of RELEASES (validate_gpu_plan)
     # the ring's schedule: "trailing" keeps every stage in flight and releases the stage just read with a
     # second barrier; "merged" keeps stages - 1 in flight and refills the stage read in the previous
@@ -231,15 +230,15 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
     prologue = []
     for s in range(ahead):
         prologue += [LoadTile(TileRef(s, in_loop=False), t_load), CommitGroup()]
+    compute = Compute(TileRef(0), (t_load,), t_mma, lda, ldb, mma)
     if release == "trailing":
-        body = (WaitGroup(stages - 1, (t_load,)), Barrier("landed"), compute,
-                Barrier("release"), LoadTile(TileRef(stages), t_load), CommitGroup())
+        body = [WaitGroup(stages - 1, (t_load,)), Barrier("landed"), compute,
+                Barrier("release"), LoadTile(TileRef(stages), t_load), CommitGroup()]
     elif release == "merged":
-        body = (WaitGroup(stages - 2, (t_load,)), Barrier("landed+release"),
-                LoadTile(TileRef(stages - 1), t_load), CommitGroup(), compute)
+        body = [WaitGroup(stages - 2, (t_load,)), Barrier("landed+release"),
+                LoadTile(TileRef(stages - 1), t_load), CommitGroup(), compute]
     else:
         steps = bk // 16
-        mma = Mma(dt)
         prologue += [WaitGroup(stages - 2, (t_load,)), Barrier("landed"),
                      LoadFrag(TileRef(0, in_loop=False), 0, 0, (t_load,), lda, ldb)]
         body = []
@@ -249,7 +248,6 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
                 body += [LoadTile(TileRef(stages - 1), t_load), CommitGroup()]
         body += [WaitGroup(stages - 2, (t_load,)), Barrier("landed+release"),
                  LoadFrag(TileRef(1), 0, 0, (t_load,), lda, ldb), MmaFrag((steps - 1) % 2, t_mma, mma)]
-        body = tuple(body)
     drain: tuple = ()
     if epi.mode == "smem_window" or not overlap:
         drain = (WaitGroup(0),)
@@ -260,7 +258,7 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
         f"K {[a.name for a in c.k_axes]}; x by {'cp.async' if ld_x.vec else 'gather'}, "
         f"y by {'cp.async' if ld_y.vec else 'gather'} ({lay_y})",)
     kern = MmaKernel(name, plan.arch, kernel_params(lo, extra), (bm, bn, bk), (bm // wm, bn // wn), stages,
-                     (ring_x, ring_y), (ld_x, ld_y), tuple(prologue), KLoop("kt", body), drain, epi,
+                     (ring_x, ring_y), (ld_x, ld_y), tuple(prologue), KLoop("kt", tuple(body)), drain, epi,
                      StGlobal(t_epi, width=2 if epi.mode == "fragment" else 1), tuple(setup), tuple(decl_m),
                      tuple(decl_n), notes, group_m=int(plan.get("layout_hints", "group_m", 1)))
     return MmaLowering(kern, c, scratch)

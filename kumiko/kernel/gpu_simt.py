@@ -31,11 +31,13 @@ from kumiko.region.ssa import Guard, Read, Reduce, Ref, Region, RExpr, Select
 from kumiko.symbolic import Expr, prod
 
 
-def decompose(lo: CpuLowering, flat: str, axes: tuple, out: list) -> None:
-    """``long long a = ...`` for each axis from a row-major flat index over ``axes``."""
+def decompose(lo: CpuLowering, flat: str, axes: tuple, out: list, sizes: tuple | None = None) -> None:
+    """``long long a = ...`` for each axis from a row-major flat index over ``axes`` (of ``sizes``, C
+    expressions; default: the axes' sizes)."""
     rest = flat
-    for k, a in enumerate(reversed(axes)):
-        size = C.index(lo.sizes[a], set())
+    if sizes is None:
+        sizes = tuple(C.index(lo.sizes[a], set()) for a in axes)
+    for k, (a, size) in enumerate(zip(reversed(axes), reversed(sizes))):
         if k == len(axes) - 1:
             out.append(Decl("const long long", a, rest))
         else:
@@ -164,13 +166,9 @@ class SimtLowering(CpuLowering):
         out.append(Decl(ct, acc, C.literal(e.init, e.dtype)))
         self.ty.add_axes(e.axes)
         self.red_axes += [a.name for a in e.axes]
-        sizes = [C.index(self.trip(a.name, a.size), set()) for a in e.axes]
+        sizes = tuple(f"({C.index(self.trip(a.name, a.size), set())})" for a in e.axes)
         body: list = []
-        rest = flat
-        for k, (a, size) in enumerate(zip(reversed(e.axes), reversed(sizes))):
-            last = k == len(e.axes) - 1
-            body.append(Decl("const long long", a.name, rest if last else f"({rest}) % ({size})"))
-            rest = f"({rest}) / ({size})"
+        decompose(self, flat, tuple(a.name for a in e.axes), body, sizes)
         v = self.expr(e.body, body, e.dtype)
         bt = self.dt(e.body)
         if bt is not None and bt is not e.dtype:
@@ -178,7 +176,7 @@ class SimtLowering(CpuLowering):
         body.append(Assign(acc, C.reduce_update(e.op, acc, v, ct)))
         for a in e.axes:
             self.red_axes.remove(a.name)
-        out.append(For(flat, "lane", " * ".join(f"({x})" for x in sizes), tuple(body), step=str(WARP)))
+        out.append(For(flat, "lane", " * ".join(sizes), tuple(body), step=str(WARP)))
         for off in (16, 8, 4, 2, 1):
             out.append(Assign(acc, C.reduce_update(e.op, acc, f"shfl_xor_f32({acc}, {off})", ct)))
         return acc

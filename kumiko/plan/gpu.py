@@ -164,6 +164,17 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
     return plan
 
 
+def describe_gpu_plan(plan: Plan) -> str:
+    """One line for reports (CLI, bench), after the plan's algo: an MMA plan's tile, warp tile, stages, CTA
+    runs and ring schedule (and its SIMT rest's binding), or a SIMT plan's binding."""
+    if plan.algo != "mma":
+        return f"a {plan.get('bind', 'point', 'thread')} per point"
+    out = (f"tile {'x'.join(map(str, plan.tile))} warps {plan.warp_tile} {plan.stages} stages "
+           f"g{plan.get('layout_hints', 'group_m', 1)} {ring_release(plan)}")
+    rest = plan.get("bind", "rest.point")
+    return out + (f", then SIMT: a {rest} per point" if rest else "")
+
+
 #: the ring schedule to step down to when ptxas rejects one: fewer values live across the K loop each time
 RELEASE_FALLBACK = {"registers": "merged", "merged": "trailing"}
 

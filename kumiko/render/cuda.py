@@ -97,10 +97,12 @@ class _MmaRenderer:
             whole = (f"kk_l{o} > kk_i * {rows} ? 8 : 0" if sk else f"kk_l{o}") if s.pred_rows else "8"
 
             def copies(count: str, pad: str) -> list[str]:
+                gk = ([f"{pad}  const long long kk_gk = kk_k0 + {'kk_cc' if sk else 'kk_r'};"]
+                      if "kk_gk" in count else [])      # the K clamp's column (the K tail tile only)
                 return [f"{pad}#pragma unroll",
                         f"{pad}for (int kk_i = 0; kk_i < {ch}; ++kk_i) {{",
                         f"{pad}  const int kk_r = kk_r0{o} + kk_i * {rows}, kk_cc = kk_c0{o};",
-                        f"{pad}  const long long kk_gk = kk_k0 + {'kk_cc' if sk else 'kk_r'};",
+                        *gk,
                         f"{pad}  const int kk_n = {count};",
                         f"{pad}  cp_async_16({d} + kk_r * {ring.ld} + kk_cc, "
                         f"kk_n > 0 ? kk_src + kk_i * kk_q{o} : {ld.vec.buf}, kk_n * 2);",
@@ -383,7 +385,7 @@ class _MmaRenderer:
                 "  #pragma unroll", f"  for (int mt = 0; mt < {self.mt}; ++mt)",
                 "    #pragma unroll", f"    for (int nt = 0; nt < {self.nt}; ++nt)",
                 "      #pragma unroll", "      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;"]
-        if any(isinstance(s, LoadFrag) for s in k.prologue + k.loop.body):
+        if k.fragment_sets == 2:
             out.append(f"  uint32_t kk_fa[2][{self.mt}][4], kk_fb[2][{self.nt}][2];  // fragments, double-buffered")
         out += self.stmts(k.prologue, "  ")
         out += self.stmts((k.loop,), "  ")

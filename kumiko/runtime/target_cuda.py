@@ -51,6 +51,10 @@ class Launch:
     args: tuple
     scratch: tuple = ()             # (var, axes sizes) the launch needs
 
+    def to_json(self) -> dict:
+        return {"region": self.region, "kernel": self.kernel, "grid": [[str(e), t] for e, t in self.grid],
+                "block": self.block, "smem": self.smem, "args": [list(a) for a in self.args]}
+
 
 @dataclass
 class CompiledCuda:
@@ -147,9 +151,7 @@ def _gpu_ir_stage(program) -> dict:
     from kumiko.compiler import to_tiny
     c = compile_cuda(to_tiny(program))
     return {"program": c.program.name, "arch": c.arch, "kernels": [ir_json(k) for k in c.kernels],
-            "launches": [{"region": ln.region, "kernel": ln.kernel, "grid": [[str(e), t] for e, t in ln.grid],
-                          "block": ln.block, "smem": ln.smem, "args": [list(a) for a in ln.args]}
-                         for ln in c.launches]}
+            "launches": [ln.to_json() for ln in c.launches]}
 
 
 def compile_cuda(tiny: TinyGraph, arch: str = "sm80", plans: Mapping[str, Plan] | None = None,

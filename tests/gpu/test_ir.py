@@ -10,7 +10,7 @@ from kumiko import Tensor
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.gpu_ir import Barrier, KLoop, LoadFrag, MmaFrag, MmaKernel, SimtKernel
 from kumiko.kernel.gpu_verify import verify_mma
-from kumiko.plan.gpu import choose_gpu_plan, validate_gpu_plan
+from kumiko.plan.gpu import choose_gpu_plan, fallback_gpu_plan, validate_gpu_plan
 from kumiko.plan.plan import Plan
 from kumiko.region import form_regions
 from kumiko.runtime.program import program_symbols
@@ -148,6 +148,7 @@ def test_registers_schedule_double_buffers_fragments(gpu_cache):
     r_small, syms_small = _gemm_region(1024, 1024, 1024)
     small = choose_gpu_plan(r_small, "sm80", syms_small)
     assert small.warp_tile == "32x32" and small.get("async_", "release") == "registers"
+    assert fallback_gpu_plan(small, "spill").get("async_", "release") == "merged"     # ptxas feedback's first step
     plan = replace(base, tile=(64, 64, 64), warp_tile="32x32", stages=3, threads=128).with_(
         async_={**dict(base.async_), "release": "registers"})
     c = compile_cuda(g.tiny, plans={r.name: plan})

@@ -166,9 +166,8 @@ def test_cuda_target_builds_without_a_device(cache):
 
 def test_a_chosen_plan_that_ptxas_rejects_steps_down(cache, monkeypatch):
     """The ptxas report fed back to the chooser: a chosen MMA plan that spills is replaced by the next plan
-    down (fragments no longer double-buffered, the two-barrier ring, then the small tile) and the replacement
-    says why; a plan the caller gave
-    is never replaced, it is rejected (E1801)."""
+    down (the large plan's one-barrier ring: the two-barrier ring, then the small tile) and the replacement
+    says why; a plan the caller gave is never replaced, it is rejected (E1801)."""
     from kumiko.runtime import target_cuda_gpu as tg
     real = tg.check_resources
     seen = []

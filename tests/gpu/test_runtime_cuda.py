@@ -10,9 +10,12 @@ cuLaunchKernel and host memory for device memory. tests/gpu/test_runtime_gpu.py 
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -372,71 +375,104 @@ def test_smem_over_the_device_limit_is_rejected():
     assert e.value.code == "E1801" and e.value.details["hazard"] == "smem"
 
 
-@pytest.mark.skipif(HAVE_GPU, reason="a GPU is present: bench/bench_gpu.py measures there")
-def test_gpu_bench_exits_cleanly_without_a_gpu(tmp_path, capsys):
+@pytest.fixture
+def bench_gpu():
+    """bench/bench_gpu.py as a module (it is a script, not part of the package), unloaded afterwards."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("kumiko_bench_gpu", EXAMPLES.parent / "bench" / "bench_gpu.py")
     mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(mod)
-        results = tmp_path / "RESULTS.md"
-        assert mod.main(["--results", str(results)]) == 0
+        yield mod
     finally:
         sys.modules.pop(spec.name, None)
         sys.modules.pop("kumiko_bench_cpu", None)
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="a GPU is present: bench/bench_gpu.py measures there")
+def test_gpu_bench_exits_cleanly_without_a_gpu(bench_gpu, tmp_path, capsys):
+    results = tmp_path / "RESULTS.md"
+    assert bench_gpu.main(["--results", str(results)]) == 0
     assert "no GPU" in capsys.readouterr().out and not results.exists()
 
 
-def test_gpu_bench_tile_specs():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("kumiko_bench_gpu", EXAMPLES.parent / "bench" / "bench_gpu.py")
-    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-        assert mod.parse_tile("128x256x32/64x64/3") == {"tile": (128, 256, 32), "warp_tile": "64x64", "stages": 3,
-                                                        "threads": 256}
-        assert mod.parse_args(["--tiles", "64x64x32/32x32/3,128x128x32/64x64/4"]).tiles == [
-            "64x64x32/32x32/3", "128x128x32/64x64/4"]
-        assert mod.parse_args(["--cuda-graph"]).cuda_graph and not mod.parse_args([]).cuda_graph
-        plan = compile_cuda(graph("gemm_bias_relu", "fp16").tiny).plans["k_C2"]
-        p = mod.apply_tile(plan, "64x64x32/32x32/3/g4/trailing")
-        assert (p.tile, p.warp_tile, p.stages, p.threads) == ((64, 64, 32), "32x32", 3, 128)
-        assert p.get("layout_hints", "group_m") == 4 and p.get("layout_hints", "smem_pad") == 8
-        assert p.get("async_", "release") == "trailing" and p.get("async_", "prefetch_depth") == 2
-        assert mod.parse_tile("128x128x32/64x64/4/registers")["release"] == "registers"
-        for bad in ("128x128/64x64/4", "128x128x32/64x64", "axbxc/1x1/2", "128x128x32/64x64/4/q3"):
-            with pytest.raises(SystemExit, match="--tiles"):
-                mod.parse_tile(bad)
-    finally:
-        sys.modules.pop(spec.name, None)
-        sys.modules.pop("kumiko_bench_cpu", None)
+def test_gpu_bench_measures_the_other_workloads_when_one_fails(bench_gpu, tmp_path, monkeypatch, capsys):
+    """A workload whose compile or run raises a diagnostic is reported and the rest are still measured and
+    recorded (exit 2); a sticky fault (the CUDA context is gone) stops the run. The device is faked."""
+    mod = bench_gpu
+    ran = []
+
+    def fake(wl, args, dev, torch):
+        ran.append(wl.key)
+        if wl.key in fail:
+            raise KumikoError("E1704", at=wl.key, why="boom", sticky=fail[wl.key])
+        return [mod.Row(wl.key, "kumiko[cuda]", 1.0, 1.0, tflops=1.0)]
+
+    machine = {k: "-" for k in ("gpu", "cc", "sm_count", "memory_gib", "driver_cuda", "nvcc", "python", "numpy",
+                                 "torch", "kumiko_commit")}
+    monkeypatch.setattr(mod, "device_available", lambda: (True, "fake"))
+    monkeypatch.setattr(mod.CudaDevice, "get", staticmethod(lambda ordinal=0: None))
+    monkeypatch.setattr(mod, "machine", lambda dev, torch: machine)
+    monkeypatch.setattr(mod, "bench_workload", fake)
+    keys = list(mod.WORKLOADS)
+    results = tmp_path / "RESULTS.md"
+    fail = {keys[1]: False}
+    assert mod.main(["--no-torch", "--results", str(results)]) == 2
+    assert ran == keys and f"failed: {keys[1]}" in capsys.readouterr().err
+    table = results.read_text()
+    assert all(f"| {k} |" in table for k in keys if k != keys[1]) and f"| {keys[1]} |" not in table
+    ran.clear()
+    fail = {keys[1]: True}
+    assert mod.main(["--no-torch", "--no-append"]) == 2 and ran == keys[:2]
+
+
+def test_gpu_session_script_runs_every_phase_without_a_gpu(tmp_path):
+    """bench/gpu_session.sh: each phase writes its log into $OUT (here: the bench says there is no GPU);
+    an unknown phase is a usage error."""
+    script = EXAMPLES.parent / "bench" / "gpu_session.sh"
+    env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", str(script), "bench"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "nothing measured" in (tmp_path / "bench.log").read_text() and (tmp_path / "device.txt").exists()
+    r = subprocess.run(["bash", str(script), "nonsense"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_gpu_bench_tile_specs(bench_gpu):
+    mod = bench_gpu
+    assert mod.parse_tile("128x256x32/64x64/3") == {"tile": (128, 256, 32), "warp_tile": "64x64", "stages": 3,
+                                                    "threads": 256}
+    assert mod.parse_args(["--tiles", "64x64x32/32x32/3,128x128x32/64x64/4"]).tiles == [
+        "64x64x32/32x32/3", "128x128x32/64x64/4"]
+    assert mod.parse_args(["--cuda-graph"]).cuda_graph and not mod.parse_args([]).cuda_graph
+    plan = compile_cuda(graph("gemm_bias_relu", "fp16").tiny).plans["k_C2"]
+    p = mod.apply_tile(plan, "64x64x32/32x32/3/g4/trailing")
+    assert (p.tile, p.warp_tile, p.stages, p.threads) == ((64, 64, 32), "32x32", 3, 128)
+    assert p.get("layout_hints", "group_m") == 4 and p.get("layout_hints", "smem_pad") == 8
+    assert p.get("async_", "release") == "trailing" and p.get("async_", "prefetch_depth") == 2
+    assert mod.parse_tile("128x128x32/64x64/4/registers")["release"] == "registers"
+    for bad in ("128x128/64x64/4", "128x128x32/64x64", "axbxc/1x1/2", "128x128x32/64x64/4/q3"):
+        with pytest.raises(SystemExit, match="--tiles"):
+            mod.parse_tile(bad)
 
 
 @needs_gxx
 @pytest.mark.parametrize("key", ["softmax-8192", "layernorm-8192"])
-def test_gpu_bench_row_workloads_match_torch_on_the_emulator(gpu_cache, key):
+def test_gpu_bench_row_workloads_match_torch_on_the_emulator(bench_gpu, gpu_cache, key):
     """The bench's memory-bound row workloads: their graphs take the warp-per-row SIMT kernel, and at the quick
     sizes the emulated kernel matches the evaluator and (where torch is installed) the bench's own torch
     reference on the CPU, within the bench's limit."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("kumiko_bench_gpu", EXAMPLES.parent / "bench" / "bench_gpu.py")
-    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    wl = bench_gpu.WORKLOADS[key]
+    g = wl.graph(wl.quick)
+    c = compile_cuda(g.tiny)
+    assert [p.get("bind", "point") for p in c.plans.values()] == ["warp"]
+    ins = kumiko.compile(g, "eval").random_inputs(0, wl.quick)
+    ref = kumiko.compile(g, "eval")
+    out = c.runner("deferred")(ins, ref.bind(ins, None))["y"]
+    assert rel_l2(out, ref(**ins)["y"]) < 1e-3 and wl.flops(wl.quick) > 0
     try:
-        spec.loader.exec_module(mod)
-        wl = mod.WORKLOADS[key]
-        g = wl.graph(wl.quick)
-        c = compile_cuda(g.tiny)
-        assert [p.get("bind", "point") for p in c.plans.values()] == ["warp"]
-        ins = kumiko.compile(g, "eval").random_inputs(0, wl.quick)
-        ref = kumiko.compile(g, "eval")
-        out = c.runner("deferred")(ins, ref.bind(ins, None))["y"]
-        assert rel_l2(out, ref(**ins)["y"]) < 1e-3 and wl.flops(wl.quick) > 0
-        try:
-            import torch
-        except ImportError:
-            return
-        want = wl.torch(torch, {k: torch.from_numpy(v) for k, v in ins.items()}, wl.quick).float().numpy()
-        assert rel_l2(out, want) < mod.REL_L2_LIMIT
-    finally:
-        sys.modules.pop(spec.name, None)
-        sys.modules.pop("kumiko_bench_cpu", None)
+        import torch
+    except ImportError:
+        return
+    want = wl.torch(torch, {k: torch.from_numpy(v) for k, v in ins.items()}, wl.quick).float().numpy()
+    assert rel_l2(out, want) < bench_gpu.REL_L2_LIMIT
