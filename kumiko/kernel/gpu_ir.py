@@ -49,6 +49,12 @@ class TileRef:
     def c(self) -> str:
         return f"(kt + {self.offset})" if self.in_loop else str(self.offset)
 
+    @property
+    def may_be_first(self) -> bool:
+        """Whether this can be K tile 0, the one that holds K's partial tile (the K tiles are laid out so
+        that the partial one comes first: tile t covers K indices [t * BK - kk_kd, (t + 1) * BK - kk_kd))."""
+        return self.offset <= 0 if self.in_loop else self.offset == 0
+
 
 @dataclass(frozen=True)
 class SmemRing:
@@ -113,7 +119,7 @@ class LoadTile:
     tile: TileRef
     out_token: Token
     pred_rows: bool = True          # rows past M / N are zero-filled (False: a bug, for tests)
-    pred_k: bool = True             # columns past K are zero-filled (False: a bug, for tests)
+    pred_k: bool = True             # K indices before 0 (K tile 0's) are zero-filled (False: a bug, for tests)
 
 
 @dataclass(frozen=True)
@@ -240,7 +246,7 @@ class MmaKernel:
     drain: tuple                    # GpuStmt after the loop (WaitGroup(0) ...)
     epilogue: Epilogue
     store: StGlobal
-    setup: tuple = ()               # loops.Stmt: extents (kk_B, kk_M, kk_N, kk_K) and the batch axes
+    setup: tuple = ()               # loops.Stmt: extents (kk_M, kk_N, kk_K) and the batch axes
     decl_m: tuple = ()              # loops.Stmt: declare the M axes from ``kk_gm``
     decl_n: tuple = ()              # loops.Stmt: declare the N axes from ``kk_gn``
     notes: tuple = ()

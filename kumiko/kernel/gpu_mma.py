@@ -173,8 +173,8 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
     ld_y, lay_y = _operand(lo, c, "y", "sB", allow_ks=True)
     ring_x = SmemRing("sA", "x", "sk", bm, bk, PAD, stages)
     ring_y = SmemRing("sB", "y", lay_y, bk if lay_y == "ks" else bn, bn if lay_y == "ks" else bk, PAD, stages)
-    setup: list = [Decl("const long long", "kk_B", extent(lo, c.batch)),
-                   Decl("const long long", "kk_M", extent(lo, c.m_axes)),
+    # the batch is the grid's z (its axes are decomposed from blockIdx.z below)
+    setup: list = [Decl("const long long", "kk_M", extent(lo, c.m_axes)),
                    Decl("const long long", "kk_N", extent(lo, c.n_axes)),
                    Decl("const long long", "kk_K", extent(lo, tuple(a.name for a in c.k_axes)))]
     decompose(lo, "(long long)blockIdx.z", c.batch, setup)

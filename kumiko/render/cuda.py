@@ -71,60 +71,59 @@ class _MmaRenderer:
         self.rings = {r.operand: r for r in k.rings}
         dt = next(s.mma.dtype for s in k.loop.body if isinstance(s, (Compute, MmaFrag)))
         self.cvt = "kk_f2b" if dt == "bf16" else "kk_f2h"      # the gather's float -> the MMA's 16-bit type
+        self.aligned = False    # rendering the K loop's version where every vector operand is 16-byte aligned
 
     # loads -------------------------------------------------------------------------------------------
     def load_operand(self, ld: OperandLoad, s: LoadTile, pad: str) -> list[str]:
+        """One operand's copy of K tile ``s.tile`` into its ring stage: 16-byte cp.async chunks in the loop
+        version for aligned operands (``self.aligned``), else the scalar gather through the index map."""
+        k, ring = self.k, self.rings[ld.operand]
+        head = [f"{pad}{{",
+                f"{pad}  uint16_t* const kk_d{ld.operand} = {ring.name} + ({s.tile.c()} % {k.stages}) * "
+                f"{ring.stage_elems};"]
+        body = self.copies(ld, s, pad + "  ") if ld.vec is not None and self.aligned else self.gather(ld, s, pad + "  ")
+        return head + body + [f"{pad}}}"]
+
+    def copies(self, ld: OperandLoad, s: LoadTile, ind: str) -> list[str]:
+        """The thread's 16-byte chunks of the tile. The contiguous extent is a multiple of 8 (``vec.aligned``)
+        and chunks start at multiples of 8, so a chunk is wholly inside or wholly outside: 16 bytes or none,
+        never a partial src-size (which costs ptxas address arithmetic per copy), and a chunk of none reads
+        nothing, so its address may lie outside the operand. Only K tile 0 can hold K indices outside
+        [0, K) (before 0: ``kk_kd`` of them), so the K loop's copies test the loop-invariant row bounds alone."""
+        o, ring = ld.operand, self.rings[ld.operand]
+        sk = ring.layout == "sk"
+        ch, _, rows = self.chunks(ld)
+        first = s.pred_k and s.tile.may_be_first        # K's partial tile: indices before 0 are zero-filled
+        if sk:      # rows are the operand's M/N (rows left below chunk 0: kk_l), columns K (one per thread)
+            conds = ([f"kk_l{o} > kk_i * {rows}"] if s.pred_rows else []) + ([f"kk_c0{o} >= kk_kd"] if first else [])
+            count = f"({' && '.join(conds)}) ? 8 : 0" if conds else "8"
+        else:       # rows are K, columns the operand's N (the chunk's valid halves: kk_l)
+            full = f"kk_l{o}" if s.pred_rows else "8"
+            count = f"kk_r >= kk_kd ? {full} : 0" if first else full
+        return [f"{ind}const uint16_t* const kk_src = kk_p{o} + (long long){s.tile.c()} * kk_ks{o};",
+                f"{ind}#pragma unroll",
+                f"{ind}for (int kk_i = 0; kk_i < {ch}; ++kk_i) {{",
+                f"{ind}  const int kk_r = kk_r0{o} + kk_i * {rows}, kk_cc = kk_c0{o};",
+                f"{ind}  const int kk_n = {count};",
+                f"{ind}  cp_async_16(kk_d{o} + kk_r * {ring.ld} + kk_cc, kk_src + kk_i * kk_q{o}, kk_n * 2);",
+                f"{ind}}}"]
+
+    def gather(self, ld: OperandLoad, s: LoadTile, ind: str) -> list[str]:
+        """Element by element through the operand's index map, zero outside it (any alignment)."""
         k, ring = self.k, self.rings[ld.operand]
         s0 = "m0" if ld.operand == "x" else "n0"
         sk = ring.layout == "sk"
-        d = f"kk_d{ld.operand}"
-        out = [f"{pad}{{",
-               f"{pad}  uint16_t* const {d} = {ring.name} + ({s.tile.c()} % {k.stages}) * {ring.stage_elems};"]
         gs = f"{s0} + {'kk_r' if sk else 'kk_cc'}"
         gk = f"kk_k0 + {'kk_cc' if sk else 'kk_r'}"
-        ind = pad + "  "
-        if ld.vec is not None:
-            o, step = ld.operand, ld.vec.k_step
-            ch, _, rows = self.chunks(ld)
-            # on this path the contiguous extent is a multiple of 8 (``vec.aligned``) and chunks start at
-            # multiples of 8, so a chunk is wholly inside or wholly outside: 16 bytes or none, never a
-            # partial src-size (which costs ptxas address arithmetic per copy)
-            if sk:      # rows are the operand's M/N (rows left below chunk 0: kk_l), columns K
-                lim = f"({ld.k_extent} > kk_gk ? 8 : 0)" if s.pred_k else "8"
-                n = f"({f'kk_l{o} > kk_i * {rows}' if s.pred_rows else 'true'}) ? {lim} : 0"
-            else:       # rows are K, columns the operand's N (the chunk's valid halves: kk_l)
-                n = f"({f'kk_gk < {ld.k_extent}' if s.pred_k else 'true'}) ? {f'kk_l{o}' if s.pred_rows else '8'} : 0"
-            whole = (f"kk_l{o} > kk_i * {rows} ? 8 : 0" if sk else f"kk_l{o}") if s.pred_rows else "8"
-
-            def copies(count: str, pad: str) -> list[str]:
-                gk = ([f"{pad}  const long long kk_gk = kk_k0 + {'kk_cc' if sk else 'kk_r'};"]
-                      if "kk_gk" in count else [])      # the K clamp's column (the K tail tile only)
-                return [f"{pad}#pragma unroll",
-                        f"{pad}for (int kk_i = 0; kk_i < {ch}; ++kk_i) {{",
-                        f"{pad}  const int kk_r = kk_r0{o} + kk_i * {rows}, kk_cc = kk_c0{o};",
-                        *gk,
-                        f"{pad}  const int kk_n = {count};",
-                        f"{pad}  cp_async_16({d} + kk_r * {ring.ld} + kk_cc, "
-                        f"kk_n > 0 ? kk_src + kk_i * kk_q{o} : {ld.vec.buf}, kk_n * 2);",
-                        f"{pad}}}"]
-            # a tile wholly inside K needs only the loop-invariant row bounds; the K tail tile clamps
-            out += [f"{ind}if (kk_vec_{o}) {{",
-                    f"{ind}  const uint16_t* const kk_src = kk_p{o} + kk_k0 * {step};",
-                    f"{ind}  if (kk_k0 + {self.bk} <= {ld.k_extent}) {{  // a whole K tile"]
-            out += copies(whole, ind + "    ")
-            out += [f"{ind}  }} else {{"] + copies(n, ind + "    ") + [f"{ind}  }}", f"{ind}}} else {{"]
-            ind += "  "
-        conds = ([f"kk_gs < {ld.s_extent}"] if s.pred_rows else []) + ([f"kk_gk < {ld.k_extent}"] if s.pred_k else [])
-        out += [f"{ind}for (int kk_i = tid; kk_i < {ring.rows * ring.cols}; kk_i += {k.threads}) {{",
-                f"{ind}  const int kk_r = kk_i / {ring.cols}, kk_cc = kk_i % {ring.cols};",
-                f"{ind}  const long long kk_gs = {gs}, kk_gk = {gk};",
-                f"{ind}  float kk_v = 0.0f;",
-                f"{ind}  if ({' && '.join(conds) or 'true'}) {{"]
+        first = s.pred_k and s.tile.may_be_first
+        conds = ([f"kk_gs < {ld.s_extent}"] if s.pred_rows else []) + (["kk_gk >= 0"] if first else [])
+        out = [f"{ind}for (int kk_i = tid; kk_i < {ring.rows * ring.cols}; kk_i += {k.threads}) {{",
+               f"{ind}  const int kk_r = kk_i / {ring.cols}, kk_cc = kk_i % {ring.cols};",
+               f"{ind}  const long long kk_gs = {gs}, kk_gk = {gk};",
+               f"{ind}  float kk_v = 0.0f;",
+               f"{ind}  if ({' && '.join(conds) or 'true'}) {{"]
         out += _code(ld.decl_s + ld.decl_k + ld.gather, len(ind) // 2 + 2)
-        out += [f"{ind}  }}", f"{ind}  {d}[kk_r * {ring.ld} + kk_cc] = {self.cvt}(kk_v);", f"{ind}}}"]
-        if ld.vec is not None:
-            out.append(f"{pad}  }}")
-        out.append(f"{pad}}}")
+        out += [f"{ind}  }}", f"{ind}  kk_d{ld.operand}[kk_r * {ring.ld} + kk_cc] = {self.cvt}(kk_v);", f"{ind}}}"]
         return out
 
     def chunks(self, ld: OperandLoad) -> tuple[int, int, int]:
@@ -136,30 +135,34 @@ class _MmaRenderer:
         return ring.rows * cpr // self.k.threads, cpr, self.k.threads // cpr
 
     def chunk_setup(self, ld: OperandLoad) -> list[str]:
-        """Before the K loop: the thread's first cp.async chunk (ring row ``kk_r0X``, column ``kk_c0X``),
-        its tile-0 source address ``kk_pX`` (the operand's index map at K = 0), the address step
-        ``kk_qX`` between its chunks, and the loop-invariant bound ``kk_lX``: rows of M/N left below
-        chunk 0 (``sk``) or the chunk's valid halves, 8 or 0 (``ks``: all chunks share the column). Addresses are
-        formed for every chunk; only the loads' predicates decide what is read."""
+        """Before the K loop: the thread's first cp.async chunk (ring row ``kk_r0X``, column ``kk_c0X``), its
+        tile-0 source address ``kk_pX`` (the operand's index map at K = -kk_kd, where tile 0 starts), the
+        address step ``kk_qX`` between its chunks, ``kk_ksX`` between K tiles, and the loop-invariant bound
+        ``kk_lX``: rows of M/N left below chunk 0, clamped to the tile (``sk``), or the chunk's valid halves,
+        8 or 0 (``ks``: all chunks share the column). Addresses are formed for every chunk; only the loads'
+        predicates decide what is read."""
         o, sk, vec = ld.operand, self.rings[ld.operand].layout == "sk", ld.vec
         s0 = "m0" if o == "x" else "n0"
         _, cpr, rows = self.chunks(ld)
-        bound = (f"const long long kk_l{o} = {ld.s_extent} - kk_gs{o};" if sk
+        cap = self.bm if o == "x" else self.bn
+        bound = (f"const int kk_l{o} = (int)max(0LL, min({ld.s_extent} - kk_gs{o}, {cap}LL));" if sk
                  else f"const int kk_l{o} = {ld.s_extent} > kk_gs{o} ? 8 : 0;  // whole chunks (vec.aligned)")
         out = [f"  const int kk_r0{o} = tid / {cpr}, kk_c0{o} = (tid % {cpr}) * 8;",
                f"  const long long kk_q{o} = (long long){rows} * {vec.s_step if sk else vec.k_step};",
+               f"  const long long kk_ks{o} = (long long){self.bk} * {vec.k_step};  // one K tile",
                f"  const uint16_t* kk_p{o};",
                f"  const long long kk_gs{o} = {s0} + {f'kk_r0{o}' if sk else f'kk_c0{o}'};",
                f"  {bound}",
                "  {",
-               f"    const long long kk_gs = kk_gs{o}, kk_gk = {f'kk_c0{o}' if sk else f'kk_r0{o}'};"]
+               f"    const long long kk_gs = kk_gs{o}, kk_gk = {f'kk_c0{o}' if sk else f'kk_r0{o}'} - kk_kd;"]
         out += _code(ld.decl_s + ld.decl_k, 2)
         out += [f"    kk_p{o} = {vec.buf} + {vec.offset};", "  }"]
         return out
 
     def load_tile(self, s: LoadTile, pad: str) -> list[str]:
-        out = [f"{pad}if ({s.tile.c()} < KT) {{  // {s.out_token.kind} {s.out_token.name}[{s.tile.c()}]",
-               f"{pad}  const long long kk_k0 = (long long){s.tile.c()} * {self.bk};"]
+        out = [f"{pad}if ({s.tile.c()} < KT) {{  // {s.out_token.kind} {s.out_token.name}[{s.tile.c()}]"]
+        if any(ld.vec is None or not self.aligned for ld in self.k.loads):      # a gather's K index
+            out.append(f"{pad}  const long long kk_k0 = (long long){s.tile.c()} * {self.bk} - kk_kd;")
         for ld in self.k.loads:
             out += self.load_operand(ld, s, pad + "  ")
         out.append(f"{pad}}}")
@@ -348,13 +351,20 @@ class _MmaRenderer:
         out += ["    }", "  }", "  }"]
         return out
 
+    def main_loop(self, pad: str) -> list[str]:
+        """The prologue's loads, the K loop and the drain."""
+        k = self.k
+        return self.stmts(k.prologue, pad) + self.stmts((k.loop,), pad) + self.stmts(k.drain, pad)
+
     def render(self) -> str:
         k = self.k
         ra, rb = self.rings["x"], self.rings["y"]
         out = [f"// {n}" for n in k.notes]
         out += [f"// plan: tile {k.tile[0]}x{k.tile[1]}x{k.tile[2]}, warps {k.warps[0]}x{k.warps[1]}, "
                 f"{k.stages} stages, smem {k.smem_bytes} B",
-                f"extern \"C\" __global__ void __launch_bounds__({k.threads}) {k.name}({_params(k.params)}) {{",
+                # min. 1 CTA per SM: ptxas allocates what the kernel needs (left to its own occupancy target,
+                # it capped conv_relu_maxpool's 64x64 kernel at 128 registers and spilled 4-8 bytes)
+                f"extern \"C\" __global__ void __launch_bounds__({k.threads}, 1) {k.name}({_params(k.params)}) {{",
                 "  extern __shared__ __align__(128) unsigned char kk_smem[];",
                 f"  uint16_t* const {ra.name} = reinterpret_cast<uint16_t*>(kk_smem);",
                 f"  uint16_t* const {rb.name} = {ra.name} + {k.stages * ra.stage_elems};",
@@ -374,7 +384,9 @@ class _MmaRenderer:
         else:
             mo, no = "blockIdx.y", "blockIdx.x"
         out += [f"  const long long m0 = (long long){mo} * {self.bm}, n0 = (long long){no} * {self.bn};",
-                f"  const int KT = (int)((kk_K + {self.bk - 1}) / {self.bk});"]
+                f"  const int KT = (int)((kk_K + {self.bk - 1}) / {self.bk});",
+                f"  const int kk_kd = (int)(({self.bk} - kk_K % {self.bk}) % {self.bk});  "
+                "// K tiles start kk_kd before 0: the partial one is the first"]
         for ld in k.loads:
             if ld.vec is not None:
                 out.append(f"  const bool kk_vec_{ld.operand} = {ld.vec.aligned};")
@@ -387,9 +399,20 @@ class _MmaRenderer:
                 "      #pragma unroll", "      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;"]
         if k.fragment_sets == 2:
             out.append(f"  uint32_t kk_fa[2][{self.mt}][4], kk_fb[2][{self.nt}][2];  // fragments, double-buffered")
-        out += self.stmts(k.prologue, "  ")
-        out += self.stmts((k.loop,), "  ")
-        out += self.stmts(k.drain, "  ")
+        vec = [f"kk_vec_{ld.operand}" for ld in k.loads if ld.vec is not None]
+        if vec:
+            # the K loop twice: with every vector operand 16-byte aligned (the case that matters) its loop has
+            # only cp.async copies, with no runtime alignment test nor scalar gather for ptxas to allocate
+            # and schedule around; otherwise every operand is gathered element by element
+            self.aligned = True
+            out.append(f"  if ({' && '.join(vec)}) {{")
+            out += self.main_loop("    ")
+            self.aligned = False
+            out.append("  } else {  // an operand's rows are not 16-byte aligned")
+            out += self.main_loop("    ")
+            out.append("  }")
+        else:
+            out += self.main_loop("  ")
         out += self.epilogue()
         out += ["}", f"KUMIKO_ENTRY({k.name})"]
         return "\n".join(out)

@@ -281,3 +281,32 @@ def test_rasterised_grid_and_paired_stores(gpu_cache):
     with pytest.raises(KumikoError) as e:
         validate_gpu_plan(plan.with_(layout_hints={"group_m": 0}), r, syms)
     assert e.value.code == "E1801" and "group_m" in e.value.why
+
+
+@needs_gxx
+def test_k_loop_versions_by_operand_alignment(gpu_cache):
+    """The K loop is rendered twice: where every vector operand's rows are 16-byte aligned, a version with
+    only cp.async copies (no scalar gather, no alignment test inside); otherwise one that gathers every
+    operand element by element. K's partial tile is tile 0 (the tiles start ``kk_kd`` before K = 0), so
+    only the prologue's first load tests K and the loop's copies test the row bounds alone. Each version
+    is run on the emulator against the evaluator, including the mixed cases (A aligned and B not, and the
+    reverse) and M, N, K tails, with ASan (a chunk outside M or K has src-size 0 and an address outside
+    the operand, which must not be read)."""
+    g = graph("gemm_bias_relu", "fp16")
+    c = compile_cuda(g.tiny)
+    _, _, rest = c.source.partition("  if (kk_vec_x && kk_vec_y) {")
+    aligned, _, general = rest.partition("  } else {  // an operand's rows are not 16-byte aligned")
+    assert aligned and general, "both versions are rendered"
+    assert "cp_async_16(" in aligned and "kk_v =" not in aligned and "if (kk_vec_" not in aligned
+    prologue, _, loop = aligned.partition("for (int kt = 0; kt < KT; ++kt)")
+    assert "kk_c0x >= kk_kd" in prologue and "kk_r >= kk_kd" in prologue     # tile 0 zero-fills K < 0
+    assert "kk_kd ?" not in loop and ">= kk_kd" not in loop and "kk_K" not in loop
+    general = general.split("// epilogue")[0]
+    assert "cp_async_16(" not in general and "kk_v = " in general and "kk_gk >= 0" in general
+    for sizes in ({"M": 133, "N": 136, "K": 72},       # both aligned, M tail
+                  {"M": 64, "N": 133, "K": 72},        # A aligned, B's rows (N) not
+                  {"M": 70, "N": 136, "K": 75},        # B aligned, A's rows (K) not
+                  {"M": 129, "N": 130, "K": 37}):      # neither
+        for emu in ("deferred", "asan"):
+            errs = run_and_compare(c, g, emu, 11, sizes)
+            assert max(errs.values()) < 1e-2, (sizes, emu, errs)
