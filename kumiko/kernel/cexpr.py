@@ -95,11 +95,27 @@ def load(buf: str, off: str, dt: dtypes.DType) -> str:
     return raw
 
 
+def _call_arg(v: str, fn: str) -> str | None:
+    """``X`` when ``v`` is exactly the call ``fn(X)``, else None."""
+    if not (v.startswith(fn + "(") and v.endswith(")")):
+        return None
+    depth = 0
+    for i, ch in enumerate(v[len(fn):], len(fn)):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0:
+            return v[len(fn) + 1:-1] if i == len(v) - 1 else None
+    return None
+
+
 def store_value(v: str, dt: dtypes.DType) -> str:
+    """The value ``v`` (a compute-type expression) as the stored type; a value that was just widened from
+    that 16-bit type (a cast to it, a load of it) is stored as the 16 bits it came from."""
     if dt.name == "fp16":
-        return f"kk_f2h({v})"
+        inner = _call_arg(v, "kk_h2f")
+        return inner if inner is not None else f"kk_f2h({v})"
     if dt.name == "bf16":
-        return f"kk_f2b({v})"
+        inner = _call_arg(v, "kk_b2f")
+        return inner if inner is not None else f"kk_f2b({v})"
     if dt.name == "bool":
         return f"(unsigned char)(({v}) != 0)"
     return v

@@ -270,13 +270,12 @@ class _MmaRenderer:
                 "  #pragma unroll", f"  for (int mt = 0; mt < {self.mt}; ++mt)",
                 "    #pragma unroll", f"    for (int nt = 0; nt < {self.nt}; ++nt)"]
 
-    def fragment_pairs(self, stores: list[tuple[Store, str]]) -> list[str]:
+    def fragment_pairs(self, stores: list[tuple[Store, str]], conds: list[str]) -> list[str]:
         """``StGlobal.width == 2``: a lane's fragment elements e = 2h, 2h + 1 are columns 2t, 2t + 1 of
-        one row, so both are computed first (each under its own predicate), then stored by one
+        one row, so both are computed first (each under its own predicate: ``conds``), then stored by one
         ``st_global_v2`` when both are in bounds, the second lands right after the first (the output's
         layout, checked at run time) and the address is aligned to the pair; else one store each."""
-        k, st = self.k, self.k.store
-        conds = (["kk_gm < kk_M"] if st.pred_rows else []) + (["kk_gn < kk_N"] if st.pred_cols else [])
+        k = self.k
         captured = []
         j = 0
         for x in k.epilogue.code:
@@ -319,10 +318,16 @@ class _MmaRenderer:
         out = [f"  // epilogue {list(e.ops)} ({e.mode}): consumes {e.in_token.name}, produces {e.out_token.name}; "
                f"st.global consumes {st.in_token.name}"]
         stores = self.pairs() if e.mode == "fragment" and st.width == 2 else None
+        conds = (["kk_gm < kk_M"] if st.pred_rows else []) + (["kk_gn < kk_N"] if st.pred_cols else [])
         if stores is not None:
-            return out + self.fragment_pairs(stores)
+            if not conds:
+                return out + self.fragment_pairs(stores, conds)
+            # a tile wholly inside M and N (all but the last row and column of tiles) stores without a bound
+            # test; its pairs' layout and alignment are still checked
+            return (out + [f"  if (m0 + {self.bm} <= kk_M && n0 + {self.bn} <= kk_N) {{  // an interior tile"]
+                    + ["  " + x for x in self.fragment_pairs(stores, [])] + ["  } else {"]
+                    + ["  " + x for x in self.fragment_pairs(stores, conds)] + ["  }"])
         if e.mode == "fragment":
-            conds = (["kk_gm < kk_M"] if st.pred_rows else []) + (["kk_gn < kk_N"] if st.pred_cols else [])
             out += ["  {"] + frag + [f"        const long long kk_gm = m0 + {row};",
                                      f"        const long long kk_gn = n0 + {col};",
                                      f"        if ({' && '.join(conds) or 'true'}) {{"]

@@ -310,3 +310,23 @@ def test_k_loop_versions_by_operand_alignment(gpu_cache):
         for emu in ("deferred", "asan"):
             errs = run_and_compare(c, g, emu, 11, sizes)
             assert max(errs.values()) < 1e-2, (sizes, emu, errs)
+
+
+@needs_gxx
+def test_interior_tiles_store_without_bound_tests(gpu_cache):
+    """A CTA whose tile lies inside M and N runs the fragment epilogue without bound tests; the others keep
+    them. The plain fp16 GEMM (its cast to fp16 is stored as is, not rounded twice) at sizes with interior,
+    edge and corner tiles, odd N (pairs misaligned on every other row) among them, against the evaluator."""
+    a, b = Tensor.input("A", ("M", "K"), dtype="fp16"), Tensor.input("B", ("K", "N"), dtype="fp16")
+    g = (a @ b).graph("y", name="gemm")
+    c = compile_cuda(g.tiny)
+    assert c.kernels[0].tile[:2] == (128, 128)
+    epi = c.source.split("// epilogue")[1]
+    interior, _, edge = epi.partition("  } else {")
+    assert "if (m0 + 128 <= kk_M && n0 + 128 <= kk_N) {  // an interior tile" in interior
+    assert "kk_ok[kk_h] = true;" in interior and "kk_gm < kk_M && kk_gn < kk_N" in edge
+    assert "kk_sv0[kk_h] = kk_f2h((float)(kk_acc));" in interior       # no kk_f2h(kk_h2f(...)) round trip
+    for sizes in ({"M": 300, "N": 264, "K": 40}, {"M": 260, "N": 259, "K": 24}):
+        for emu in ("deferred", "asan"):
+            errs = run_and_compare(c, g, emu, 13, sizes)
+            assert max(errs.values()) < 1e-2, (sizes, emu, errs)
