@@ -69,11 +69,12 @@ def _panel_extents(c, lo: CpuLowering) -> tuple[int | None, int | None]:
     """How many rows the packed A panels hold and how wide the B side is (the M and N axes, swapped when
     the operands swap), each when it is a compile-time constant."""
     _, _, swapped = panel_sides(c, lo.memrefs, 1, 1)
+    sizes = {**lo.sizes, **{a.name: a.size for a in (c.outer.axes if c.outer is not None else ())}}
 
     def extent(axes) -> int | None:
         n = 1
-        for a in axes:
-            v = Expr.lift(lo.sizes[a]).as_int()
+        for a in axes:             # the M side holds the outer window axes, which the region reduces over
+            v = Expr.lift(sizes[a]).as_int()
             if v is None:
                 return None
             n *= v

@@ -154,3 +154,15 @@ def test_conv_weights_get_the_row_tile_that_divides_them():
     want = kumiko.compile(g, "eval")(**ins)["y"]
     got = exe(**ins)["y"]
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4), (5, 7, 9)])
+def test_window_over_the_m_axis_gets_a_plan(shape):
+    """A reduction over one of a contraction's M axes (max over axis 1 of x @ y) makes it an outer window:
+    the chooser sizes the M side with the window's axes too (it used to look them up among the region's
+    sizes and raise KeyError; found by test_random_graphs)."""
+    x, y = Tensor.input("x", shape), Tensor.input("y", (shape[2], 5))
+    g = (x @ y).max(axis=1).graph("o", name="window_m")
+    exe = kumiko.compile(g, "cpu")
+    ins = exe.random_inputs(3)
+    np.testing.assert_allclose(exe(**ins)["o"], kumiko.compile(g, "eval")(**ins)["o"], rtol=1e-5, atol=1e-5)
