@@ -17,6 +17,7 @@ a global scratch array and a SIMT kernel for the rest (``gpu_simt``).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kumiko import dtypes
@@ -194,9 +195,11 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
         lo.storage = {"__acc": ("scalar", "kk_acc")}
         lo.ty.lets["__acc"] = VType(dtypes.fp32, ())
         lo.red_axes = list(window)
-        wcode: list = list(decl_m_w)
-        fv = lo.expr(c.f, wcode, c.outer.dtype)
-        wcode.append(Decl("const float", "kk_f", fv))
+        body: list = []
+        fv = lo.expr(c.f, body, c.outer.dtype)
+        body.append(Decl("const float", "kk_f", fv))
+        used = " ".join(repr(x) for x in body)      # a window axis is declared where the window row's code uses it
+        wcode = [d for d in decl_m_w if re.search(rf"\b{d.name}\b", used)] + body
         outer_let = next(x.name for x in lo.r.lets if x.expr == c.outer)
         code = _epilogue_code(lo, c, "kk_red", outer_let)
         ws = 1
