@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Static instruction counts of kumiko's generated fp16 GEMM, from its SASS: no GPU needed.
 
-Builds the GEMM ``y = A @ B`` (fp16, symbolic M, N, K: the kernel ``bench_gpu.py`` times) under each MMA tile
+Builds bench_gpu.py's fp16 GEMM ``y = A @ B`` (symbolic M, N, K: the kernel it times) under each MMA tile
 given, with nvcc for each arch, disassembles the cubin with ``nvdisasm`` and prints, per tile and arch:
 
 - ptxas's registers per thread;
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path[:0] = [str(HERE.parent), str(HERE)]     # kumiko from this checkout; bench_gpu beside this script
 
 DEFAULT_TILES = "128x128x32/64x64/4/g8/merged"
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
@@ -146,17 +146,15 @@ def epilogue(s: Sass) -> tuple[int, int] | None:
     return min(out, key=lambda p: (-p[0], p[1])) if out else None
 
 
-def build(spec: str, arch: str, keep: Path | None):
-    """The symbolic fp16 GEMM under tile ``spec`` (bench_gpu's syntax) built for ``arch``."""
-    from kumiko import Tensor
-    from kumiko.runtime.target_cuda_gpu import compile_cuda_gpu
-    sys.path.insert(0, str(HERE))
+def build(tiny, spec: str, arch: str, keep: Path | None):
+    """The program ``tiny`` with its MMA regions under tile ``spec`` (bench_gpu's syntax), built for ``arch``:
+    the chosen plans come from the emulator target's compile (no nvcc), the tile replaces theirs."""
     from bench_gpu import apply_tile
 
-    a, b = Tensor.input("A", ("M", "K"), dtype="fp16"), Tensor.input("B", ("K", "N"), dtype="fp16")
-    tiny = (a @ b).graph("y", name="gemm").tiny
-    base = compile_cuda_gpu(tiny, gpu_arch=arch)
-    plans = {n: apply_tile(p, spec) for n, p in base.compiled.plans.items() if p.algo == "mma"}
+    from kumiko.runtime.target_cuda import compile_cuda
+    from kumiko.runtime.target_cuda_gpu import compile_cuda_gpu
+
+    plans = {n: apply_tile(p, spec) for n, p in compile_cuda(tiny).plans.items() if p.algo == "mma"}
     got = compile_cuda_gpu(tiny, plans=plans, gpu_arch=arch)
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
@@ -176,12 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     if nvdisasm is None:
         print("sass_count: no nvdisasm (give --nvdisasm, or pip install nvidia-cuda-nvdisasm)", file=sys.stderr)
         return 2
+    from bench_gpu import WORKLOADS
+    wl = WORKLOADS["gemm-4096"]
+    tiny = wl.graph(wl.sizes).tiny          # symbolic M, N, K: the sizes are the run's, not the kernel's
     print("| tile | arch | registers | K loop: HMMA | LDSM | LDGSTS | other | NOP | epilogue: pairs | instructions |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for spec in [t for t in args.tiles.split(",") if t]:
         for arch in [a for a in args.arch.split(",") if a]:
             keep = args.keep / f"{spec.replace('/', '_')}_{arch}" if args.keep else None
-            got = build(spec, arch, keep)
+            got = build(tiny, spec, arch, keep)
             with tempfile.TemporaryDirectory() as tmp:
                 cubin = Path(tmp) / "k.cubin"
                 cubin.write_bytes(got.cubin.data)

@@ -71,17 +71,16 @@ class _MmaRenderer:
         self.rings = {r.operand: r for r in k.rings}
         dt = next(s.mma.dtype for s in k.loop.body if isinstance(s, (Compute, MmaFrag)))
         self.cvt = "kk_f2b" if dt == "bf16" else "kk_f2h"      # the gather's float -> the MMA's 16-bit type
-        self.aligned = False    # rendering the K loop's version where every vector operand is 16-byte aligned
 
     # loads -------------------------------------------------------------------------------------------
-    def load_operand(self, ld: OperandLoad, s: LoadTile, pad: str) -> list[str]:
+    def load_operand(self, ld: OperandLoad, s: LoadTile, pad: str, aligned: bool) -> list[str]:
         """One operand's copy of K tile ``s.tile`` into its ring stage: 16-byte cp.async chunks in the loop
-        version for aligned operands (``self.aligned``), else the scalar gather through the index map."""
+        version for aligned operands (``aligned``), else the scalar gather through the index map."""
         k, ring = self.k, self.rings[ld.operand]
         head = [f"{pad}{{",
                 f"{pad}  uint16_t* const kk_d{ld.operand} = {ring.name} + ({s.tile.c()} % {k.stages}) * "
                 f"{ring.stage_elems};"]
-        body = self.copies(ld, s, pad + "  ") if ld.vec is not None and self.aligned else self.gather(ld, s, pad + "  ")
+        body = self.copies(ld, s, pad + "  ") if ld.vec is not None and aligned else self.gather(ld, s, pad + "  ")
         return head + body + [f"{pad}}}"]
 
     def copies(self, ld: OperandLoad, s: LoadTile, ind: str) -> list[str]:
@@ -159,12 +158,12 @@ class _MmaRenderer:
         out += [f"    kk_p{o} = {vec.buf} + {vec.offset};", "  }"]
         return out
 
-    def load_tile(self, s: LoadTile, pad: str) -> list[str]:
+    def load_tile(self, s: LoadTile, pad: str, aligned: bool) -> list[str]:
         out = [f"{pad}if ({s.tile.c()} < KT) {{  // {s.out_token.kind} {s.out_token.name}[{s.tile.c()}]"]
-        if any(ld.vec is None or not self.aligned for ld in self.k.loads):      # a gather's K index
+        if any(ld.vec is None or not aligned for ld in self.k.loads):      # a gather's K index
             out.append(f"{pad}  const long long kk_k0 = (long long){s.tile.c()} * {self.bk} - kk_kd;")
         for ld in self.k.loads:
-            out += self.load_operand(ld, s, pad + "  ")
+            out += self.load_operand(ld, s, pad + "  ", aligned)
         out.append(f"{pad}}}")
         return out
 
@@ -227,11 +226,12 @@ class _MmaRenderer:
                 *self.ldmatrix(s.lda, s.ldb, str(16 * s.kstep), f"kk_fa[{s.buf}]", f"kk_fb[{s.buf}]", pad + "  "),
                 f"{pad}}}"]
 
-    def stmts(self, body, pad: str) -> list[str]:
+    def stmts(self, body, pad: str, aligned: bool = False) -> list[str]:
+        """``aligned``: the K loop's version where every vector operand is 16-byte aligned (loads copy)."""
         out: list[str] = []
         for s in body:
             if isinstance(s, LoadTile):
-                out += self.load_tile(s, pad)
+                out += self.load_tile(s, pad, aligned)
             elif isinstance(s, CommitGroup):
                 out.append(f"{pad}cp_async_commit();")
             elif isinstance(s, WaitGroup):
@@ -247,7 +247,7 @@ class _MmaRenderer:
                 out += self.mmas(s.mma, f"kk_fa[{s.buf}]", f"kk_fb[{s.buf}]", pad)
             elif isinstance(s, KLoop):
                 out.append(f"{pad}for (int {s.var} = 0; {s.var} < KT; ++{s.var}) {{")
-                out += self.stmts(s.body, pad + "  ")
+                out += self.stmts(s.body, pad + "  ", aligned)
                 out.append(f"{pad}}}")
             else:
                 raise TypeError(s)
@@ -356,10 +356,10 @@ class _MmaRenderer:
         out += ["    }", "  }", "  }"]
         return out
 
-    def main_loop(self, pad: str) -> list[str]:
+    def main_loop(self, pad: str, aligned: bool) -> list[str]:
         """The prologue's loads, the K loop and the drain."""
         k = self.k
-        return self.stmts(k.prologue, pad) + self.stmts((k.loop,), pad) + self.stmts(k.drain, pad)
+        return [x for part in (k.prologue, (k.loop,), k.drain) for x in self.stmts(part, pad, aligned)]
 
     def render(self) -> str:
         k = self.k
@@ -409,15 +409,13 @@ class _MmaRenderer:
             # the K loop twice: with every vector operand 16-byte aligned (the case that matters) its loop has
             # only cp.async copies, with no runtime alignment test nor scalar gather for ptxas to allocate
             # and schedule around; otherwise every operand is gathered element by element
-            self.aligned = True
             out.append(f"  if ({' && '.join(vec)}) {{")
-            out += self.main_loop("    ")
-            self.aligned = False
+            out += self.main_loop("    ", True)
             out.append("  } else {  // an operand's rows are not 16-byte aligned")
-            out += self.main_loop("    ")
+            out += self.main_loop("    ", False)
             out.append("  }")
         else:
-            out += self.main_loop("  ")
+            out += self.main_loop("  ", False)
         out += self.epilogue()
         out += ["}", f"KUMIKO_ENTRY({k.name})"]
         return "\n".join(out)
