@@ -46,6 +46,7 @@ sys.path.insert(0, str(HERE.parent))       # run from a checkout without install
 
 import kumiko  # noqa: E402
 from kumiko import Tensor  # noqa: E402
+from kumiko.accuracy import rel_l2  # noqa: E402
 from kumiko.runtime import cpu as kcpu  # noqa: E402
 from kumiko.runtime.flops import count_flops, gflops, largest_value_bytes, measure  # noqa: E402
 from kumiko.symbolic import dim_eval  # noqa: E402
@@ -330,13 +331,6 @@ def kumiko_runner(wl: Workload, graph, target: str, inputs: dict, poison: bool =
         with _env("KUMIKO_SPEC", "0"):
             return exe(**inputs)["y"]
     return run_bare, np.asarray, (cold, warm)
-
-
-def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    if got.shape != ref.shape:
-        return math.inf
-    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 def _time(run: Callable, reps: int, warmup: int, budget_s: float) -> tuple[dict, str]:

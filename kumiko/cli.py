@@ -21,6 +21,7 @@ EPILOG = """\
 examples:
   kumiko run examples/gemm_bias_relu.json
   kumiko run examples/gemm_bias_relu.json --shapes M=128,N=64,K=32 --seed 1 --out y.npz
+  kumiko run examples/attention_causal.json --target cuda-emu --dtype fp16 --emu asan --check
   kumiko dump examples/conv3x3_s2_p1.json --stage frontend,tiny --out dumps/
   kumiko check my_graph.json --json
   kumiko bench examples/gemm_bias_relu.json --shapes M=512,N=512,K=512 --reps 10
@@ -45,16 +46,34 @@ def _shapes(text: str | None) -> dict[str, int]:
     return out
 
 
-def _load(path: str):
+def _load(path: str, dtype: str | None = None):
+    """The graph in ``path``; with ``dtype`` (``--dtype``), every float tensor retyped to it."""
     from kumiko.compiler import load
-    return load(path)
+    from kumiko.frontend.graph import Graph
+    program = load(path)
+    if dtype is None:
+        return program
+    if not isinstance(program, Graph):
+        raise KumikoError("E1010", at="--dtype", why=f"{path} is a Tiny IR dump; --dtype retypes frontend graphs",
+                          suggestion="give the frontend JSON or .kumiko file the dump came from")
+    return program.with_float_dtype(dtype)
+
+
+def _run_options(args: argparse.Namespace) -> dict:
+    """``--emu`` for the cuda-emu target (an emulator configuration), refused elsewhere."""
+    if args.emu is None:
+        return {}
+    if args.target != "cuda-emu":
+        raise KumikoError("E1010", at="--emu", why=f"--emu picks the CUDA emulator's configuration; the target is "
+                          f"{args.target}", suggestion="add --target cuda-emu")
+    return {"emu": args.emu}
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from kumiko.compiler import compile as kcompile
-    program = _load(args.file)
+    program = _load(args.file, args.dtype)
     t0 = time.perf_counter()
-    exe = kcompile(program, target=args.target)
+    exe = kcompile(program, target=args.target, **_run_options(args))
     t_compile = time.perf_counter() - t0
     if args.inputs:
         try:
@@ -68,6 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     outputs = exe(**inputs)
     t_run = time.perf_counter() - t0
+    checks = _check(exe, inputs, outputs) if args.check else None
+    failed = checks is not None and not all(c.ok for c in checks)
     if args.out:
         import io
 
@@ -76,18 +97,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         np.savez(buf, **outputs)
         atomic_write(Path(args.out), buf.getvalue())
     summary = {name: _describe(arr) for name, arr in outputs.items()}
-    if args.json:
-        print(json.dumps({"target": exe.target, "compile_s": round(t_compile, 6), "run_s": round(t_run, 6),
-                          "outputs": summary}, indent=2))
-    else:
-        print(f"{Path(args.file).name}: target {exe.target}, compiled in {t_compile * 1e3:.1f} ms, "
+    target = exe.target + (f" (emulator: {args.emu})" if args.emu else "")
+    if args.json and not failed:        # a mismatch prints one JSON document: the diagnostic, with the table
+        res = {"target": exe.target, "compile_s": round(t_compile, 6), "run_s": round(t_run, 6), "outputs": summary}
+        if args.emu:
+            res["emu"] = args.emu
+        if checks is not None:
+            res["check"] = {c.name: c.to_json() for c in checks}
+        print(json.dumps(res, indent=2))
+    elif not args.json:
+        print(f"{Path(args.file).name}: target {target}, compiled in {t_compile * 1e3:.1f} ms, "
               f"ran in {t_run * 1e3:.1f} ms")
         for name, s in summary.items():
             print(f"  {name}: {s['dtype']}{s['shape']}  min {s['min']:.6g}  max {s['max']:.6g}  "
                   f"mean {s['mean']:.6g}  first {s['first']}")
+        for c in checks or ():
+            print(f"  check {c.name}: relative L2 error {c.rel_l2:.3g} against the evaluator "
+                  f"(bound {c.bound:g} for {c.dtype}): {'ok' if c.ok else 'MISMATCH'}")
         if args.out:
             print(f"  wrote {args.out}")
+    if failed:
+        from kumiko.accuracy import raise_on_mismatch
+        raise_on_mismatch(checks, target, exe.bind({**exe.params, **inputs}))
     return 0
+
+
+def _check(exe, inputs: dict, outputs: dict) -> list:
+    """``--check``: the same inputs through the reference evaluator, each output compared within its dtype's
+    bound (kumiko.accuracy)."""
+    from kumiko.accuracy import compare
+    from kumiko.tiny.evaluate import evaluate
+    inputs = {**exe.params, **inputs}
+    want = evaluate(exe.tiny, inputs, exe.bind(inputs))
+    return compare(outputs, {name: want[name] if name in want else inputs[name] for name in exe.output_names})
 
 
 def _describe(arr: np.ndarray) -> dict:
@@ -99,7 +141,7 @@ def _describe(arr: np.ndarray) -> dict:
 
 def cmd_dump(args: argparse.Namespace) -> int:
     from kumiko.pipeline import dump
-    program = _load(args.file)
+    program = _load(args.file, args.dtype)
     stages = [s.strip() for s in args.stage.split(",") if s.strip()]
     out_dir = Path(args.out) if args.out else None
     if args.format != "json":
@@ -146,7 +188,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from kumiko.compiler import compile as kcompile
     from kumiko.pipeline import dump
     from kumiko.plan.gpu import GPU_ARCHS, describe_gpu_plan
-    program = _load(args.file)
+    program = _load(args.file, args.dtype)
     opts = {"tune": bool(args.tune), "shapes": _shapes(args.shapes)}
     if args.gpu_arch:
         if args.target != "cuda":
@@ -249,7 +291,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.reps < 1 or args.warmup < 0:
         raise KumikoError("E1010", at="bench", why=f"--reps {args.reps} / --warmup {args.warmup}",
                           suggestion="give --reps >= 1 and --warmup >= 0")
-    program = _load(args.file)
+    program = _load(args.file, args.dtype)
     t0 = time.perf_counter()
     exe = kcompile(program, target=args.target)
     t_compile = time.perf_counter() - t0
@@ -291,6 +333,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--shapes", help="sizes for symbolic dims, e.g. M=128,N=64 (overrides the file's defaults)")
     r.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     r.add_argument("--out", help="write the outputs to this .npz (keyed by signature output name)")
+    r.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="store every floating-point tensor as this "
+                   "dtype (e.g. run an fp32 example as fp16, on the tensor-core path of the CUDA targets)")
+    r.add_argument("--check", action="store_true", help="also run the reference evaluator on the same inputs and "
+                   "compare each output (relative L2 error within its dtype's bound: fp32 1e-4, fp16 1e-2, "
+                   "bf16 2e-2, integers exact); a mismatch is diagnostic E1705 (exit 2)")
+    r.add_argument("--emu", choices=("deferred", "eager", "asan"), help="--target cuda-emu: the emulator's "
+                   "configuration (default deferred: cp.async lands at wait_group, round-robin threads; eager: "
+                   "copies land at issue, warp 0 runs ahead between barriers; asan: AddressSanitizer); "
+                   "docs/emulator.md says what each catches")
     r.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     r.set_defaults(fn=cmd_run)
 
@@ -303,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--format", choices=("json", "dot", "svg"), default="json",
                    help="json (default): the stage's dump; dot or svg: a picture of the graph (frontend, tiny); "
                    "svg needs graphviz's dot")
+    d.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="store every floating-point tensor as "
+                   "this dtype")
     d.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     d.set_defaults(fn=cmd_dump)
 
@@ -317,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--dump", help="comma-separated stages to write (needs --out); c writes the generated "
                    "source (.c, or .cu for the CUDA targets, with the cubin for --target cuda)")
     k.add_argument("--out", help="directory for dumps")
+    k.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="store every floating-point tensor as "
+                   "this dtype")
     k.add_argument("--gpu-arch", help="--target cuda: build for this arch (sm_80, sm_90a, ...) with nvcc, "
                    "without a GPU (default: the device's)")
     k.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
@@ -346,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--reps", type=int, default=10, help="timed runs (default 10)")
     b.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
     b.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    b.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="store every floating-point tensor as "
+                   "this dtype")
     b.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     b.set_defaults(fn=cmd_bench)
     return p

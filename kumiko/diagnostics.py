@@ -49,6 +49,10 @@ CODES: dict[str, tuple[str, str]] = {
                                      "against the kernel's signature."),
     "E1704": ("KernelFailed", "A compiled kernel reported an internal error (non-zero status): a code generator "
                               "bug, or sizes the kernel was not built for; report it with the graph and sizes."),
+    "E1705": ("ResultMismatch", "The compiled kernels disagree with the reference evaluator: a compiler bug. "
+                                "On cuda-emu, --emu asan and --emu eager look for an out-of-bounds access or a "
+                                "missing barrier; KUMIKO_DEBUG=4 prints the source; report the graph, target and "
+                                "sizes."),
 }
 
 

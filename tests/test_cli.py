@@ -81,3 +81,57 @@ def test_help(cmd):
     assert r.returncode == 0 and "usage: kumiko" in r.stdout
     if cmd == ["run"]:
         assert "--shapes" in r.stdout and "--target" in r.stdout
+
+
+def test_run_check_against_the_evaluator(capsys):
+    assert main(["run", GEMM, "--shapes", "M=33,N=17,K=9", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "check C2: relative L2 error" in out and "(bound 0.0001 for fp32): ok" in out
+    assert main(["run", GEMM, "--shapes", "M=5,N=6,K=7", "--check", "--json", "--dtype", "bf16"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["outputs"]["C2"]["dtype"] == "bfloat16"
+    assert d["check"]["C2"]["ok"] and d["check"]["C2"]["bound"] == 0.02 and d["check"]["C2"]["dtype"] == "bf16"
+
+
+def test_run_check_reports_a_mismatch_as_e1705(monkeypatch, capsys):
+    """A target that disagrees with the evaluator (simulated: the reference is moved off) is a diagnostic,
+    exit 2, after the table; with --json only the diagnostic is printed, with every output's check."""
+    import importlib
+    ev = importlib.import_module("kumiko.tiny.evaluate")       # kumiko.tiny.evaluate is also a function's name
+    real = ev.evaluate
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: {n: v * 1.01 for n, v in real(*a, **k).items()})
+    assert main(["run", GEMM, "--shapes", "M=8,N=8,K=8", "--check"]) == 2
+    cap = capsys.readouterr()
+    assert "MISMATCH" in cap.out and "E1705 ResultMismatch" in cap.err and "output C2 on cpu" in cap.err
+    assert main(["run", GEMM, "--shapes", "M=8,N=8,K=8", "--check", "--json"]) == 2
+    d = json.loads(capsys.readouterr().out)["diagnostics"][0]
+    assert d["code"] == "E1705" and d["outputs"]["C2"]["ok"] is False and d["sizes"] == {"M": 8, "N": 8, "K": 8}
+
+
+@pytest.mark.parametrize("argv, code, word", [
+    (["run", GEMM, "--emu", "eager"], "E1010", "--target cuda-emu"),          # --emu on the cpu target
+    (["run", GEMM, "--dtype", "i32"], None, "invalid choice"),                # argparse: not a float dtype
+])
+def test_run_option_errors(argv, code, word, capsys):
+    if code is None:
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert word in capsys.readouterr().err
+        return
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert code in err and word in err
+
+
+def test_dtype_refuses_a_tiny_ir_dump(tmp_path, capsys):
+    assert main(["dump", GEMM, "--stage", "tiny", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "gemm_bias_relu.tiny.json"), "--dtype", "fp16"]) == 2
+    err = capsys.readouterr().err
+    assert "E1010" in err and "Tiny IR dump" in err
+
+
+def test_dtype_retypes_dumps(capsys):
+    assert main(["dump", GEMM, "--stage", "frontend", "--dtype", "fp16"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {t["dtype"] for t in d["tensors"].values()} == {"fp16"}

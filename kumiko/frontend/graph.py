@@ -8,10 +8,12 @@ match what was inferred. A Graph that exists is therefore valid, and ``graph.tin
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+import numpy as np
 
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
@@ -223,6 +225,24 @@ class Graph:
         if not isinstance(symbols, Mapping) or not all(isinstance(v, int) for v in symbols.values()):
             raise KumikoError("E1009", at=f"{where}.symbols", why="'symbols' maps size names to ints")
         return Graph.make(inputs, outputs, tensors, nodes, dict(symbols), str(d.get("name", "main")))
+
+    def with_float_dtype(self, dtype: str) -> "Graph":
+        """The same graph with every floating-point tensor (and float param value) stored as ``dtype``:
+        how an fp32 example becomes the fp16 or bf16 program the tensor-core path compiles. Accumulator
+        dtypes (``acc_dtype``) are attributes and stay; an op whose own attributes name a dtype that no
+        longer fits (a Cast to fp32 feeding an fp16 add) is reported by the frontend's checks as usual."""
+        dt = dtypes.lookup(dtype)
+        if dt is None or not dt.is_float or dt.name not in dtypes.USER:
+            raise KumikoError("E1012", at="--dtype", why=f"{dtype!r} is not a floating-point dtype a graph may use",
+                              suggestion="give fp16, bf16 or fp32")
+        d = self.to_json()
+        for t in d["tensors"].values():
+            if dtypes.lookup(t["dtype"]).is_float:
+                t["dtype"] = dt.name
+        g = Graph.from_json(d, f"{self.name} as {dt.name}")
+        params = {k: np.asarray(v).astype(dt.np) if np.asarray(v).dtype.kind == "f" else v
+                  for k, v in self.params.items()}
+        return replace(g, params=params) if params else g
 
     def save(self, path: str | Path) -> None:
         from kumiko.util import atomic_write

@@ -2,15 +2,14 @@
 (plain and AddressSanitizer) built two at a time in the background into a private cache."""
 from __future__ import annotations
 
-import json
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import kumiko
+from kumiko.accuracy import rel_l2  # noqa: F401  (the tests import it from here)
 from kumiko.frontend.graph import Graph
 from kumiko.runtime.target_cuda import CompiledCuda, compile_cuda
 
@@ -26,18 +25,9 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emu
 
 
 def graph(stem: str, dtype: str = "fp16") -> Graph:
-    """An example with every tensor's dtype rewritten (the examples are fp32; MMA needs 16-bit)."""
-    d = json.loads((EXAMPLES / f"{stem}.json").read_text())
-    for t in d["tensors"].values():
-        t["dtype"] = dtype
-    return Graph.from_json(d)
-
-
-def rel_l2(x, ref) -> float:
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    if not np.all(np.isfinite(x)):
-        return float("inf")
-    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+    """An example with every float tensor retyped (the examples are fp32; MMA needs 16-bit), as
+    ``kumiko run --dtype`` does."""
+    return kumiko.load(EXAMPLES / f"{stem}.json").with_float_dtype(dtype)
 
 
 @pytest.fixture(scope="session")

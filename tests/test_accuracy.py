@@ -1,0 +1,66 @@
+"""kumiko.accuracy: the relative L2 error every comparison with the evaluator uses, and the bounds per dtype."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kumiko import dtypes
+from kumiko.accuracy import BOUNDS, bound, compare, raise_on_mismatch, rel_l2
+from kumiko.diagnostics import KumikoError
+
+
+def test_rel_l2_measures_relative_error():
+    want = np.array([3.0, 4.0], np.float32)                  # |want| = 5
+    assert rel_l2(want, want) == 0.0
+    assert rel_l2(np.array([3.0, 4.5], np.float32), want) == pytest.approx(0.1)
+    assert rel_l2(np.zeros(3), np.zeros(3)) == 0.0            # no division by zero
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_value_the_reference_does_not_have_is_infinite_error(bad):
+    got = np.array([1.0, bad, 3.0])
+    assert rel_l2(got, np.array([1.0, 2.0, 3.0])) == float("inf")
+
+
+def test_non_finite_values_the_reference_shares_are_equal():
+    want = np.array([1.0, np.nan, np.inf, -np.inf])
+    assert rel_l2(want.copy(), want) == 0.0
+    assert rel_l2(np.array([1.0, np.nan, -np.inf, -np.inf]), want) == float("inf")   # the wrong infinity
+    assert rel_l2(np.array([1.1, np.nan, np.inf, -np.inf]), want) == pytest.approx(0.1)
+
+
+def test_shape_mismatch_is_infinite_error():
+    assert rel_l2(np.zeros((2, 3)), np.zeros((3, 2))) == float("inf")
+
+
+def test_bounds_follow_the_dtype():
+    assert bound("fp32") == 1e-4 and bound(dtypes.fp16) == 1e-2 and bound(np.dtype(ml_dtypes.bfloat16)) == 2e-2
+    assert bound("i32") == 0.0 and bound(np.dtype(np.bool_)) == 0.0
+    assert set(BOUNDS) == set(dtypes.USER)
+    with pytest.raises(ValueError):
+        bound("fp64")
+
+
+def test_compare_and_the_mismatch_diagnostic():
+    rng = np.random.default_rng(0)
+    want = {"y": rng.standard_normal(64).astype(np.float16), "i": np.arange(4, dtype=np.int32)}
+    close = {"y": (want["y"].astype(np.float32) * 1.001).astype(np.float16), "i": want["i"].copy()}
+    checks = compare(close, want)
+    assert [c.name for c in checks] == ["y", "i"] and all(c.ok for c in checks)
+    raise_on_mismatch(checks, "cpu", {"M": 64})             # nothing to report
+
+    off = {"y": want["y"].copy(), "i": want["i"] + np.array([0, 0, 1, 0], np.int32)}
+    off["y"][5] = np.nan
+    checks = compare(off, want)
+    assert [c.ok for c in checks] == [False, False] and checks[0].nonfinite == 1
+    assert checks[0].to_json()["rel_l2"] == "inf"
+    with pytest.raises(KumikoError) as e:
+        raise_on_mismatch(checks, "cuda-emu", {"M": 64})
+    d = e.value.to_dict()
+    assert d["code"] == "E1705" and d["kind"] == "ResultMismatch" and d["at"] == "output y on cuda-emu"
+    assert "fp16 bound 0.01" in d["why"] and "1 element(s) are NaN or inf" in d["why"]
+    assert d["sizes"] == {"M": 64} and d["outputs"]["i"]["ok"] is False
+
+
+def test_a_missing_output_fails_the_comparison():
+    (c,) = compare({}, {"y": np.ones(3, np.float32)})
+    assert not c.ok and c.nonfinite == 3
