@@ -87,6 +87,18 @@ def _torch_attn(causal):
                                                                          scale=1.0 / math.sqrt(sz["D"]))
 
 
+def _conv(sz):
+    """An fp16 3x3 convolution, stride 1, padding 1, NCHW (a ResNet stage's body): an implicit GEMM whose
+    im2col operand is gathered through the region's index map."""
+    x = Tensor.input("X", ("N", sz["C"], "H", "W"), dtype="fp16")
+    w = Tensor.input("Wt", (sz["Co"], sz["C"], 3, 3), dtype="fp16")
+    return x.conv2d(w, padding=1).graph("y", name="conv3x3")
+
+
+def _conv_flops(sz):
+    return 2.0 * sz["N"] * sz["Co"] * sz["H"] * sz["W"] * sz["C"] * 9
+
+
 def _gemm_flops(sz):
     return 2.0 * sz["M"] * sz["N"] * sz["K"]
 
@@ -127,6 +139,9 @@ WORKLOADS = {w.key: w for w in [
              _attn_flops),
     Workload("attn-causal", "fp16 causal attention B=8 H=16 S=2048 D=64", ATTN, ATTN_QUICK, _attn(True),
              _torch_attn(True), _attn_flops),
+    Workload("conv3x3", "fp16 conv 3x3 s1 p1 N=32 C=128 H=W=56 Co=128 (implicit GEMM)",
+             {"N": 32, "C": 128, "H": 56, "W": 56, "Co": 128}, {"N": 2, "C": 8, "H": 9, "W": 7, "Co": 24}, _conv,
+             lambda t, i, sz: t.nn.functional.conv2d(i["X"], i["Wt"], padding=1), _conv_flops),
     Workload("softmax-8192", "fp16 softmax over the last axis, 8192 x 8192 (memory-bound)", {"M": 8192, "N": 8192},
              {"M": 64, "N": 1000}, _rows("softmax"), _torch_rows("softmax"), _rows_flops),
     Workload("layernorm-8192", "fp16 layernorm over the last axis, 8192 x 8192 (memory-bound)",

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Static instruction counts of kumiko's generated fp16 GEMM, from its SASS: no GPU needed.
 
-Builds bench_gpu.py's fp16 GEMM ``y = A @ B`` (symbolic M, N, K: the kernel it times) under each MMA tile
-given, with nvcc for each arch, disassembles the cubin with ``nvdisasm`` and prints, per tile and arch:
+Builds bench_gpu.py's fp16 GEMM ``y = A @ B`` (symbolic M, N, K: the kernel it times; ``--workload`` picks
+another of its workloads, e.g. ``conv3x3``, the implicit GEMM) under each MMA tile given, with nvcc for each
+arch, disassembles the cubin with ``nvdisasm`` and prints, per tile and arch:
 
 - ptxas's registers per thread;
 - the K loop (the backward branch whose body holds the HMMAs): on the shortest path from its head back to it
@@ -169,14 +170,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", default="sm_80,sm_90a", help="comma-separated GPU archs (default sm_80,sm_90a)")
     p.add_argument("--nvdisasm", default=None, help="nvdisasm to use (default: on PATH)")
     p.add_argument("--keep", type=Path, default=None, help="write each build's k.cu, k.cubin, k.sass here")
+    p.add_argument("--workload", default="gemm-4096", help="bench_gpu.py's workload whose MMA kernel to count "
+                   "(default gemm-4096; conv3x3: the implicit GEMM)")
     args = p.parse_args(argv)
     nvdisasm = args.nvdisasm or shutil.which("nvdisasm")
     if nvdisasm is None:
         print("sass_count: no nvdisasm (give --nvdisasm, or pip install nvidia-cuda-nvdisasm)", file=sys.stderr)
         return 2
     from bench_gpu import WORKLOADS
-    wl = WORKLOADS["gemm-4096"]
-    tiny = wl.graph(wl.sizes).tiny          # symbolic M, N, K: the sizes are the run's, not the kernel's
+    if args.workload not in WORKLOADS:
+        print(f"sass_count: no workload {args.workload!r} (bench_gpu.py has {', '.join(WORKLOADS)})", file=sys.stderr)
+        return 2
+    wl = WORKLOADS[args.workload]
+    tiny = wl.graph(wl.sizes).tiny          # symbolic sizes: the sizes are the run's, not the kernel's
     print("| tile | arch | registers | K loop: HMMA | LDSM | LDGSTS | other | NOP | epilogue: pairs | instructions |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for spec in [t for t in args.tiles.split(",") if t]:

@@ -1454,6 +1454,14 @@ inline void mma_m16n8k16_bf16f32(float (&d)[4], const uint32_t (&a)[4], const ui
   emu::mma_m16n8k16<true>(d, a, b, c, loc);
 }
 inline unsigned lane_id() { return emu::cur("lane_id")->lane; }  // %laneid
+// st.shared.v4.b32: the destination must be this block's shared memory, 16-byte aligned
+inline void st_shared_16(void* smem, uint32_t a, uint32_t b, uint32_t c, uint32_t d, SL loc = SL::current()) {
+  Fiber* f = emu::cur("st.shared.v4.b32");
+  if (emu::rt.aborting) return;
+  emu::check_shared(smem, 16, 16, "st_shared_16 destination", f, loc);
+  const uint32_t v[4] = {a, b, c, d};
+  std::memcpy(smem, v, 16);
+}
 }  // namespace ptx
 }  // namespace emu
 

@@ -17,6 +17,7 @@
 //   warp_sum_f32 / warp_max_f32(v)          warp: butterfly reductions (every lane gets the result)
 //   pack_half2 / pack_bfloat162(lo, hi) -> uint32_t; unpack_half2 / unpack_bfloat162(u) -> float2
 //   st_global_v2(p, lo, hi)                 one store of two adjacent uint16_t (b32) or floats (v2.f32)
+//   st_shared_16(smem, a, b, c, d)          st.shared.v4.b32: 16 bytes (a at the lowest address), 16-byte aligned
 //   lane_id(), warp_id()
 // Fragment layouts are the PTX ISA's (see cuda_emu.h next to each emulation for the formulas).
 #ifndef KUMIKO_CUDA_CUH
@@ -40,6 +41,7 @@ using emu::ptx::ldmatrix_x4_trans;
 using emu::ptx::mma_m16n8k16_f16f32;
 using emu::ptx::mma_m16n8k16_bf16f32;
 using emu::ptx::lane_id;
+using emu::ptx::st_shared_16;
 
 #elif defined(__CUDACC__)
 // ---------------------------------------------------------------- a GPU (nvcc or NVRTC, sm_80+)
@@ -66,6 +68,11 @@ __device__ __forceinline__ void cp_async_8(void* smem, const void* gmem, int src
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes = 4) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(kumiko_smem_u32(smem)), "l"(gmem),
                "r"(src_bytes) : "memory");
+}
+// st.shared.v4.b32: four 32-bit words to 16-byte-aligned shared memory in one access (STS.128)
+__device__ __forceinline__ void st_shared_16(void* smem, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(kumiko_smem_u32(smem)), "r"(a), "r"(b), "r"(c),
+               "r"(d) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>

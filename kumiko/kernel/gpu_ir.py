@@ -107,10 +107,12 @@ class OperandLoad:
     ring: str
     s_extent: str                   # C expression: rows of the operand (M or N, flattened)
     k_extent: str                   # C expression: K (flattened)
-    decl_s: tuple                   # loops.Stmt: declare the operand's s axes from ``kk_gs``
+    decl_s: tuple                   # loops.Stmt: declare the operand's s axes from ``kk_s<operand>``
     decl_k: tuple                   # loops.Stmt: declare the K axes from ``kk_gk``
     gather: tuple                   # loops.Stmt computing the value ``kk_v`` (float) at the point
     vec: VecAccess | None = None
+    run_k: tuple = ()               # loops.Stmt: the K axes from ``kk_gk`` as mutable counters ...
+    advance_k: str = ""             # ... and the C statement that moves them to the next K index
 
 
 @dataclass(frozen=True)

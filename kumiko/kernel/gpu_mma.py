@@ -48,6 +48,7 @@ from kumiko.kernel.gpu_ir import (
 from kumiko.kernel.gpu_simt import decompose, extent, kernel_params
 from kumiko.kernel.loops import Assign, Decl, Store
 from kumiko.kernel.lower_cpu import CpuLowering
+from kumiko.kernel.pack import advance_counter
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Read, Ref, Region, RExpr, VType
 from kumiko.symbolic import Expr
@@ -121,9 +122,12 @@ def _operand(lo: CpuLowering, c: Contraction, side: str, ring: str, allow_ks: bo
     window = tuple(a.name for a in c.outer.axes) if c.outer is not None else ()
     lo.red_axes = list(k_axes) + list(window)
     decl_s: list = []
-    decompose(lo, "kk_gs", s_axes, decl_s)
+    decompose(lo, f"kk_s{side}", s_axes, decl_s)
     decl_k: list = []
     decompose(lo, "kk_gk", k_axes, decl_k)
+    run_k: list = []
+    decompose(lo, "kk_gk", k_axes, run_k, ctype="long long")
+    advance_k = advance_counter(k_axes, tuple(C.index(lo.sizes[a], set()) for a in k_axes))
     gather: list = []
     v = lo.expr(e, gather)
     t = lo.dt(e)
@@ -134,7 +138,7 @@ def _operand(lo: CpuLowering, c: Contraction, side: str, ring: str, allow_ks: bo
     if acc is not None and (acc[0] == "sk" or allow_ks):
         layout, vec = acc
     return OperandLoad(side, ring, extent(lo, s_axes), extent(lo, k_axes), tuple(decl_s), tuple(decl_k),
-                       tuple(gather), vec), layout
+                       tuple(gather), vec, tuple(run_k), advance_k), layout
 
 
 def _epilogue_code(lo: CpuLowering, c: Contraction, acc_var: str, skip: str) -> tuple:

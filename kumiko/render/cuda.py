@@ -80,7 +80,12 @@ class _MmaRenderer:
         head = [f"{pad}{{",
                 f"{pad}  uint16_t* const kk_d{ld.operand} = {ring.name} + ({s.tile.c()} % {k.stages}) * "
                 f"{ring.stage_elems};"]
-        body = self.copies(ld, s, pad + "  ") if ld.vec is not None and aligned else self.gather(ld, s, pad + "  ")
+        if ld.vec is not None and aligned:
+            body = self.copies(ld, s, pad + "  ")
+        elif self.row_gather(ld) is not None:
+            body = self.gather_rows(ld, s, pad + "  ")
+        else:
+            body = self.gather(ld, s, pad + "  ")
         return head + body + [f"{pad}}}"]
 
     def copies(self, ld: OperandLoad, s: LoadTile, ind: str) -> list[str]:
@@ -107,18 +112,87 @@ class _MmaRenderer:
                 f"{ind}  cp_async_16(kk_d{o} + kk_r * {ring.ld} + kk_cc, kk_src + kk_i * kk_q{o}, kk_n * 2);",
                 f"{ind}}}"]
 
+    def row_gather(self, ld: OperandLoad) -> tuple[int, int] | None:
+        """(threads per row, columns a thread fills) when operand ``ld``'s gather goes by rows: its ring's rows
+        are its M/N (``sk``) and the threads split into an equal number per row, each with a run of the
+        row's K columns; None otherwise (then ``gather`` spreads the tile's elements over the threads)."""
+        ring, threads = self.rings[ld.operand], self.k.threads
+        if ring.layout != "sk" or threads % ring.rows or ring.cols % (threads // ring.rows):
+            return None
+        per_row = threads // ring.rows
+        return per_row, ring.cols // per_row
+
+    def gather_setup(self, pad: str, aligned: bool) -> list[str]:
+        """Before the prologue of a loop version: for each operand it gathers by rows, the thread's tile row
+        ``kk_grX`` and first column ``kk_gcX``, the row's index ``kk_sX``, its bound ``kk_inX`` and the
+        operand's M/N indices decomposed from it - once, not per element and K tile (for an implicit GEMM's
+        im2col that is three 64-bit divisions by run-time sizes an element)."""
+        out = []
+        for ld in self.k.loads:
+            shape = self.row_gather(ld) if ld.vec is None or not aligned else None
+            if shape is None:
+                continue
+            o, rows = ld.operand, self.rings[ld.operand].rows
+            out += [f"{pad}const int kk_gr{o} = tid % {rows}, kk_gc{o} = tid / {rows} * {shape[1]};  "
+                    f"// {o} gathered by rows: the thread's row of the tile and first column",
+                    f"{pad}const long long kk_s{o} = {'m0' if o == 'x' else 'n0'} + kk_gr{o};",
+                    f"{pad}const bool kk_in{o} = kk_s{o} < {ld.s_extent};"]
+            out += _code(ld.decl_s, len(pad) // 2)
+        return out
+
+    def gather_rows(self, ld: OperandLoad, s: LoadTile, ind: str) -> list[str]:
+        """The thread's run of its row's columns through the operand's index map, zero outside it; eight
+        columns are packed into one 16-byte shared store when the run allows (8 consecutive rows of a
+        padded ring row stride fall in distinct banks)."""
+        o, ring = ld.operand, self.rings[ld.operand]
+        _, run = self.row_gather(ld)
+        first = s.pred_k and s.tile.may_be_first
+        conds = ([f"kk_in{o}"] if s.pred_rows else []) + (["kk_gk >= 0"] if first else [])
+        vec = run % 8 == 0
+        col = "kk_j + kk_e" if vec else "kk_j"
+        # past K's partial tile every column of the run is a K index >= 0: its K axes are decomposed once,
+        # then advanced as a counter (a few instructions a column, where a 64-bit division by a constant
+        # costs about 25); on tile 0 each column is decomposed, as negative indices are skipped
+        counter = not first and bool(ld.advance_k)
+        out = [f"{ind}uint16_t* const kk_row = kk_d{o} + kk_gr{o} * {ring.ld} + kk_gc{o};"]
+        if counter:
+            out.append(f"{ind}const long long kk_gk = kk_k0 + kk_gc{o};")
+            out += _code(ld.run_k, len(ind) // 2)
+        out.append(f"{ind}for (int kk_j = 0; kk_j < {run}; kk_j += {8 if vec else 1}) {{")
+        if vec:
+            out += [f"{ind}  uint16_t kk_h[8];", f"{ind}  #pragma unroll",
+                    f"{ind}  for (int kk_e = 0; kk_e < 8; ++kk_e) {{"]
+        else:
+            out.append(f"{ind}  {{")
+        if not counter:
+            out.append(f"{ind}    const long long kk_gk = kk_k0 + kk_gc{o} + {col};")
+        out += [f"{ind}    float kk_v = 0.0f;",
+                f"{ind}    if ({' && '.join(conds) or 'true'}) {{"]
+        out += _code((() if counter else ld.decl_k) + ld.gather, len(ind) // 2 + 3)
+        out.append(f"{ind}    }}")
+        if counter:
+            out.append(f"{ind}    {ld.advance_k}")
+        if vec:
+            words = ", ".join(f"kk_h[{2 * w}] | (uint32_t)kk_h[{2 * w + 1}] << 16" for w in range(4))
+            out += [f"{ind}    kk_h[kk_e] = {self.cvt}(kk_v);", f"{ind}  }}",
+                    f"{ind}  st_shared_16(kk_row + kk_j, {words});", f"{ind}}}"]
+        else:
+            out += [f"{ind}    kk_row[kk_j] = {self.cvt}(kk_v);", f"{ind}  }}", f"{ind}}}"]
+        return out
+
     def gather(self, ld: OperandLoad, s: LoadTile, ind: str) -> list[str]:
-        """Element by element through the operand's index map, zero outside it (any alignment)."""
-        k, ring = self.k, self.rings[ld.operand]
-        s0 = "m0" if ld.operand == "x" else "n0"
+        """Element by element through the operand's index map, zero outside it (any alignment): the tile's
+        elements in turn over the threads."""
+        k, ring, o = self.k, self.rings[ld.operand], ld.operand
+        s0 = "m0" if o == "x" else "n0"
         sk = ring.layout == "sk"
         gs = f"{s0} + {'kk_r' if sk else 'kk_cc'}"
         gk = f"kk_k0 + {'kk_cc' if sk else 'kk_r'}"
         first = s.pred_k and s.tile.may_be_first
-        conds = ([f"kk_gs < {ld.s_extent}"] if s.pred_rows else []) + (["kk_gk >= 0"] if first else [])
+        conds = ([f"kk_s{o} < {ld.s_extent}"] if s.pred_rows else []) + (["kk_gk >= 0"] if first else [])
         out = [f"{ind}for (int kk_i = tid; kk_i < {ring.rows * ring.cols}; kk_i += {k.threads}) {{",
                f"{ind}  const int kk_r = kk_i / {ring.cols}, kk_cc = kk_i % {ring.cols};",
-               f"{ind}  const long long kk_gs = {gs}, kk_gk = {gk};",
+               f"{ind}  const long long kk_s{o} = {gs}, kk_gk = {gk};",
                f"{ind}  float kk_v = 0.0f;",
                f"{ind}  if ({' && '.join(conds) or 'true'}) {{"]
         out += _code(ld.decl_s + ld.decl_k + ld.gather, len(ind) // 2 + 2)
@@ -153,7 +227,7 @@ class _MmaRenderer:
                f"  const long long kk_gs{o} = {s0} + {f'kk_r0{o}' if sk else f'kk_c0{o}'};",
                f"  {bound}",
                "  {",
-               f"    const long long kk_gs = kk_gs{o}, kk_gk = {f'kk_c0{o}' if sk else f'kk_r0{o}'} - kk_kd;"]
+               f"    const long long kk_s{o} = kk_gs{o}, kk_gk = {f'kk_c0{o}' if sk else f'kk_r0{o}'} - kk_kd;"]
         out += _code(ld.decl_s + ld.decl_k, 2)
         out += [f"    kk_p{o} = {vec.buf} + {vec.offset};", "  }"]
         return out
@@ -359,7 +433,8 @@ class _MmaRenderer:
     def main_loop(self, pad: str, aligned: bool) -> list[str]:
         """The prologue's loads, the K loop and the drain."""
         k = self.k
-        return [x for part in (k.prologue, (k.loop,), k.drain) for x in self.stmts(part, pad, aligned)]
+        return self.gather_setup(pad, aligned) + [x for part in (k.prologue, (k.loop,), k.drain)
+                                                  for x in self.stmts(part, pad, aligned)]
 
     def render(self) -> str:
         k = self.k

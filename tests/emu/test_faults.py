@@ -29,6 +29,8 @@ FAULTS = {
     9: (64, 0, "warp_collective", (5, 0, 0), "exited while lanes"),
     10: (64, 0, "not_shared_memory", (0, 0, 0), "not in shared memory"),
     12: (32, 1024, "dynamic_smem_overflow", None, "stored to bytes [1024, 1152) of dynamic shared memory"),
+    13: (32, 0, "misaligned", (3, 0, 0), "st_shared_16 destination"),
+    14: (32, 0, "not_shared_memory", (0, 0, 0), "st_shared_16 destination"),
 }
 
 
@@ -67,6 +69,13 @@ def test_no_fault(emu_module, which):
     np.testing.assert_array_equal(out[:32], warp_sums[0])
     if which == 0:
         np.testing.assert_array_equal(out[32:64], warp_sums[1])
+
+
+def test_st_shared_16_stores_four_words(emu_module):
+    mod = emu_module("faults")
+    out = np.full(128, np.nan, np.float32)
+    mod.launch("fault", 2, 64, args=[15, np.zeros(64, np.float32), out])
+    np.testing.assert_array_equal(out[:64], np.arange(64, dtype=np.float32))
 
 
 @pytest.mark.parametrize("grid, block, smem, text", [

@@ -129,3 +129,25 @@ def test_one_barrier_schedule_bugs_are_caught(gpu_cache, release, bug):
     with pytest.raises(KumikoError) as e:
         run_and_compare(bad, g, "deferred", 5, SIZES)
     assert e.value.code == "E1702" and e.value.details["fault"] == "poisoned_read", e.value
+
+
+@needs_gxx
+@pytest.mark.parametrize("bug", ["missing_row_predicate", "missing_k_predicate"])
+def test_predicate_bugs_in_the_row_gather_are_caught(gpu_cache, bug):
+    """The implicit GEMM's im2col operand is gathered by rows (its M indices decomposed once, its K indices
+    advanced as a counter past tile 0): without the row predicate the rows past M read past the input
+    (AddressSanitizer), without the K predicate tile 0's columns before K = 0 are read (a fault or a wrong
+    result); the clean kernel passes at the same sizes."""
+    g = graph("conv3x3_s2_p1", "fp16")
+    base = compile_cuda(g.tiny)
+    sizes = {"N": 2, "C": 5, "H": 21, "W": 19, "Co": 24}    # M = 220: a partial M tile; K = 45: a partial K tile
+    assert "// x gathered by rows" in base.source
+    assert max(run_and_compare(base, g, "asan", 3, sizes).values()) < 1e-2
+    bad = _inject(base, bug)
+    assert bad.source != base.source
+    try:
+        errs = run_and_compare(bad, g, "asan", 3, sizes)
+    except KumikoError as e:
+        assert e.code == "E1702" and e.details["fault"].startswith("asan:"), e
+    else:
+        assert bug == "missing_k_predicate" and max(errs.values()) > 0.05, errs

@@ -313,6 +313,36 @@ def test_k_loop_versions_by_operand_alignment(gpu_cache):
 
 
 @needs_gxx
+def test_gathered_operands_go_by_rows(gpu_cache):
+    """A gathered operand whose ring rows are its M/N (``sk``) is filled by rows: each thread owns one row of
+    the tile (its M indices decomposed once per loop version, before the prologue: for the implicit GEMM's
+    im2col, the 64-bit divisions by run-time sizes leave the K loop) and a run of its columns, eight columns
+    to one 16-byte shared store. Past tile 0 the K indices advance as a counter; tile 0 (K's partial tile)
+    decomposes each column and skips those before K = 0. An operand read K-major (``ks``) keeps the
+    element-per-thread gather. Run against the evaluator: K inside one tile, K with a partial tile, M tails,
+    in the three emulator configurations."""
+    g = graph("conv3x3_s2_p1", "fp16")
+    c = compile_cuda(g.tiny)
+    _, _, aligned = c.source.partition("  if (kk_vec_y) {")
+    aligned = aligned.partition("  } else {  // an operand's rows are not 16-byte aligned")[0]
+    setup, _, loads = aligned.partition("if (0 < KT) {")
+    assert "x gathered by rows" in setup and "const long long i0 = " in setup       # once, before the loads
+    tile0, _, rest = loads.partition("cp_async_commit();")
+    assert "kk_gk >= 0" in tile0 and "r2 = (kk_gk) % 3LL" in tile0 and "++r2" not in tile0
+    assert "if (++r2 == 3LL) { r2 = 0; if (++r1 == 3LL) { r1 = 0; ++r0; } }" in rest and "kk_gk >= 0" not in rest
+    assert "st_shared_16(kk_row + kk_j" in aligned and "for (int kk_i = tid;" not in aligned
+    assert "const long long i0 = " not in rest                                      # not per element or tile
+    gemm = compile_cuda(graph("gemm_bias_relu", "fp16").tiny).source
+    general = gemm.partition("  } else {  // an operand's rows are not 16-byte aligned")[2].split("// epilogue")[0]
+    assert "x gathered by rows" in general and "for (int kk_i = tid;" in general   # B[k, n] is ks: per element
+    for sizes in ({"N": 1, "C": 3, "H": 9, "W": 7, "Co": 8},          # K = 27: one partial tile
+                  {"N": 2, "C": 11, "H": 17, "W": 23, "Co": 40}):     # K = 99, M = 216
+        for emu in ("deferred", "eager", "asan"):
+            errs = run_and_compare(c, g, emu, 12, sizes)
+            assert max(errs.values()) < 1e-2, (sizes, emu, errs)
+
+
+@needs_gxx
 def test_interior_tiles_store_without_bound_tests(gpu_cache):
     """A CTA whose tile lies inside M and N runs the fragment epilogue without bound tests; the others keep
     them. The plain fp16 GEMM (its cast to fp16 is stored as is, not rounded twice) at sizes with interior,

@@ -476,3 +476,24 @@ def test_gpu_bench_row_workloads_match_torch_on_the_emulator(bench_gpu, gpu_cach
         return
     want = wl.torch(torch, {k: torch.from_numpy(v) for k, v in ins.items()}, wl.quick).float().numpy()
     assert rel_l2(out, want) < bench_gpu.REL_L2_LIMIT
+
+
+@needs_gxx
+def test_gpu_bench_conv_workload_matches_on_the_emulator(bench_gpu, gpu_cache):
+    """The bench's implicit-GEMM workload: an MMA kernel whose im2col operand is gathered by rows; at the quick
+    sizes (M, K not tile multiples) the emulated kernels match the evaluator and, where torch is installed, the
+    bench's torch reference on the CPU."""
+    wl = bench_gpu.WORKLOADS["conv3x3"]
+    g = wl.graph(wl.quick)
+    c = compile_cuda(g.tiny)
+    assert [p.algo for p in c.plans.values()] == ["mma"] and "x gathered by rows" in c.source
+    ref = kumiko.compile(g, "eval")
+    ins = ref.random_inputs(1, wl.quick)
+    out = c.runner("deferred")(ins, ref.bind(ins, None))["y"]
+    assert rel_l2(out, ref(**ins)["y"]) < bench_gpu.REL_L2_LIMIT and wl.flops(wl.quick) > 0
+    try:
+        import torch
+    except ImportError:
+        return
+    want = wl.torch(torch, {k: torch.from_numpy(v).float() for k, v in ins.items()}, wl.quick).numpy()
+    assert rel_l2(out, want) < bench_gpu.REL_L2_LIMIT

@@ -60,6 +60,17 @@ extern "C" __global__ void fault(int which, const float* g, float* out) {
     case 12:  // a plain store past the dynamic shared memory the launch gave
       reinterpret_cast<float*>(dyn)[1024 / 4 + t] = 1.0f;
       break;
+    case 13:  // st.shared.v4 to an address that is not 16-byte aligned
+      st_shared_16(&s[lane == 3 ? 2 : 0], 1u, 2u, 3u, 4u);
+      break;
+    case 14:  // st.shared.v4 to global memory
+      st_shared_16(out, 1u, 2u, 3u, 4u);
+      break;
+    case 15:  // not a fault: each lane's 16-byte store lands, the first word at the lowest address
+      if (t < 16) st_shared_16(&s[4 * t], 4 * t, 4 * t + 1, 4 * t + 2, 4 * t + 3);
+      __syncthreads();
+      v = float(reinterpret_cast<const uint32_t*>(s)[t]);
+      break;
     case 11:  // not a fault: threads that exited do not hold up __syncthreads
       if (t >= 32) return;
       __syncthreads();
