@@ -314,6 +314,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dtype_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="store every floating-point tensor as this "
+                   "dtype (e.g. an fp32 example as fp16: the tensor-core path of the CUDA targets)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kumiko.compiler import DEFAULT_TARGET, PLANNED, TARGETS
     from kumiko.pipeline import STAGES
@@ -333,8 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--shapes", help="sizes for symbolic dims, e.g. M=128,N=64 (overrides the file's defaults)")
     r.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     r.add_argument("--out", help="write the outputs to this .npz (keyed by signature output name)")
-    r.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="store every floating-point tensor as this "
-                   "dtype (e.g. run an fp32 example as fp16, on the tensor-core path of the CUDA targets)")
+    _dtype_option(r)
     r.add_argument("--check", action="store_true", help="also run the reference evaluator on the same inputs and "
                    "compare each output (relative L2 error within its dtype's bound: fp32 1e-4, fp16 1e-2, "
                    "bf16 2e-2, integers exact); a mismatch is diagnostic E1705 (exit 2)")
@@ -354,8 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--format", choices=("json", "dot", "svg"), default="json",
                    help="json (default): the stage's dump; dot or svg: a picture of the graph (frontend, tiny); "
                    "svg needs graphviz's dot")
-    d.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="store every floating-point tensor as "
-                   "this dtype")
+    _dtype_option(d)
     d.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     d.set_defaults(fn=cmd_dump)
 
@@ -370,8 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--dump", help="comma-separated stages to write (needs --out); c writes the generated "
                    "source (.c, or .cu for the CUDA targets, with the cubin for --target cuda)")
     k.add_argument("--out", help="directory for dumps")
-    k.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="store every floating-point tensor as "
-                   "this dtype")
+    _dtype_option(k)
     k.add_argument("--gpu-arch", help="--target cuda: build for this arch (sm_80, sm_90a, ...) with nvcc, "
                    "without a GPU (default: the device's)")
     k.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
@@ -401,8 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--reps", type=int, default=10, help="timed runs (default 10)")
     b.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
     b.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
-    b.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="store every floating-point tensor as "
-                   "this dtype")
+    _dtype_option(b)
     b.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     b.set_defaults(fn=cmd_bench)
     return p

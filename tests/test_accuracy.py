@@ -1,8 +1,12 @@
-"""kumiko.accuracy: the relative L2 error every comparison with the evaluator uses, and the bounds per dtype."""
+"""kumiko.accuracy: the relative L2 error every comparison with the evaluator uses, and the bounds per dtype;
+Graph.with_float_dtype, which ``--dtype`` uses to retype a graph."""
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
 
+import kumiko
 from kumiko import dtypes
 from kumiko.accuracy import BOUNDS, bound, compare, raise_on_mismatch, rel_l2
 from kumiko.diagnostics import KumikoError
@@ -64,3 +68,13 @@ def test_compare_and_the_mismatch_diagnostic():
 def test_a_missing_output_fails_the_comparison():
     (c,) = compare({}, {"y": np.ones(3, np.float32)})
     assert not c.ok and c.nonfinite == 3
+
+
+def test_with_float_dtype_retypes_floats_and_refuses_the_rest():
+    g = kumiko.load(Path(__file__).parents[1] / "examples" / "gemm_bias_relu.json")
+    h = g.with_float_dtype("bf16")
+    assert {str(t.dtype) for t in h.tensors.values()} == {"bf16"} and h.name == g.name
+    assert {str(t.dtype) for t in g.tensors.values()} == {"fp32"}              # the original is unchanged
+    with pytest.raises(KumikoError) as e:
+        g.with_float_dtype("i32")
+    assert e.value.code == "E1012"

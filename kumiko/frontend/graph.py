@@ -233,8 +233,8 @@ class Graph:
         longer fits (a Cast to fp32 feeding an fp16 add) is reported by the frontend's checks as usual."""
         dt = dtypes.lookup(dtype)
         if dt is None or not dt.is_float or dt.name not in dtypes.USER:
-            raise KumikoError("E1012", at="--dtype", why=f"{dtype!r} is not a floating-point dtype a graph may use",
-                              suggestion="give fp16, bf16 or fp32")
+            raise KumikoError("E1012", at=f"{self.name} as {dtype}", suggestion="give fp16, bf16 or fp32",
+                              why=f"{dtype!r} is not a floating-point dtype a graph may use")
         d = self.to_json()
         for t in d["tensors"].values():
             if dtypes.lookup(t["dtype"]).is_float:
