@@ -18,7 +18,7 @@ a global scratch array and a SIMT kernel for the rest (``gpu_simt``).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
@@ -115,6 +115,12 @@ def _vec_access(lo: CpuLowering, e: RExpr, s_axes: tuple, k_axes: tuple) -> tupl
     return layout, VecAccess(lo.cname[e.tensor], f"({contig}) % 8 == 0", off, *steps)
 
 
+def _below(size, limit: int) -> bool:
+    """Whether an axis size is a constant below ``limit``."""
+    n = Expr.lift(size).as_int()
+    return n is not None and n < limit
+
+
 def _operand(lo: CpuLowering, c: Contraction, side: str, ring: str, allow_ks: bool) -> tuple[OperandLoad, str]:
     e = c.x if side == "x" else c.y
     s_axes = c.m_axes if side == "x" else c.n_axes
@@ -127,6 +133,8 @@ def _operand(lo: CpuLowering, c: Contraction, side: str, ring: str, allow_ks: bo
     decompose(lo, "kk_gk", k_axes, decl_k)
     run_k: list = []
     decompose(lo, "kk_gk", k_axes, run_k, ctype="long long")
+    # a counter below a constant size (conv's kh, kw) is an int: its updates cost a third of a 64-bit one's
+    run_k = [replace(d, ctype="int") if _below(lo.sizes[d.name], 2 ** 31) else d for d in run_k]
     advance_k = advance_counter(k_axes, tuple(C.index(lo.sizes[a], set()) for a in k_axes))
     gather: list = []
     v = lo.expr(e, gather)
