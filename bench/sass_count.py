@@ -173,13 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", default="gemm-4096", help="bench_gpu.py's workload whose MMA kernel to count "
                    "(default gemm-4096; conv3x3: the implicit GEMM)")
     args = p.parse_args(argv)
-    nvdisasm = args.nvdisasm or shutil.which("nvdisasm")
-    if nvdisasm is None:
-        print("sass_count: no nvdisasm (give --nvdisasm, or pip install nvidia-cuda-nvdisasm)", file=sys.stderr)
-        return 2
     from bench_gpu import WORKLOADS
     if args.workload not in WORKLOADS:
         print(f"sass_count: no workload {args.workload!r} (bench_gpu.py has {', '.join(WORKLOADS)})", file=sys.stderr)
+        return 2
+    nvdisasm = args.nvdisasm or shutil.which("nvdisasm")
+    if nvdisasm is None:
+        print("sass_count: no nvdisasm (give --nvdisasm, or pip install nvidia-cuda-nvdisasm)", file=sys.stderr)
         return 2
     wl = WORKLOADS[args.workload]
     tiny = wl.graph(wl.sizes).tiny          # symbolic sizes: the sizes are the run's, not the kernel's

@@ -126,10 +126,8 @@ def _check(exe, inputs: dict, outputs: dict) -> list:
     """``--check``: the same inputs through the reference evaluator, each output compared within its dtype's
     bound (kumiko.accuracy)."""
     from kumiko.accuracy import compare
-    from kumiko.tiny.evaluate import evaluate
-    inputs = {**exe.params, **inputs}
-    want = evaluate(exe.tiny, inputs, exe.bind(inputs))
-    return compare(outputs, {name: want[name] if name in want else inputs[name] for name in exe.output_names})
+    from kumiko.compiler import Executable
+    return compare(outputs, Executable(exe.tiny, "eval")(**{**exe.params, **inputs}))
 
 
 def _describe(arr: np.ndarray) -> dict:

@@ -78,3 +78,13 @@ def test_with_float_dtype_retypes_floats_and_refuses_the_rest():
     with pytest.raises(KumikoError) as e:
         g.with_float_dtype("i32")
     assert e.value.code == "E1012"
+
+
+def test_hypothesis_is_derandomized_exactly_under_ci():
+    """tests/conftest.py: the CI profile derandomizes the draws, and is the one in force when CI=true."""
+    import os
+
+    from hypothesis import settings
+    assert settings.get_profile("ci").derandomize
+    under_ci = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+    assert settings.default.derandomize == under_ci

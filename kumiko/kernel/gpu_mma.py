@@ -131,10 +131,9 @@ def _operand(lo: CpuLowering, c: Contraction, side: str, ring: str, allow_ks: bo
     decompose(lo, f"kk_s{side}", s_axes, decl_s)
     decl_k: list = []
     decompose(lo, "kk_gk", k_axes, decl_k)
-    run_k: list = []
-    decompose(lo, "kk_gk", k_axes, run_k, ctype="long long")
-    # a counter below a constant size (conv's kh, kw) is an int: its updates cost a third of a 64-bit one's
-    run_k = [replace(d, ctype="int") if _below(lo.sizes[d.name], 2 ** 31) else d for d in run_k]
+    # the same decomposition as mutable counters; one below a constant size (conv's kh, kw) is an int: its
+    # updates cost a third of a 64-bit one's
+    run_k = [replace(d, ctype="int" if _below(lo.sizes[d.name], 2 ** 31) else "long long") for d in decl_k]
     advance_k = advance_counter(k_axes, tuple(C.index(lo.sizes[a], set()) for a in k_axes))
     gather: list = []
     v = lo.expr(e, gather)

@@ -31,18 +31,17 @@ from kumiko.region.ssa import Guard, Read, Reduce, Ref, Region, RExpr, Select
 from kumiko.symbolic import Expr, prod
 
 
-def decompose(lo: CpuLowering, flat: str, axes: tuple, out: list, sizes: tuple | None = None,
-              ctype: str = "const long long") -> None:
+def decompose(lo: CpuLowering, flat: str, axes: tuple, out: list, sizes: tuple | None = None) -> None:
     """``long long a = ...`` for each axis from a row-major flat index over ``axes`` (of ``sizes``, C
-    expressions; default: the axes' sizes), declared ``ctype`` (mutable for a counter advanced later)."""
+    expressions; default: the axes' sizes)."""
     rest = flat
     if sizes is None:
         sizes = tuple(C.index(lo.sizes[a], set()) for a in axes)
     for k, (a, size) in enumerate(zip(reversed(axes), reversed(sizes))):
         if k == len(axes) - 1:
-            out.append(Decl(ctype, a, rest))
+            out.append(Decl("const long long", a, rest))
         else:
-            out.append(Decl(ctype, a, f"({rest}) % {size}"))
+            out.append(Decl("const long long", a, f"({rest}) % {size}"))
             rest = f"({rest}) / {size}"
 
 

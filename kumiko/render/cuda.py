@@ -80,7 +80,7 @@ class _MmaRenderer:
         head = [f"{pad}{{",
                 f"{pad}  uint16_t* const kk_d{ld.operand} = {ring.name} + ({s.tile.c()} % {k.stages}) * "
                 f"{ring.stage_elems};"]
-        if ld.vec is not None and aligned:
+        if not self.gathered(ld, aligned):
             body = self.copies(ld, s, pad + "  ")
         elif self.row_gather(ld) is not None:
             body = self.gather_rows(ld, s, pad + "  ")
@@ -112,6 +112,12 @@ class _MmaRenderer:
                 f"{ind}  cp_async_16(kk_d{o} + kk_r * {ring.ld} + kk_cc, kk_src + kk_i * kk_q{o}, kk_n * 2);",
                 f"{ind}}}"]
 
+    @staticmethod
+    def gathered(ld: OperandLoad, aligned: bool) -> bool:
+        """Whether the loop version (``aligned``: every vector operand 16-byte aligned) gathers operand ``ld``
+        (it has no cp.async access, or this is the unaligned version) instead of copying it."""
+        return ld.vec is None or not aligned
+
     def row_gather(self, ld: OperandLoad) -> tuple[int, int] | None:
         """(threads per row, columns a thread fills) when operand ``ld``'s gather goes by rows: its ring's rows
         are its M/N (``sk``) and the threads split into an equal number per row, each with a run of the
@@ -129,7 +135,7 @@ class _MmaRenderer:
         im2col that is three 64-bit divisions by run-time sizes an element)."""
         out = []
         for ld in self.k.loads:
-            shape = self.row_gather(ld) if ld.vec is None or not aligned else None
+            shape = self.row_gather(ld) if self.gathered(ld, aligned) else None
             if shape is None:
                 continue
             o, rows = ld.operand, self.rings[ld.operand].rows
@@ -234,7 +240,7 @@ class _MmaRenderer:
 
     def load_tile(self, s: LoadTile, pad: str, aligned: bool) -> list[str]:
         out = [f"{pad}if ({s.tile.c()} < KT) {{  // {s.out_token.kind} {s.out_token.name}[{s.tile.c()}]"]
-        if any(ld.vec is None or not aligned for ld in self.k.loads):      # a gather's K index
+        if any(self.gathered(ld, aligned) for ld in self.k.loads):      # a gather's K index
             out.append(f"{pad}  const long long kk_k0 = (long long){s.tile.c()} * {self.bk} - kk_kd;")
         for ld in self.k.loads:
             out += self.load_operand(ld, s, pad + "  ", aligned)

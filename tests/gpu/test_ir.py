@@ -330,6 +330,8 @@ def test_gathered_operands_go_by_rows(gpu_cache):
     tile0, _, rest = loads.partition("cp_async_commit();")
     assert "kk_gk >= 0" in tile0 and "r2 = (kk_gk) % 3LL" in tile0 and "++r2" not in tile0
     assert "if (++r2 == 3LL) { r2 = 0; if (++r1 == 3LL) { r1 = 0; ++r0; } }" in rest and "kk_gk >= 0" not in rest
+    # counters below a constant size (kh, kw) are ints; the one over C (a run-time size) stays 64-bit
+    assert "int r2 = (kk_gk) % 3LL;" in rest and "int r1 = " in rest and "long long r0 = " in rest
     assert "st_shared_16(kk_row + kk_j" in aligned and "for (int kk_i = tid;" not in aligned
     assert "const long long i0 = " not in rest                                      # not per element or tile
     gemm = compile_cuda(graph("gemm_bias_relu", "fp16").tiny).source

@@ -77,6 +77,12 @@ def test_without_nvdisasm_it_says_so(sass_count, monkeypatch, capsys):
     assert "no nvdisasm" in capsys.readouterr().err
 
 
+def test_an_unknown_workload_is_refused(sass_count, capsys):
+    assert sass_count.main(["--workload", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no workload 'nope'" in err and "conv3x3" in err
+
+
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvdisasm") is None or shutil.which("nvcc") is None, reason="needs nvcc and nvdisasm")
 def test_counts_the_generated_gemm(sass_count, capsys):
