@@ -82,7 +82,7 @@ class _MmaRenderer:
                 f"{ring.stage_elems};"]
         if not self.gathered(ld, aligned):
             body = self.copies(ld, s, pad + "  ")
-        elif self.row_gather(ld) is not None:
+        elif self.row_run(ld) is not None:
             body = self.gather_rows(ld, s, pad + "  ")
         else:
             body = self.gather(ld, s, pad + "  ")
@@ -118,15 +118,14 @@ class _MmaRenderer:
         (it has no cp.async access, or this is the unaligned version) instead of copying it."""
         return ld.vec is None or not aligned
 
-    def row_gather(self, ld: OperandLoad) -> tuple[int, int] | None:
-        """(threads per row, columns a thread fills) when operand ``ld``'s gather goes by rows: its ring's rows
-        are its M/N (``sk``) and the threads split into an equal number per row, each with a run of the
-        row's K columns; None otherwise (then ``gather`` spreads the tile's elements over the threads)."""
+    def row_run(self, ld: OperandLoad) -> int | None:
+        """The columns a thread fills when operand ``ld``'s gather goes by rows: its ring's rows are its M/N
+        (``sk``) and the threads split into an equal number per row, each with a run of the row's K columns;
+        None otherwise (then ``gather`` spreads the tile's elements over the threads)."""
         ring, threads = self.rings[ld.operand], self.k.threads
         if ring.layout != "sk" or threads % ring.rows or ring.cols % (threads // ring.rows):
             return None
-        per_row = threads // ring.rows
-        return per_row, ring.cols // per_row
+        return ring.cols // (threads // ring.rows)
 
     def gather_setup(self, pad: str, aligned: bool) -> list[str]:
         """Before the prologue of a loop version: for each operand it gathers by rows, the thread's tile row
@@ -135,11 +134,11 @@ class _MmaRenderer:
         im2col that is three 64-bit divisions by run-time sizes an element)."""
         out = []
         for ld in self.k.loads:
-            shape = self.row_gather(ld) if self.gathered(ld, aligned) else None
-            if shape is None:
+            run = self.row_run(ld) if self.gathered(ld, aligned) else None
+            if run is None:
                 continue
             o, rows = ld.operand, self.rings[ld.operand].rows
-            out += [f"{pad}const int kk_gr{o} = tid % {rows}, kk_gc{o} = tid / {rows} * {shape[1]};  "
+            out += [f"{pad}const int kk_gr{o} = tid % {rows}, kk_gc{o} = tid / {rows} * {run};  "
                     f"// {o} gathered by rows: the thread's row of the tile and first column",
                     f"{pad}const long long kk_s{o} = {'m0' if o == 'x' else 'n0'} + kk_gr{o};",
                     f"{pad}const bool kk_in{o} = kk_s{o} < {ld.s_extent};"]
@@ -151,7 +150,7 @@ class _MmaRenderer:
         columns are packed into one 16-byte shared store when the run allows (8 consecutive rows of a
         padded ring row stride fall in distinct banks)."""
         o, ring = ld.operand, self.rings[ld.operand]
-        _, run = self.row_gather(ld)
+        run = self.row_run(ld)
         first = s.pred_k and s.tile.may_be_first
         conds = ([f"kk_in{o}"] if s.pred_rows else []) + (["kk_gk >= 0"] if first else [])
         vec = run % 8 == 0
