@@ -28,6 +28,10 @@ CODES: dict[str, tuple[str, str]] = {
     "E1014": ("UnboundSymbol", "Pass an input whose shape fixes the symbol, or give it with --shapes SYM=VALUE."),
     "E1015": ("InputMismatch", "Pass arrays with the dtype and shape the graph signature declares."),
     "E1016": ("DuplicateDefinition", "Give each tensor and node a unique name."),
+    "E1017": ("SizeLimitExceeded", "Use smaller sizes: the buffers these sizes need exceed kumiko's limit "
+                                   "(docs/guarantees.md)."),
+    "E1018": ("NestingLimitExceeded", "Flatten the input: it nests deeper than kumiko's limit "
+                                      "(docs/guarantees.md)."),
     "E1102": ("NegativeStrideUnsupported", "Use FLIP (negative strides are expressed with FLIP, seed 001 §3.4)."),
     "E1203": ("MissingDivGuard", "Expand `%` into div and a guard by linearising and re-splitting the reshape."),
     "W2101": ("ExcessivePiecewise", "Simplify the pad/slice chain; kumiko already applied gist/coalesce."),
@@ -49,6 +53,8 @@ CODES: dict[str, tuple[str, str]] = {
                                      "against the kernel's signature."),
     "E1704": ("KernelFailed", "A compiled kernel reported an internal error (non-zero status): a code generator "
                               "bug, or sizes the kernel was not built for; report it with the graph and sizes."),
+    "E1706": ("BuildTimeout", "The external compiler did not finish within KUMIKO_BUILD_TIMEOUT seconds: raise "
+                              "the limit, or report the graph if the generated source is pathological."),
     "E1705": ("ResultMismatch", "The compiled kernels disagree with the reference evaluator: a compiler bug. "
                                 "On cuda-emu, --emu asan and --emu eager look for an out-of-bounds access or a "
                                 "missing barrier; KUMIKO_DEBUG=4 prints the source; report the graph, target and "

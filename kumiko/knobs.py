@@ -5,6 +5,9 @@
 - ``KUMIKO_CACHE``: the compile cache directory (default ``~/.cache/kumiko``); ``0`` disables the cache.
 - ``KUMIKO_SPEC``: verifier strictness at stage boundaries: 0 off, 1 cheap checks (default), 2 all checks.
 - ``KUMIKO_CUDA_GRAPH``: 1 makes the ``cuda`` target replay each program's launches as a CUDA Graph (default 0).
+- ``KUMIKO_BUILD_TIMEOUT``: seconds one external compiler run (gcc, g++, nvcc) may take before E1706 (default 600).
+- ``KUMIKO_MAX_BYTES``: the largest total of buffers one call may allocate before E1017 (default: 3/4 of the
+  machine's physical memory).
 """
 from __future__ import annotations
 
@@ -42,3 +45,23 @@ def cache_dir() -> Path | None:
     if raw == "0":
         return None
     return Path(raw) if raw else Path.home() / ".cache" / "kumiko"
+
+
+def build_timeout() -> float:
+    """Seconds one external compiler run may take (``KUMIKO_BUILD_TIMEOUT``; 0 or less: no limit)."""
+    raw = os.environ.get("KUMIKO_BUILD_TIMEOUT", "").strip()
+    try:
+        return float(raw) if raw else 600.0
+    except ValueError:
+        return 600.0
+
+
+def max_bytes() -> int:
+    """The most bytes of buffers one call may allocate (``KUMIKO_MAX_BYTES``; default 3/4 of physical memory)."""
+    raw = _int("KUMIKO_MAX_BYTES", 0)
+    if raw > 0:
+        return raw
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4)
+    except (ValueError, OSError, AttributeError):
+        return 1 << 34
