@@ -448,4 +448,5 @@ def lower_contraction_region(lo: CpuLowering, plan: Plan) -> Kernel | None:
 
 def _kernel(lo: CpuLowering, body: list) -> Kernel:
     params = tuple(Param(lo.cname[n], C.STORAGE[m.dtype.name], n in dict(lo.r.inputs)) for n, m in lo.memrefs.items())
-    return Kernel(lo.name, params, lo.syms, tuple(body), lo.r.notes, gather_check=lo.uses_gather)
+    return Kernel(lo.name, params, lo.syms, tuple(body), lo.r.notes, gather_check=lo.uses_gather,
+                  no_loop_vectorize=lo.reversed_reduce)

@@ -117,3 +117,7 @@ class Kernel:
     body: tuple
     notes: tuple = ()
     gather_check: bool = False   # declares ``kk_bad``; returns STATUS_BAD_INDEX when a gather index was out of range
+    #: a scalar reduction reads backwards along its reduction axis (``x.flip(1).sum()``): gcc 12's loop
+    #: vectorizer miscompiles such an in-order float reduction in a loop nest (it returned 67 for 66), so
+    #: the renderer turns that one pass off for this function (docs/cpu.md, "Compiler bugs we steer around")
+    no_loop_vectorize: bool = False

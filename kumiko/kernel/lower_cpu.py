@@ -118,6 +118,7 @@ class CpuLowering(VectorEmitter):
         self.storage: dict[str, tuple] = {}      # let -> ("scalar", var) | ("array", var, axes)
         self.red_axes: list = []                 # reduce axes (and gather vars) in scope while emitting
         self.uses_gather = False                 # the kernel checks data-dependent indices (kk_bad)
+        self.reversed_reduce = False             # a scalar reduction reads backwards (Kernel.no_loop_vectorize)
         self.staged = False                      # a contraction reads B from a stage (stage micro-kernel)
         self.vectorize = True                    # kv_* loops where safe (CPU nests of a plain CpuLowering)
         self._nest = False                       # emitting a CPU nest: kumiko_cpu.h's vectors and exp2
@@ -240,9 +241,11 @@ class CpuLowering(VectorEmitter):
             return f"{kind[1]}[{self.scratch_offset(kind[2])}]"
         if isinstance(e, Read):
             m = self.memrefs[e.tensor]
-            off = C.index(e.index[0], self.axes_in_scope()) if e.flat else \
-                C.offset(e.index, m.shape, self.axes_in_scope())
-            return C.load(self.cname[e.tensor], off, m.dtype)
+            off_e = Expr.lift(e.index[0]) if e.flat else C.offset_expr(e.index, m.shape)
+            strides = [C.stride(off_e, a) for a in self.red_axes if a in off_e.symbols()]
+            if any(k is None or k < 0 for k in strides):   # backwards, or through a floor division
+                self.reversed_reduce = True
+            return C.load(self.cname[e.tensor], C.index(off_e, self.axes_in_scope()), m.dtype)
         if isinstance(e, Gather):
             by = self.expr(e.by, out)
             var = e.var
@@ -470,7 +473,8 @@ class CpuLowering(VectorEmitter):
         body = [parallelize(s) if self.parallel else hoisted(s) for s in body]
         params = tuple(Param(self.cname[n], C.STORAGE[m.dtype.name], n in dict(self.r.inputs))
                        for n, m in self.memrefs.items())
-        return Kernel(self.name, params, self.syms, tuple(body), self.r.notes, gather_check=self.uses_gather)
+        return Kernel(self.name, params, self.syms, tuple(body), self.r.notes, gather_check=self.uses_gather,
+                      no_loop_vectorize=self.reversed_reduce)
 
 
 def _has_reduce(e: RExpr) -> bool:

@@ -292,6 +292,7 @@ class VectorEmitter:
         body: list = list(vb)
         self._vupdate(e.op, acc, nan, v, body)
         vloops: tuple = (For(last.name, "0", f"{n} - (KUMIKO_VW - 1)", tuple(body), step="KUMIKO_VW"),)
+        combine: tuple = ()
         if e.op == "sum":
             # SUM_ACCUMULATORS independent add chains (one vaddps each has a latency of several cycles)
             accs = [acc] + [self.tmp() for _ in range(SUM_ACCUMULATORS - 1)]
@@ -300,8 +301,10 @@ class VectorEmitter:
             blocks = tuple(Block((Decl("const long long", last.name, f"{u} + {k}*KUMIKO_VW"),) + tuple(vb) +
                                  (Assign(a, f"{a} + {v}"),)) for k, a in enumerate(accs))
             vloops = (For(u, "0", f"{n} - ({step} - 1)", blocks, step=step),
-                      dataclasses.replace(vloops[0], lo=f"({n}) / ({step}) * ({step})"),
-                      Assign(acc, f"({accs[0]} + {accs[1]}) + ({accs[2]} + {accs[3]})"))
+                      dataclasses.replace(vloops[0], lo=f"({n}) / ({step}) * ({step})"))
+            # combined once, after the loops over the reduction's outer axes: inside them the other
+            # accumulators would be added again at every outer point
+            combine = (Assign(acc, f"({accs[0]} + {accs[1]}) + ({accs[2]} + {accs[3]})"),)
         # the scalar tail, into the scalar accumulator the caller reads
         ct = C.COMPUTE[e.dtype.name]
         res = self.tmp()
@@ -321,7 +324,7 @@ class VectorEmitter:
             inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)
         h = {"sum": f"kv_hsum({acc})", "max": f"kv_hmax_nan({acc}, {nan})", "min": f"kv_hmin_nan({acc}, {nan})"}[e.op]
         fin = f"{res} + {h}" if e.op == "sum" else C.binary(e.op, res, h, ct)
-        out.append(Block(tuple(pre) + inner + (Assign(res, fin),)))
+        out.append(Block(tuple(pre) + inner + combine + (Assign(res, fin),)))
         self._fused = fuse is not None
         return res
 

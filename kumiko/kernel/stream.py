@@ -360,7 +360,8 @@ def lower_pipe(pipe: RowPipe, plan0: Plan, plan1: Plan, syms: tuple, name: str, 
     s.append(Raw("kk_scratch_trim(5); kk_scratch_trim(6); free(kk_fin);"))
     params = tuple(Param(cname[n], C.STORAGE[m.dtype.name], const) for n, (m, const) in _params(pipe).items())
     gather = lo0.uses_gather or lo1.uses_gather
-    return Kernel(name, params, syms, tuple(s), notes, gather_check=gather)
+    return Kernel(name, params, syms, tuple(s), notes, gather_check=gather,
+                  no_loop_vectorize=lo0.reversed_reduce or lo1.reversed_reduce)
 
 
 def _params(pipe: RowPipe) -> dict:

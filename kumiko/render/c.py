@@ -91,6 +91,9 @@ def render_stmts(body, ind: int, out: list) -> None:
 
 def render_kernel(k: Kernel) -> str:
     out = [f"/* {n} */" for n in k.notes]
+    if k.no_loop_vectorize:
+        out.append("/* reads backwards inside a scalar reduction: gcc's loop vectorizer is off here (docs/cpu.md) */")
+        out.append('__attribute__((optimize("no-tree-loop-vectorize")))')
     out.append(f"int {k.name}(void** bufs, const long long* syms) {{")
     for i, p in enumerate(k.params):
         const = "const " if p.const else ""
