@@ -76,12 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     exe = kcompile(program, target=args.target, **_run_options(args))
     t_compile = time.perf_counter() - t0
     if args.inputs:
-        try:
-            with np.load(args.inputs) as z:
-                inputs = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as e:
-            raise KumikoError("E1502", at=args.inputs, why=f"cannot read the inputs: {e}",
-                              suggestion="give an .npz written by numpy.savez, arrays keyed by input name") from None
+        inputs = _read_inputs(args.inputs)
     else:
         inputs = exe.random_inputs(args.seed, _shapes(args.shapes))
     t0 = time.perf_counter()
@@ -92,10 +87,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.out:
         import io
 
-        from kumiko.util import atomic_write
+        from kumiko.runtime.files import write_file
         buf = io.BytesIO()
         np.savez(buf, **outputs)
-        atomic_write(Path(args.out), buf.getvalue())
+        write_file(Path(args.out), buf.getvalue(), "the outputs")
     summary = {name: _describe(arr) for name, arr in outputs.items()}
     target = exe.target + (f" (emulator: {args.emu})" if args.emu else "")
     if args.json and not failed:        # a mismatch prints one JSON document: the diagnostic, with the table
@@ -122,6 +117,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_inputs(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``--inputs`` .npz; E1502 for anything that is not a readable one."""
+    try:
+        data = np.load(path, allow_pickle=False)
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data as z:
+                return {k: z[k] for k in z.files}
+        why = "it holds a single array (.npy), not named arrays"
+    # numpy's readers raise many kinds for a damaged archive (BadZipFile, zlib.error, EOFError, ValueError,
+    # NotImplementedError, tokenize's TokenError...): the file is the user's, so each one is a FileError
+    except Exception as e:  # noqa: BLE001
+        why = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else (e.strerror or str(e))
+    raise KumikoError("E1502", at=path, why=f"cannot read the inputs: {why}",
+                      suggestion="give an .npz written by numpy.savez, arrays keyed by input name")
+
+
 def _check(exe, inputs: dict, outputs: dict) -> list:
     """``--check``: the same inputs through the reference evaluator, each output compared within its dtype's
     bound (kumiko.accuracy)."""
@@ -138,7 +149,7 @@ def _describe(arr: np.ndarray) -> dict:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    from kumiko.pipeline import dump
+    from kumiko.pipeline import dump, dump_path
     program = _load(args.file, args.dtype)
     stages = [s.strip() for s in args.stage.split(",") if s.strip()]
     out_dir = Path(args.out) if args.out else None
@@ -152,7 +163,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
             sys.stdout.write(json.dumps({s: json.loads(t) for s, t in texts.items()}, indent=2) + "\n")
     else:
         for s in texts:
-            print(f"wrote {out_dir / f'{program.name}.{s}.json'}")
+            print(f"wrote {dump_path(out_dir, program.name, s, 'json')}")
     return 0
 
 
@@ -161,12 +172,13 @@ def _dump_pictures(program, stages: list[str], fmt: str, out_dir: Path | None) -
     if fmt == "svg" and out_dir is None and len(stages) > 1:
         raise KumikoError("E1010", at="dump --format svg", why="several SVG pictures cannot share stdout",
                           suggestion="pick one stage (--stage frontend) or write files with --out DIR")
-    texts = draw_stages(program, stages, fmt, out_dir)
+    from kumiko.pipeline import write_dumps
+    texts = draw_stages(program, stages, fmt, None)      # written here, under a file name safe_stem made
     if out_dir is None:
         sys.stdout.write("".join(texts.values()))
     else:
-        for s in texts:
-            print(f"wrote {out_dir / f'{program.name}.{s}.{fmt}'}")
+        for path in write_dumps(texts, program.name, out_dir, fmt):
+            print(f"wrote {path}")
     return 0
 
 
@@ -184,7 +196,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from kumiko.compiler import compile as kcompile
-    from kumiko.pipeline import dump
+    from kumiko.pipeline import dump, dump_path
     from kumiko.plan.gpu import GPU_ARCHS, describe_gpu_plan
     program = _load(args.file, args.dtype)
     opts = {"tune": bool(args.tune), "shapes": _shapes(args.shapes)}
@@ -203,15 +215,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if stages:
         dump(program, [s for s in stages if s not in ("plan", "c")], out_dir)
     if out_dir is not None and hasattr(built, "source"):
-        from kumiko.util import atomic_write
+        from kumiko.runtime.files import write_file
         if "c" in stages:
             ext = "cu" if exe.target in ("cuda", "cuda-emu") else "c"
-            atomic_write(out_dir / f"{program.name}.{ext}", built.source)
+            write_file(dump_path(out_dir, program.name, ext), built.source, "the generated source")
             if cubin is not None:
-                atomic_write(out_dir / f"{program.name}.{cubin.arch}.cubin", cubin.data)
+                write_file(dump_path(out_dir, program.name, cubin.arch, "cubin"), cubin.data, "the cubin")
         if "plan" in stages:
-            atomic_write(out_dir / f"{program.name}.plan.json",
-                         json.dumps({n: p.to_json() for n, p in built.plans.items()}, indent=2) + "\n")
+            write_file(dump_path(out_dir, program.name, "plan", "json"),
+                       json.dumps({n: p.to_json() for n, p in built.plans.items()}, indent=2) + "\n", "the plans")
     launches = [_launch_info(ln, cubin) for ln in getattr(built, "launches", ())]
     if args.json:
         plans = {n: p.to_json() for n, p in getattr(built, "plans", {}).items()}

@@ -2,7 +2,8 @@
 
 Every stage is a pure function of the previous one. ``dump`` writes ``<name>.<stage>.json`` files
 that are byte-identical across runs; a dumped stage can be loaded again and compiled from
-(``kumiko.load`` recognises a Tiny IR dump), which is how tests start mid-pipeline.
+(``kumiko.load`` recognises a Tiny IR dump), which is how tests start mid-pipeline. ``<name>`` is the
+graph's name made a plain file name (``dump_path``), so every file lands inside the directory given.
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Callable
 
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
+from kumiko.runtime.files import safe_stem, write_file
 from kumiko.tiny import ir as tiny_ir
 from kumiko.tiny.ir import TinyGraph
-from kumiko.util import atomic_write
 
 
 def _frontend(program) -> dict:
@@ -59,13 +60,28 @@ def dumps(d: dict) -> str:
     return _fmt(d, 0) + "\n"
 
 
+def dump_path(out_dir: Path | str, name: str, *parts: str) -> Path:
+    """``<out_dir>/<name>.<part>...`` for a file written about the program ``name`` (``plan``, ``json``):
+    the graph name is user text, so it is made a plain file name first (``../../x`` stays in ``out_dir``)."""
+    return Path(out_dir) / ".".join([safe_stem(name), *parts])
+
+
+def write_dumps(texts: dict[str, str], name: str, out_dir: Path | str, ext: str = "json") -> list[Path]:
+    """Write each stage's text to ``dump_path(out_dir, name, stage, ext)``; E1502 when one cannot be written
+    (``out_dir`` is a file, no permission). Returns the paths written."""
+    paths = []
+    for stage, text in texts.items():
+        path = dump_path(out_dir, name, stage, ext)
+        write_file(path, text, f"the {stage} dump")
+        paths.append(path)
+    return paths
+
+
 def dump(program: Graph | TinyGraph, stages: list[str], out_dir: Path | None) -> dict[str, str]:
     """Render each stage; write ``<name>.<stage>.json`` into ``out_dir`` when given. Returns texts."""
     texts = {s: dumps(stage_json(program, s)) for s in stages}
     if out_dir is not None:
-        name = program.name
-        for s, text in texts.items():
-            atomic_write(Path(out_dir) / f"{name}.{s}.json", text)
+        write_dumps(texts, program.name, out_dir)
     return texts
 
 

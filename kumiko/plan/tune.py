@@ -1,7 +1,9 @@
 """Autotuning (seed 001 §11; Triton's habit): build and time the surviving candidate plans of each
 region, score a failed build as infinite, and cache the winner on disk keyed by (region hash, shape
 cluster, target, compiler version). ``kumiko compile --tune`` drives it with a progress bar; a later
-plain compile of the same region and shape cluster picks the cached winner up.
+plain compile of the same region and shape cluster picks the cached winner up (``cached_winner``). A cache
+entry is a hint, never trusted: one that does not parse, has the wrong shape, or is not one of the region's
+candidates on this machine is a miss, and tuning again overwrites it.
 """
 from __future__ import annotations
 
@@ -15,11 +17,11 @@ from typing import Callable, Mapping
 
 from kumiko import knobs
 from kumiko.diagnostics import KumikoError
-from kumiko.plan.cost import candidates, estimate, machine_from_features
+from kumiko.plan.cost import Machine, candidates, estimate, machine_from_features
 from kumiko.plan.plan import Plan
 from kumiko.region.serial import region_json
 from kumiko.region.ssa import Program, Region
-from kumiko.util import atomic_write
+from kumiko.runtime.files import cache_root, publish_entry
 
 
 def shape_cluster(env: Mapping[str, int]) -> str:
@@ -34,25 +36,42 @@ def tune_key(region: Region, env: Mapping[str, int], arch: str, compiler: str) -
 
 
 def _tune_dir() -> Path | None:
-    root = knobs.cache_dir()
-    return None if root is None else root / "tune"
+    """``<KUMIKO_CACHE>/tune``; None with the cache off (tuned plans are then not kept)."""
+    return None if knobs.cache_dir() is None else cache_root("tune")
 
 
 def cached_plan(key: str) -> Plan | None:
+    """The plan stored under ``key``, or None: missing, unreadable, not JSON, or JSON of another shape than
+    ``{"plan": {...}}`` (a file from another version, or damaged) are all misses."""
     d = _tune_dir()
     if d is None:
         return None
-    f = d / f"{key}.json"
     try:
-        return Plan.from_json(json.loads(f.read_text())["plan"])
-    except (OSError, ValueError, KeyError, KumikoError):
-        return None       # missing or corrupted: tune again
+        entry = json.loads((d / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    plan = entry.get("plan") if isinstance(entry, dict) else None
+    if not isinstance(plan, dict):
+        return None
+    try:
+        return Plan.from_json(plan)
+    except (KumikoError, TypeError, ValueError):
+        return None
+
+
+def cached_winner(region: Region, base: Plan, env: Mapping[str, int], machine: Machine,
+                  compiler: str) -> Plan | None:
+    """The tuned plan cached for this region and shape cluster, if it is ``base`` or one of ``base``'s
+    candidates on this machine: only a plan tuning could have chosen here is taken from the cache."""
+    hit = cached_plan(tune_key(region, env, base.arch, compiler))
+    return hit if hit is not None and (hit == base or hit in candidates(base, machine)) else None
 
 
 def store_plan(key: str, plan: Plan, seconds: float) -> None:
+    """Cache a tuned winner (overwriting whatever held the key, a directory included)."""
     d = _tune_dir()
     if d is not None:
-        atomic_write(d / f"{key}.json", json.dumps({"plan": plan.to_json(), "seconds": seconds}, indent=2) + "\n")
+        publish_entry(d / f"{key}.json", json.dumps({"plan": plan.to_json(), "seconds": seconds}, indent=2) + "\n")
 
 
 def progress(done: int, total: int, label: str, stream=sys.stderr) -> None:
@@ -76,11 +95,11 @@ def tune(program: Program, plans: dict[str, Plan], env: Mapping[str, int], featu
         cands = candidates(base, m)
         if len(cands) < 2:
             continue
-        key = tune_key(r, env, base.arch, compiler)
-        hit = cached_plan(key)
+        hit = cached_winner(r, base, env, m, compiler)
         if hit is not None:
             out[r.name] = hit
             continue
+        key = tune_key(r, env, base.arch, compiler)
         cands.sort(key=lambda p: estimate(r, p, env, m).seconds)
         scores = []
         for k, p in enumerate(cands):

@@ -7,21 +7,19 @@ the flags, the compiler's version, the headers the source includes and (for ``-m
 host's ISA. A second build of the same source compiles nothing.
 
 Why the cache is paranoid: a half-written or truncated ``.so`` can be dlopen'ed and then crash the
-process with SIGBUS on first touch. So an entry is written atomically (compiled to a temporary name in
-the cache directory, then ``os.replace``), a JSON sidecar records its SHA-256 and size, and a load
-checks both before dlopen; an entry that fails either check (or dlopen) is rebuilt, not trusted.
+process with SIGBUS on first touch. So gcc writes into a scratch directory and the entry is published
+atomically (a temporary name in the cache directory, then ``os.replace``), a JSON sidecar records its
+SHA-256 and size, and a load checks both before dlopen; an entry that fails either check (or dlopen) is
+rebuilt, not trusted. gcc runs within ``KUMIKO_BUILD_TIMEOUT`` (E1706; ``toolchain.run_tool``).
 """
 from __future__ import annotations
 
-import atexit
 import ctypes
 import functools
 import hashlib
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,8 @@ import numpy as np
 
 from kumiko import knobs
 from kumiko.diagnostics import KumikoError
+from kumiko.runtime.files import cache_root, clear_path, file_error, forget_roots, publish_entry, safe_stem
+from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
 
 CC = "gcc"
 INCLUDE_DIR = Path(__file__).resolve().parents[1] / "include"
@@ -42,7 +42,6 @@ DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-fPIC", "
 STATS = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt_corrupt": 0}
 
 _LOADED: dict[tuple[str, str], "CModule"] = {}   # (cache root, key) -> module loaded in this process
-_TEMP_CACHE: list[Path] = []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -92,10 +91,9 @@ def _uname_machine() -> str:
 def native_macros() -> frozenset[str]:
     """The ISA macros ``gcc -march=native`` defines (what ``KUMIKO_VW`` in kumiko_cpu.h will see)."""
     try:
-        out = subprocess.run([CC, "-march=native", "-dM", "-E", "-x", "c", "-"], input="", capture_output=True,
-                             text=True, timeout=60, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return frozenset()
+        out = run_tool([CC, "-march=native", "-dM", "-E", "-x", "c", "-"], at=CC, input="").stdout
+    except OSError:
+        return frozenset()          # no gcc: cpu_features falls back on nothing; a build says what is missing
     return frozenset(m.group(1) for m in re.finditer(r"#define (\w+)", out))
 
 
@@ -103,9 +101,9 @@ def native_macros() -> frozenset[str]:
 def compiler_version() -> str:
     """``gcc --version``'s first line and the target triple: part of every cache key."""
     try:
-        ver = subprocess.run([CC, "--version"], capture_output=True, text=True, timeout=60, check=False).stdout
-        triple = subprocess.run([CC, "-dumpmachine"], capture_output=True, text=True, timeout=60, check=False).stdout
-    except (OSError, subprocess.SubprocessError) as e:
+        ver = run_tool([CC, "--version"], at=CC).stdout
+        triple = run_tool([CC, "-dumpmachine"], at=CC).stdout
+    except OSError as e:
         raise KumikoError("E1701", at=CC, why=f"the C compiler cannot be run: {e}",
                           suggestion="Install gcc (Debian: apt-get install gcc).") from None
     return (ver.splitlines() or [""])[0].strip() + " " + triple.strip()
@@ -159,19 +157,6 @@ class _KernelFn:
 # ------------------------------------------------------------------------------------------------
 # building and the cache
 
-def cache_root(kind: str = "cpu") -> Path:
-    """``<KUMIKO_CACHE>/<kind>`` (``cpu`` shared objects, ``cubin`` GPU images); with the cache off
-    (``KUMIKO_CACHE=0``), under a per-process temporary directory."""
-    base = knobs.cache_dir()
-    if base is None:
-        if not _TEMP_CACHE:
-            tmp = Path(tempfile.mkdtemp(prefix="kumiko-cache-"))
-            _TEMP_CACHE.append(tmp)
-            atexit.register(shutil.rmtree, tmp, True)
-        base = _TEMP_CACHE[0]
-    return base / kind
-
-
 def header_digest(source: str) -> str:
     """The headers of kumiko/include the source names: editing kumiko_cpu.h (or kumiko_cuda.cuh, which
     holds the PTX) must invalidate old builds."""
@@ -213,6 +198,10 @@ def build_c(source: str, *, flags: Sequence[str] | None = None, extra_flags: Seq
     if lib is None:
         compile_s = _compile(source, all_flags, name, root, so, meta)
         lib = _dlopen(so)
+        if lib is None and not so.is_file():
+            raise KumikoError("E1502", at=str(so), why="the library just built vanished from the cache before it "
+                              "could be loaded (was the cache directory deleted during the build?)",
+                              suggestion="Run again; do not delete the cache while kumiko builds.")
         if lib is None:
             raise KumikoError("E1701", at=name, why=f"the freshly built {so.name} cannot be loaded")
     else:
@@ -228,8 +217,10 @@ def build_c(source: str, *, flags: Sequence[str] | None = None, extra_flags: Seq
 
 
 def forget_loaded() -> None:
-    """Drop the in-process module table, so the next build goes to the disk cache (tests use it)."""
+    """Drop the in-process module table, so the next build goes to the disk cache, and check the cache
+    directory again (tests use it)."""
     _LOADED.clear()
+    forget_roots()
 
 
 def _load_entry(so: Path, meta: Path) -> ctypes.CDLL | None:
@@ -246,10 +237,7 @@ def _load_entry(so: Path, meta: Path) -> ctypes.CDLL | None:
     if lib is None:
         STATS["rebuilt_corrupt"] += 1
         for p in (so, meta):
-            try:
-                p.unlink()
-            except OSError:
-                pass
+            clear_path(p)       # a file, or a directory squatting the entry's name
     return lib
 
 
@@ -261,45 +249,41 @@ def _dlopen(path: Path) -> ctypes.CDLL | None:
 
 
 def _compile(source: str, flags: Sequence[str], name: str, root: Path, so: Path, meta: Path) -> float:
-    root.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "kumiko"
-    fd, tmp_so = tempfile.mkstemp(dir=root, prefix=f".{so.stem}.", suffix=".so.tmp")
-    os.close(fd)
+    """gcc into a scratch directory, then the entry published into the cache: the source, the sidecar, and
+    last the library (a visible ``.so`` always has its sidecar). Nothing of a failed or killed build lands in
+    the cache, and a cache directory deleted during the build is simply made again."""
+    clean_stale(root)
+    stem = safe_stem(name, "kumiko")
     t0 = time.perf_counter()
-    try:
-        with tempfile.TemporaryDirectory(prefix="kumiko-build-") as work:
-            src = Path(work) / f"{stem}.c"
-            src.write_text(source)
-            cmd = [CC, *flags, f"-I{INCLUDE_DIR}", str(src), "-o", tmp_so]
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, cwd=work, check=False)
-            except OSError as e:
-                raise KumikoError("E1701", at=name, why=f"cannot run {CC}: {e}",
-                                  suggestion="Install gcc (Debian: apt-get install gcc).") from None
-            if r.returncode != 0:
-                kept = Path(tempfile.gettempdir()) / f"kumiko-failed-{stem}-{so.stem[:12]}.c"   # not in the cache
-                kept.write_text(source)
-                raise KumikoError("E1701", at=name, why=f"{CC} failed (exit {r.returncode}):\n"
-                                  + _first_errors(r.stderr.replace(str(src), src.name)),
-                                  suggestion="The generated C does not compile: a code generator bug. The source is "
-                                  "kept at the path below; report it with the graph.", source=str(kept),
-                                  command=" ".join(cmd))
-        STATS["compiles"] += 1
-        data = Path(tmp_so).read_bytes()
-        info = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "name": name,
-                "flags": list(flags), "compiler": compiler_version()}
-        _atomic_text(so.with_suffix(".c"), source)   # kept beside the build, for reading and debugging
-        _atomic_text(meta, json.dumps(info, indent=1))
-        os.replace(tmp_so, so)                       # last: a visible .so always has its sidecar
-    finally:
-        if os.path.exists(tmp_so):
-            os.unlink(tmp_so)
+    with build_dir("build") as work:
+        src, out = Path(work) / f"{stem}.c", Path(work) / f"{stem}.so"
+        src.write_text(source)
+        cmd = [CC, *flags, f"-I{INCLUDE_DIR}", str(src), "-o", str(out)]
+        try:
+            r = run_tool(cmd, at=name, cwd=work)
+        except OSError as e:
+            raise KumikoError("E1701", at=name, why=f"cannot run {CC}: {e}",
+                              suggestion="Install gcc (Debian: apt-get install gcc).") from None
+        if r.returncode != 0:
+            check_source_kept(src, cmd)
+            kept = Path(tempfile.gettempdir()) / f"kumiko-failed-{stem}-{so.stem[:12]}.c"   # not in the cache
+            kept.write_text(source)
+            raise KumikoError("E1701", at=name, why=f"{CC} failed (exit {r.returncode}):\n"
+                              + _first_errors(r.stderr.replace(str(src), src.name)),
+                              suggestion="The generated C does not compile: a code generator bug. The source is "
+                              "kept at the path below; report it with the graph.", source=str(kept),
+                              command=" ".join(cmd))
+        try:
+            data = out.read_bytes()
+        except OSError as e:
+            raise file_error(out, e, f"read the library {CC} just wrote") from None
+    STATS["compiles"] += 1
+    info = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "name": name,
+            "flags": list(flags), "compiler": compiler_version()}
+    publish_entry(so.with_suffix(".c"), source)     # kept beside the build, for reading and debugging
+    publish_entry(meta, json.dumps(info, indent=1))
+    publish_entry(so, data)                         # last: a visible .so always has its sidecar
     return time.perf_counter() - t0
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    from kumiko.util import atomic_write
-    atomic_write(path, text)
 
 
 def _first_errors(stderr: str, n: int = 12) -> str:

@@ -26,7 +26,6 @@ import functools
 import hashlib
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,9 +35,10 @@ from typing import Sequence
 
 from kumiko import knobs
 from kumiko.diagnostics import KumikoError
-from kumiko.runtime.cpu import cache_root, header_digest
+from kumiko.runtime.cpu import header_digest
+from kumiko.runtime.files import cache_root, clear_path, publish_entry, safe_stem
 from kumiko.runtime.ptxas import INCLUDE_DIR, KernelResources, nvcc_path, parse_ptxas_report
-from kumiko.util import atomic_write
+from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
 
 #: flags of every cubin build (``-std`` as the nvcc compile checks use). No ``-lineinfo`` by default: it
 #: records the build directory, so the same source would give different bytes; pass it in ``extra_flags``
@@ -67,8 +67,8 @@ class Cubin:
 def nvcc_version(nvcc: str) -> str:
     """``nvcc --version``'s release and build lines: part of every cache key."""
     try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60, check=False).stdout
-    except (OSError, subprocess.SubprocessError) as e:
+        out = run_tool([nvcc, "--version"], at="nvcc").stdout
+    except OSError as e:
         raise KumikoError("E1701", at="nvcc", why=f"nvcc cannot be run: {e}",
                           suggestion="Install the CUDA toolkit (nvcc) or fix PATH.") from None
     lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
@@ -122,9 +122,10 @@ def build_cubin(source: str, arch: str = "sm_80", *, name: str = "kernel", extra
     info = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "arch": arch, "name": name,
             "flags": list(flags), "compiler": nvcc_version(nvcc), "command": cmd, "log": log}
     path = root / f"{key}.cubin"
-    atomic_write(root / f"{key}.cu", source)                   # for reading and debugging
-    atomic_write(root / f"{key}.json", json.dumps(info, indent=1))
-    atomic_write(path, data)                                   # last: a visible cubin always has its sidecar
+    clean_stale(root)
+    publish_entry(root / f"{key}.cu", source)                  # for reading and debugging
+    publish_entry(root / f"{key}.json", json.dumps(info, indent=1))
+    publish_entry(path, data)                                  # last: a visible cubin always has its sidecar
     _debug(name, arch, f"compiled in {took * 1e3:.0f} ms: {path}")
     return Cubin(arch, key, path, data, resources, log, cached=False, compile_s=took)
 
@@ -153,29 +154,28 @@ def _load_entry(root: Path, key: str, arch: str) -> Cubin | None:
     if not ok:
         STATS["rebuilt_corrupt"] += 1
         for p in (path, meta):
-            try:
-                p.unlink()
-            except OSError:
-                pass
+            clear_path(p)           # a file, or a directory squatting the entry's name
         return None
     log = str(info.get("log", ""))
     return Cubin(arch, key, path, data, parse_ptxas_report(log), log, cached=True)
 
 
 def _compile(nvcc: str, source: str, arch: str, flags: Sequence[str], name: str) -> tuple[bytes, str, str]:
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "kernel"
-    with tempfile.TemporaryDirectory(prefix="kumiko-cubin-build-") as work:
+    stem = safe_stem(name, "kernel")
+    with build_dir("cubin-build") as work:
         src, out = Path(work) / f"{stem}.cu", Path(work) / f"{stem}.cubin"
         src.write_text(source)
         # relative paths, run in the scratch directory: the line info names ``NAME.cu``, not a random temp dir,
         # so the same source gives the same bytes
         cmd = [nvcc, "-cubin", f"-arch={arch}", *flags, "-I", str(INCLUDE_DIR), "-o", out.name, src.name]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work, check=False)
+            proc = run_tool(cmd, at=name, cwd=work)
         except OSError as e:
             raise KumikoError("E1701", at=name, why=f"cannot run nvcc: {e}",
                               suggestion="Install the CUDA toolkit (nvcc) or fix PATH.") from None
         log = (proc.stdout + proc.stderr).replace(str(src), src.name)
+        if proc.returncode != 0:
+            check_source_kept(src, cmd)
         if proc.returncode != 0 or not out.exists():
             kept = Path(tempfile.gettempdir()) / f"kumiko-failed-{stem}-{arch}.cu"   # never in the cache
             kept.write_text(source)

@@ -16,7 +16,6 @@ thread; a bad launch or argument list as E1703; a failed build as E1701.
 """
 from __future__ import annotations
 
-import atexit
 import ctypes
 import functools
 import hashlib
@@ -35,10 +34,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from kumiko import knobs
 from kumiko.diagnostics import KumikoError
 from kumiko.runtime import emu_worker
-from kumiko.util import atomic_write
+from kumiko.runtime.files import cache_root, clear_path, file_error, write_file
+from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
 
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"
 _HEADERS = ("cuda_emu.h", "kumiko_cuda.cuh")
@@ -125,8 +124,15 @@ class LaunchResult:
 
 @functools.lru_cache(maxsize=4)
 def _compiler_id(cxx: str) -> str:
-    out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-    return out.splitlines()[0] if out else cxx
+    try:
+        r = run_tool([cxx, "--version"], at=cxx)
+    except OSError as e:
+        raise KumikoError("E1701", at=cxx, why=f"g++ cannot be run: {e}",
+                          suggestion="Install g++ 12 or newer (C++20).") from None
+    if r.returncode != 0:
+        raise KumikoError("E1701", at=cxx, why=f"{cxx} --version failed (exit {r.returncode}): "
+                          + _first_error(r.stderr), suggestion="Install g++ 12 or newer (C++20).")
+    return r.stdout.splitlines()[0] if r.stdout else cxx
 
 
 def _find_cxx() -> str:
@@ -187,7 +193,6 @@ def _first_error(log: str) -> str:
     return lines[0].strip() if lines else "the compiler failed without a message"
 
 
-_temp_dirs: list[str] = []
 _build_lock = threading.Lock()
 #: one lock per loaded library: configure + launch + read the fault record is one step (EmuModules
 #: made by with_config share the library and its emulator state)
@@ -197,15 +202,6 @@ _launch_locks: dict[str, threading.Lock] = {}
 def _launch_lock(path: Path) -> threading.Lock:
     with _build_lock:
         return _launch_locks.setdefault(str(path), threading.Lock())
-
-
-def _scratch_dir() -> Path:
-    """Where builds go when the cache is disabled (KUMIKO_CACHE=0): a temp dir removed at exit."""
-    with _build_lock:
-        if not _temp_dirs:
-            _temp_dirs.append(tempfile.mkdtemp(prefix="kumiko-emu-"))
-            atexit.register(shutil.rmtree, _temp_dirs[0], True)
-        return Path(_temp_dirs[0])
 
 
 def build(source: str, config: EmuConfig | None = None, *, name: str = "kernel",
@@ -229,36 +225,50 @@ def build(source: str, config: EmuConfig | None = None, *, name: str = "kernel",
     for hdr in _HEADERS:
         h.update((INCLUDE_DIR / hdr).read_bytes())
     key = f"{name}-{h.hexdigest()[:20]}"
-    root = knobs.cache_dir()
-    root = (root / "emu") if root is not None else _scratch_dir()
+    root = cache_root("emu")           # KUMIKO_CACHE=0 or an unwritable cache: this process's temporary one
     lib = root / f"{key}.so"
     srcdir = root / key
-    if not lib.exists():
+    if not lib.is_file():
+        clear_path(lib)                # a directory squatting the library's name
         _compile(cxx, flags, source, dyn, name, srcdir, lib)
     return EmuModule(lib, config, name=name, source_path=srcdir / f"{name}.cu", kernels=entry_names(source))
 
 
 def _compile(cxx: str, flags: list[str], source: str, dyn: list[str], name: str, srcdir: Path, lib: Path) -> None:
-    """Compile into a temp file and publish it with os.replace; on failure remove every trace."""
-    srcdir.mkdir(parents=True, exist_ok=True)
+    """Compile into a temp file and publish it with os.replace; on failure (a timeout included) remove every
+    trace. The sources stay in the cache beside the library (reports point into them)."""
+    clean_stale(lib.parent)
+    if not srcdir.is_dir():
+        clear_path(srcdir)             # a file squatting the sources' directory name
     src = srcdir / f"{name}.cu"
-    atomic_write(src, source)
+    write_file(src, source, "the emulator source")
     main = srcdir / "main.cpp"  # the kernel unit: the emulator first, then the source unchanged
-    atomic_write(main, f'#include "cuda_emu.h"\n#include "{src.name}"\n')
+    write_file(main, f'#include "cuda_emu.h"\n#include "{src.name}"\n', "the emulator source")
     units = ["-x", "c++", str(main)]
     if dyn:
-        atomic_write(srcdir / "dynamic_smem.cpp", _dynamic_smem_unit(dyn))
+        write_file(srcdir / "dynamic_smem.cpp", _dynamic_smem_unit(dyn), "the emulator source")
         units += ["-x", "c++", str(srcdir / "dynamic_smem.cpp")]
-    fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=f".{lib.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=f".{lib.name}.", suffix=".tmp")
+    except OSError as e:
+        raise file_error(lib.parent, e, "write into the emulator cache") from None
     os.close(fd)
     cmd = [cxx, *flags, "-I", str(INCLUDE_DIR), "-I", str(srcdir), *units, "-o", tmp]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = run_tool(cmd, at=name)
+        except OSError as e:
+            raise KumikoError("E1701", at=name, why=f"cannot run {cxx}: {e}",
+                              suggestion="Install g++ 12 or newer (C++20).") from None
         if proc.returncode != 0:
+            check_source_kept(src, cmd)
             log = proc.stderr[-8000:]
             raise KumikoError("E1701", at=name, why=f"g++ could not build the emulator library: {_first_error(log)}",
                               command=" ".join(cmd), log=log)
-        os.replace(tmp, lib)
+        try:
+            os.replace(tmp, lib)
+        except OSError as e:
+            raise file_error(lib, e, "publish the emulator library") from None
     except BaseException:
         try:
             os.unlink(tmp)
@@ -466,7 +476,7 @@ class EmuModule:
     def _run_worker(self, kernel: str, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
                     args: list[Any], signature_only: bool = False) -> tuple[int, list[str], str, str]:
         """One launch in a child Python with the ASan runtime preloaded; copies outputs back."""
-        with tempfile.TemporaryDirectory(prefix="kumiko-emu-run-") as d:
+        with build_dir("emu-run") as d:
             req_dir = Path(d)
             spec: list[dict[str, Any]] = []
             for i, a in enumerate(args):
@@ -521,7 +531,7 @@ def _asan_runtime() -> str:
     Python does not link libstdc++, and without it the emulator's fault unwinding would abort)."""
     libs = []
     for lib in ("libasan.so", "libstdc++.so.6"):
-        out = subprocess.run([_find_cxx(), f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
+        out = run_tool([_find_cxx(), f"-print-file-name={lib}"], at=lib).stdout.strip()
         if not out or not Path(out).exists():
             raise KumikoError("E1701", at=lib, why=f"g++ has no {lib} for the AddressSanitizer configuration",
                               suggestion="Install libasan and libstdc++ for your g++ (e.g. libgcc-12-dev).")

@@ -21,16 +21,20 @@ It owns everything between numpy and the kernels, so the code generator only emi
   buffer handed from one region to the next inside the kernel) says so with ``Step``s; a buffer no step
   passes is never allocated.
 
-A CpuProgram is not re-entrant: the arena and the output pools are shared by its calls, so one call at a
-time (another thread wants its own CpuProgram, or a lock around the calls).
+Calls are safe from any number of threads at once. Everything a call writes besides the caller's inputs -
+the arena, the output pools, the aligned input copies - lives in a ``CallState``; a call checks one out of
+a small free list for its duration and gives it back, so two concurrent calls never share bytes, while a
+program called from one thread reuses one state (one arena) call after call, as before.
 """
 from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -125,7 +129,8 @@ class OutputPool:
     Each key keeps at most ``per_key`` arrays (2: the usual ``y = exe(...)`` loop still holds the last
     result while the next call runs, so two arrays alternate); past that, held arrays make fresh ones that
     the pool does not keep. Each output keeps pools for its ``shapes`` most recently used shapes (symbolic
-    sizes that change), so the memory kept stays bounded. Not thread-safe (see the module docstring).
+    sizes that change), so the memory kept stays bounded. Not thread-safe: each ``CallState`` has its own,
+    used by one call at a time.
     """
 
     def __init__(self, per_key: int = 2, shapes: int = 4):
@@ -184,8 +189,27 @@ def region_steps(program: Program, fn_names: Mapping[str, str]) -> tuple[Step, .
                  for r in program.regions)
 
 
+class CallState:
+    """The memory one call of a CpuProgram writes besides its results' owners: the arena bytes (one array per
+    distinct symbol values), the output pool and the pool of aligned input copies.
+
+    Why a separate object: these are reused call after call (no allocation and no page faults in a loop),
+    so two calls running at once must not get the same one - a second thread's kernels would overwrite the
+    first's intermediates mid-run. ``CpuProgram`` hands each running call its own."""
+
+    def __init__(self) -> None:
+        self.outputs = OutputPool()
+        self.copies = OutputPool(per_key=1)   # aligned copies of inputs that are unaligned or not contiguous
+        self.arenas: dict[tuple, np.ndarray] = {}
+
+
 class CpuProgram:
-    """A Program whose regions are functions of a loaded C module; call it like the evaluator."""
+    """A Program whose regions are functions of a loaded C module; call it like the evaluator.
+
+    Thread-safe: every call runs with a ``CallState`` of its own (see the module docstring)."""
+
+    #: call states kept for reuse once their call is done (more concurrent calls make temporary ones)
+    KEEP_STATES = 8
 
     def __init__(self, program: Program, module: CModule, fn_names: Mapping[str, str], *,
                  poison: bool | None = None, steps: tuple[Step, ...] | None = None, reuse_outputs: bool = True):
@@ -204,22 +228,59 @@ class CpuProgram:
         self.program, self.steps = program, steps
         self.poison = poison          # None: follow KUMIKO_SPEC (poison unless it is 0)
         self.reuse_outputs = reuse_outputs    # read at each call; False: a fresh array per output per call
-        self._outputs = OutputPool()
-        self._copies = OutputPool(per_key=1)  # aligned copies of inputs that are unaligned or not contiguous
         self.symbols = program_symbols(program)
         used = {b for st in steps for b in st.buffers}
         # buffers handed between regions inside one kernel are never allocated
         self._planned = dataclasses.replace(program, buffers=tuple(b for b in program.buffers if b[0] in used))
-        self._arenas: dict[tuple, tuple[ArenaPlan, np.ndarray]] = {}
+        self._plans: dict[tuple, ArenaPlan] = {}          # symbol values -> arena plan (immutable, shared)
+        self._state_lock = threading.Lock()
+        #: the first call state: the one a single-threaded caller always gets back (tests inspect its pools)
+        self._primary = CallState()
+        self._free_states: list[CallState] = [self._primary]
+
+    @property
+    def _outputs(self) -> OutputPool:
+        """The primary state's output pool: the one a single-threaded caller's calls use (tests inspect it)."""
+        return self._primary.outputs
+
+    @property
+    def _copies(self) -> OutputPool:
+        """The primary state's pool of aligned input copies (as ``_outputs``)."""
+        return self._primary.copies
+
+    @contextmanager
+    def call_state(self) -> Iterator[CallState]:
+        """A CallState no other running call has, for the duration of one call; kept for the next call
+        after (up to ``KEEP_STATES`` of them), so sequential calls reuse one arena."""
+        with self._state_lock:
+            state = self._free_states.pop() if self._free_states else CallState()
+        try:
+            yield state
+        finally:
+            with self._state_lock:
+                if len(self._free_states) < self.KEEP_STATES:
+                    self._free_states.append(state)
 
     # -- buffers ----------------------------------------------------------------------------------
-    def arena(self, env: Mapping[str, int]) -> tuple[ArenaPlan, np.ndarray]:
+    def arena_plan(self, env: Mapping[str, int]) -> ArenaPlan:
+        """The arena plan for these symbol values (computed once; a race computes the same plan twice)."""
         key = tuple(env.get(s) for s in self.symbols)
-        if key not in self._arenas:
+        plan = self._plans.get(key)
+        if plan is None:
             step_of = {r: k for k, st in enumerate(self.steps) for r in st.regions}
-            plan = plan_arena(self._planned, env, step_of=step_of)
-            self._arenas[key] = (plan, aligned_empty((max(plan.size, ALIGN),), np.uint8, plan.align))
-        return self._arenas[key]
+            plan = self._plans[key] = plan_arena(self._planned, env, step_of=step_of)
+        return plan
+
+    def arena(self, env: Mapping[str, int], state: CallState | None = None) -> tuple[ArenaPlan, np.ndarray]:
+        """The arena plan and ``state``'s arena bytes for these symbol values (allocated on first use).
+        Without ``state``: the primary state's, for inspection (a call passes its own)."""
+        plan = self.arena_plan(env)
+        state = state if state is not None else self._primary
+        key = tuple(env.get(s) for s in self.symbols)
+        raw = state.arenas.get(key)
+        if raw is None:
+            raw = state.arenas[key] = aligned_empty((max(plan.size, ALIGN),), np.uint8, plan.align)
+        return plan, raw
 
     def input_align(self, m: MemRef, dt: np.dtype) -> int:
         """The alignment an input is passed at without a copy. The generated C reads inputs with unaligned
@@ -228,7 +289,7 @@ class CpuProgram:
         numpy array is only 16-byte aligned, and copying a large one costs a pass over it per call."""
         return dt.itemsize
 
-    def _input(self, name: str, m: MemRef, arr, env: Mapping[str, int]) -> np.ndarray:
+    def _input(self, name: str, m: MemRef, arr, env: Mapping[str, int], state: CallState) -> np.ndarray:
         arr = np.asarray(arr)
         dt = m.dtype
         if arr.dtype == np.uint16 and dt in (dtypes.fp16, dtypes.bf16):
@@ -244,12 +305,14 @@ class CpuProgram:
         if arr.flags.c_contiguous and arr.ctypes.data % align == 0:
             return arr
         # the aligned copy is the runtime's own (never handed out): its memory is reused call after call
-        out = self._copies.take(name, tuple(arr.shape), arr.dtype, max(align, ALIGN))
+        out = state.copies.take(name, tuple(arr.shape), arr.dtype, max(align, ALIGN))
         out[...] = arr
         return out
 
-    def buffers(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
-        """Every named buffer of one run: checked inputs, (poisoned) outputs, arena views.
+    def buffers(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int],
+                state: CallState) -> dict[str, np.ndarray]:
+        """Every named buffer of one run: checked inputs, (poisoned) outputs, arena views, all in ``state``
+        (the running call's own, from ``call_state``).
 
         Outputs come from the output pool (an array no caller can still see) unless ``reuse_outputs`` is
         off; poisoning, when on, covers reused arrays too."""
@@ -259,13 +322,13 @@ class CpuProgram:
             raise KumikoError("E1015", at="inputs", why=f"missing {missing}", expected=names)
         do_poison = self.poison if self.poison is not None else knobs.spec() >= 1
         try:
-            bufs = {n: self._input(n, m, inputs[n], env) for n, m in self.program.inputs}
+            bufs = {n: self._input(n, m, inputs[n], env, state) for n, m in self.program.inputs}
             for n, m in self.program.outputs:
                 shape, align = tuple(dim_eval(d, env) for d in m.shape), max(ALIGN, m.alignment)
-                arr = (self._outputs.take(n, shape, m.dtype.np, align) if self.reuse_outputs
+                arr = (state.outputs.take(n, shape, m.dtype.np, align) if self.reuse_outputs
                        else aligned_empty(shape, m.dtype.np, align))
                 bufs[n] = poison(arr) if do_poison else arr
-            plan, raw = self.arena(env)
+            plan, raw = self.arena(env, state)
         except KeyError as e:
             raise KumikoError("E1014", at=f"program {self.program.name}", why=f"size symbol {e.args[0]} has no "
                               "value", suggestion="Bind it through an input's shape (or give it in env).") from None
@@ -288,20 +351,26 @@ class CpuProgram:
 
     def __call__(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
         syms = self.syms(env)
-        bufs = self.buffers(inputs, env)
-        for step, fn in self.kernels:
-            where = f"region {' + '.join(step.regions)}"
-            try:
-                arrays = [bufs[n] for n in step.buffers]
-            except KeyError as e:
-                raise KumikoError("E1703", at=where, why=f"buffer {e.args[0]!r} is neither a "
-                                  "program input, output nor intermediate") from None
-            rc = fn(arrays, syms)
-            if rc == STATUS_BAD_INDEX:     # the generated code's data-dependent index check (gather)
-                raise KumikoError("E1015", at=where, why="a gather index is out of range for "
-                                  "the tensor it reads", suggestion="Pass indices within the gathered axis.",
-                                  sizes=dict(env))
-            if rc != 0:
-                raise KumikoError("E1704", at=where, why=f"kernel {fn.name} returned {rc}",
-                                  sizes=dict(env))
+        with self.call_state() as state:
+            bufs = self.buffers(inputs, env, state)
+            for step, fn in self.kernels:
+                self._run_step(step, fn, bufs, syms, env)
         return {n: bufs[n] for n, _ in self.program.outputs}
+
+    def _run_step(self, step: Step, fn, bufs: Mapping[str, np.ndarray], syms: list[int],
+                  env: Mapping[str, int]) -> None:
+        """One ABI call; its status as a diagnostic."""
+        where = f"region {' + '.join(step.regions)}"
+        try:
+            arrays = [bufs[n] for n in step.buffers]
+        except KeyError as e:
+            raise KumikoError("E1703", at=where, why=f"buffer {e.args[0]!r} is neither a "
+                              "program input, output nor intermediate") from None
+        rc = fn(arrays, syms)
+        if rc == STATUS_BAD_INDEX:     # the generated code's data-dependent index check (gather)
+            raise KumikoError("E1015", at=where, why="a gather index is out of range for "
+                              "the tensor it reads", suggestion="Pass indices within the gathered axis.",
+                              sizes=dict(env))
+        if rc != 0:
+            raise KumikoError("E1704", at=where, why=f"kernel {fn.name} returned {rc}",
+                              sizes=dict(env))

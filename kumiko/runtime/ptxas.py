@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kumiko.diagnostics import KumikoError
+from kumiko.runtime.files import safe_stem
+from kumiko.runtime.toolchain import build_dir, run_tool
 
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"
 
@@ -124,13 +124,14 @@ def nvcc_compile(source: str, arch: str = "sm_80", *, name: str = "kernel", defi
     if not re.fullmatch(r"sm_\d+[af]?", arch):
         raise ValueError(f"arch must look like sm_80 or sm_90a, got {arch!r}")
     defs = [f"-D{k}" if v is None or v is True else f"-D{k}={v}" for k, v in sorted((defines or {}).items())]
-    with tempfile.TemporaryDirectory(prefix="kumiko-nvcc-") as d:
-        src = Path(d) / f"{name}.cu"
+    with build_dir("nvcc") as d:
+        stem = safe_stem(name, "kernel")
+        src = Path(d) / f"{stem}.cu"
         src.write_text(source)
-        out = Path(d) / (f"{name}.o" if host else f"{name}.cubin")
+        out = Path(d) / (f"{stem}.o" if host else f"{stem}.cubin")
         cmd = [nvcc, "-std=c++17", f"-arch={arch}", "-c" if host else "-cubin", "--ptxas-options=-v", "-keep",
                "-keep-dir", d, "-I", str(INCLUDE_DIR), *defs, *extra_flags, "-o", str(out), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=d)
+        proc = run_tool(cmd, at=name, cwd=d)
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
             first = next((x.strip() for x in log.splitlines() if "error" in x), log.strip()[:200])

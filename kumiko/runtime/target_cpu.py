@@ -13,8 +13,9 @@ import numpy as np
 from kumiko.compiler import register_target
 from kumiko.diagnostics import KumikoError
 from kumiko.plan.choose import choose_plans
+from kumiko.plan.cost import machine_from_features
 from kumiko.plan.plan import Plan
-from kumiko.plan.tune import cached_plan, median_time, tune_key
+from kumiko.plan.tune import cached_winner, median_time
 from kumiko.plan.tune import tune as tune_plans
 from kumiko.plan.validate import validate
 from kumiko.region import form_regions
@@ -55,8 +56,9 @@ def compile_cpu(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, featur
     env = {**tiny.symbols, **(shapes or {})}
     compiler = compiler_version()
     syms = program_symbols(program)
+    machine = machine_from_features(feats)
     for r in program.regions:
-        hit = cached_plan(tune_key(r, env, chosen[r.name].arch, compiler))
+        hit = cached_winner(r, chosen[r.name], env, machine, compiler)
         if hit is not None:
             try:
                 chosen[r.name] = validate(hit, r, syms, feats)

@@ -30,6 +30,7 @@ from kumiko.region.ssa import Program
 from kumiko.render.cuda import render_cuda
 from kumiko.runtime.arena import ALIGN
 from kumiko.runtime.emu import CONFIGS, EmuConfig, EmuModule, build
+from kumiko.runtime.files import safe_stem
 from kumiko.runtime.program import CpuProgram, program_symbols, region_steps
 from kumiko.symbolic import dim_eval, prod
 from kumiko.tiny.ir import TinyGraph
@@ -83,7 +84,8 @@ class CompiledCuda:
 
 
 def safe_name(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in name) or "program"
+    """The program name as a build and file name (``files.safe_stem``: a graph name is user text)."""
+    return safe_stem(name)
 
 
 def _buf_args(region, lowered_params) -> tuple:
@@ -200,24 +202,26 @@ class GpuRunner(CpuProgram):
 
     def __call__(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
         syms = dict(zip(self.symbols, self.syms(env)))
-        bufs = self.buffers(inputs, env)
-        scratch: dict[str, np.ndarray] = {}
-        for ln in self.launches:
-            for var, sizes in ln.scratch:
-                if var not in scratch:
-                    scratch[var] = np.full(max(1, math.prod(dim_eval(s, env) for s in sizes)), np.nan, np.float32)
-            grid = tuple(-(-dim_eval(e, env) // t) for e, t in ln.grid)
-            if min(grid) == 0:
-                continue
-            args = []
-            for kind, name in ln.args:
-                if kind == "buf":
-                    args.append(bufs[name])
-                elif kind == "scratch":
-                    args.append(scratch[name])
-                else:
-                    args.append(np.int64(syms[name]))
-            self.module.launch(ln.kernel, grid, ln.block, ln.smem, args)
+        with self.call_state() as state:         # this call's own arena and pools (calls may run in threads)
+            bufs = self.buffers(inputs, env, state)
+            scratch: dict[str, np.ndarray] = {}
+            for ln in self.launches:
+                for var, sizes in ln.scratch:
+                    if var not in scratch:
+                        scratch[var] = np.full(max(1, math.prod(dim_eval(s, env) for s in sizes)), np.nan,
+                                               np.float32)
+                grid = tuple(-(-dim_eval(e, env) // t) for e, t in ln.grid)
+                if min(grid) == 0:
+                    continue
+                args = []
+                for kind, name in ln.args:
+                    if kind == "buf":
+                        args.append(bufs[name])
+                    elif kind == "scratch":
+                        args.append(scratch[name])
+                    else:
+                        args.append(np.int64(syms[name]))
+                self.module.launch(ln.kernel, grid, ln.block, ln.smem, args)
         return {n: bufs[n] for n, _ in self.program.outputs}
 
 

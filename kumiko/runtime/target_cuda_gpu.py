@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -166,7 +167,12 @@ def _nbytes(m: MemRef, env: Mapping[str, int]) -> tuple[tuple, int]:
 
 
 class CudaProgram:
-    """The launches of a CompiledCuda on a backend; call it like the evaluator: ``(inputs, env) -> outputs``."""
+    """The launches of a CompiledCuda on a backend; call it like the evaluator: ``(inputs, env) -> outputs``.
+
+    Thread-safe by a lock around each call: a ``Bound`` (the device buffers for one set of sizes: inputs,
+    outputs, arena, scratch) is shared by every call at those sizes and freed when evicted, so two calls at
+    once would overwrite each other's buffers or free the other's. The calls share one GPU and one stream,
+    so serialising them costs little."""
 
     #: bound sizes kept at once (each holds device memory)
     KEEP_BOUND = 2
@@ -201,6 +207,7 @@ class CudaProgram:
             if nbytes > 48 * 1024:
                 backend.set_dynamic_smem(self.functions[kernel], kernel, nbytes)
         self._bound: OrderedDict[tuple, Bound] = OrderedDict()
+        self._call_lock = threading.Lock()
 
     # -- buffers ----------------------------------------------------------------------------------
     def syms(self, env: Mapping[str, int]) -> dict[str, int]:
@@ -349,13 +356,14 @@ class CudaProgram:
         return self.poison if self.poison is not None else knobs.spec() >= 1
 
     def __call__(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
-        b = self.bind(env)
-        self.upload(b, inputs)
-        if self.do_poison():
-            self.fill_poison(b)
-        self.enqueue(b)
-        self.wait(b)
-        return self.download(b)
+        with self._call_lock:                      # see the class docstring
+            b = self.bind(env)
+            self.upload(b, inputs)
+            if self.do_poison():
+                self.fill_poison(b)
+            self.enqueue(b)
+            self.wait(b)
+            return self.download(b)
 
 
 def check_input(name: str, m: MemRef, arr: Any, env: Mapping[str, int]) -> np.ndarray:
@@ -389,6 +397,7 @@ class CompiledCudaGpu:
         self.extra_flags = tuple(extra_flags)
         self._program: CudaProgram | None = None
         self._module: Any = None
+        self._open_lock = threading.Lock()     # the first calls of several threads open the device once
 
     # what dumps, the CLI and the tests read (as on CompiledCuda)
     source = property(lambda self: self.compiled.source)
@@ -399,7 +408,13 @@ class CompiledCudaGpu:
     gpu_arch = property(lambda self: self.cubin.arch)
 
     def runner(self) -> CudaProgram:
-        """The CudaProgram on the device: opened, the cubin checked against it and loaded, on first use."""
+        """The CudaProgram on the device: opened, the cubin checked against it and loaded, on first use;
+        made current in the calling thread (a CUDA context is current per thread)."""
+        with self._open_lock:
+            return self._open()
+
+    def _open(self) -> CudaProgram:
+        """``runner``'s work, under its lock."""
         if self._program is None:
             dev = self.device or CudaDevice.get(self.ordinal)
             self.device = dev
