@@ -20,6 +20,7 @@ op is typed keep the lowering's code (E1011, E1005, ...) but are located the sam
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ DSL_DTYPE = {v: k for k, v in DTYPES.items()}
 QUALIFIERS = {"data": "role", "param": "role", "state": "role", "immutable": "mutability",
               "mutable": "mutability", "const_pool": "storage", "arena": "storage", "external": "storage"}
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+INT64_MAX = 2 ** 63 - 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -135,8 +137,7 @@ def tokenize(src: Source) -> list[Token]:
                 out.append(Token("nl", s, None, p))
             line, line_start = line + 1, m.end()
         elif kind == "num":
-            value = float(s) if any(c in s for c in ".eE") else int(s)
-            out.append(Token(kind, s, value, p))
+            out.append(Token(kind, s, _number(src, s, p), p))
         elif kind == "str":
             out.append(Token(kind, s, json.loads(s), p))
         elif kind == "name":
@@ -162,6 +163,24 @@ def tokenize(src: Source) -> list[Token]:
     return out
 
 
+def _number(src: Source, s: str, pos: Pos) -> int | float:
+    """A number literal's value. An integer must fit int64 (kumiko's integers are i32; int64 is
+    where constants fold) and is checked by its length before Python converts it, so a 5000-digit
+    literal is a diagnostic rather than Python's int-string limit; a float that overflows float64
+    would silently be inf."""
+    if not any(c in s for c in ".eE"):
+        if len(s.lstrip("0")) > 19 or int(s) > INT64_MAX:
+            raise src.error(pos, f"the integer {s[:20]}{'...' if len(s) > 20 else ''} ({len(s)} digits) is "
+                            "outside the int64 range", suggestion="write it as a float, e.g. 1e30, if you mean "
+                            "a float")
+        return int(s)
+    v = float(s)
+    if math.isinf(v):
+        raise src.error(pos, f"the number {s[:20]}{'...' if len(s) > 20 else ''} is outside the float64 range",
+                        suggestion="write inf if you mean infinity")
+    return v
+
+
 def _unclosed(src: Source, opener: Token, found: Token | None = None) -> KumikoError:
     close = {v: k for k, v in _CLOSE.items()}[opener.text]
     seen = f" (found {found.text!r} at {found.pos.line}:{found.pos.col})" if found else " before the end of the file"
@@ -176,6 +195,12 @@ def _unclosed(src: Source, opener: Token, found: Token | None = None) -> KumikoE
 # parser
 
 CMP_OPS = ("<", "<=", ">", ">=", "==", "!=")
+#: binary operators by binding strength (all left-associative; ``**`` binds tighter, in ``power``)
+PRECEDENCE = {**dict.fromkeys(CMP_OPS, 0), "+": 1, "-": 1, "*": 2, "/": 2, "@": 2, "%": 2}
+#: how deeply an expression may nest: brackets, calls and exponents while parsing, and the depth of
+#: the tree the elaborator recurses over (E1018 beyond). Each level costs the parser up to four
+#: Python frames and the elaborator three, so this keeps both far from Python's recursion limit.
+MAX_NESTING = 128
 
 
 class Parser:
@@ -183,6 +208,8 @@ class Parser:
         self.src = src
         self.toks = tokenize(src)
         self.i = 0
+        self.nesting = 0                          # open brackets and calls around the current token
+        self.depth: dict[int, int] = {}           # id(node) -> elaborator recursion depth (``_built``)
 
     # token helpers ----------------------------------------------------------------------------
     def peek(self, k: int = 0) -> Token:
@@ -396,44 +423,90 @@ class Parser:
             raise self.reserved(Token("ident", x.name, x.name, x.pos), "a variable name")
 
     # expressions --------------------------------------------------------------------------------
+    # Operator chains are parsed with loops (precedence climbing over an explicit operand stack), so
+    # a 500-term sum or a run of 5000 signs costs no recursion; only brackets, calls and `**`
+    # exponents nest, and those are bounded by MAX_NESTING (E1018), as is the depth of the tree the
+    # elaborator walks (see ``_built``).
     def expr(self):
-        lhs = self.additive()
-        if self.peek().kind == "op" and self.peek().text in CMP_OPS:
+        operands, ops = [self.operand()], []
+        while self.peek().kind == "op" and self.peek().text in PRECEDENCE:
             op = self.take()
-            rhs = self.additive()
-            if self.peek().kind == "op" and self.peek().text in CMP_OPS:
-                raise self.err(self.peek(), "comparisons do not chain",
+            if op.text in CMP_OPS and any(o.text in CMP_OPS for o in ops):
+                raise self.err(op, "comparisons do not chain",
                                suggestion="compare two values at a time, e.g. (a < b) and then combine")
-            return Binary(op.text, lhs, rhs, op.pos)
-        return lhs
+            while ops and PRECEDENCE[ops[-1].text] >= PRECEDENCE[op.text]:
+                self._reduce(operands, ops)
+            ops.append(op)
+            operands.append(self.operand())
+        while ops:
+            self._reduce(operands, ops)
+        return operands[0]
 
-    def additive(self):
-        e = self.multiplicative()
-        while self.peek().kind == "op" and self.peek().text in ("+", "-"):
-            op = self.take()
-            e = Binary(op.text, e, self.multiplicative(), op.pos)
+    def _reduce(self, operands: list, ops: list) -> None:
+        op, rhs = ops.pop(), operands.pop()
+        operands.append(self._built(Binary(op.text, operands.pop(), rhs, op.pos)))
+
+    def operand(self):
+        """A run of prefix signs, then a power. ``-x ** 2`` is ``-(x ** 2)``, as in Python. A run of
+        minus signs keeps its parity in at most two negations (``--x`` stays two ``neg``s)."""
+        signs = self._signs()
+        return self._negate(self.power(), signs)
+
+    def _signs(self) -> list[Token]:
+        signs = []
+        while self.peek().kind == "op" and self.peek().text in ("-", "+"):
+            t = self.take()
+            if t.text == "-":
+                signs.append(t)
+        return signs
+
+    def _negate(self, e, signs: list[Token]):
+        for t in signs[:2 - len(signs) % 2][::-1]:
+            e = self._built(Unary("-", e, t.pos))
         return e
-
-    def multiplicative(self):
-        e = self.unary()
-        while self.peek().kind == "op" and self.peek().text in ("*", "/", "@", "%"):
-            op = self.take()
-            e = Binary(op.text, e, self.unary(), op.pos)
-        return e
-
-    def unary(self):
-        if self.peek().kind == "op" and self.peek().text in ("-", "+"):
-            op = self.take()
-            operand = self.unary()
-            return operand if op.text == "+" else Unary("-", operand, op.pos)
-        return self.power()
 
     def power(self):
+        """``primary ** unary ** ...``, right-associative, each exponent with its own prefix signs
+        (``2 ** -2 ** 2`` is ``2 ** -(2 ** 2)``); read with a loop and folded from the right."""
         base = self.primary()
-        if self.at("**"):
+        chain = []
+        while self.at("**"):
             op = self.take()
-            return Binary("**", base, self.unary(), op.pos)
-        return base
+            chain.append((op, self._signs(), self.primary()))
+        if not chain:
+            return base
+        e = None
+        for k in range(len(chain) - 1, -1, -1):
+            op, signs, p = chain[k]
+            if e is not None:
+                e = self._built(Binary("**", p, e, chain[k + 1][0].pos))
+            e = self._negate(p if e is None else e, signs)
+        return self._built(Binary("**", base, e, chain[0][0].pos))
+
+    def _built(self, node):
+        """Record how deep ``node`` makes the elaborator recurse (it walks a Binary's left operand
+        with a loop, every other child with a call) and refuse a tree deeper than MAX_NESTING."""
+        d = self.depth.get
+        if isinstance(node, Binary):
+            depth = max(d(id(node.lhs), 0), 1 + d(id(node.rhs), 0))
+        elif isinstance(node, Unary):
+            depth = 1 + d(id(node.operand), 0)
+        elif isinstance(node, Call):
+            depth = 1 + max((d(id(x), 0) for x in (*node.args, *(v for _, v, _ in node.kwargs))), default=0)
+        else:
+            depth = 1 + max((d(id(x), 0) for x in node.items), default=0)
+        if depth > MAX_NESTING:
+            raise self.src.error(node.pos, f"this expression nests deeper than {MAX_NESTING} levels",
+                                 code="E1018", suggestion="split it into several statements", limit=MAX_NESTING)
+        self.depth[id(node)] = depth
+        return node
+
+    def _enter(self, tok: Token) -> None:
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise self.src.error(tok.pos, f"brackets and calls nest deeper than {MAX_NESTING} levels here",
+                                 code="E1018", suggestion="split the expression into several statements",
+                                 limit=MAX_NESTING)
 
     def primary(self):
         t = self.peek()
@@ -458,6 +531,7 @@ class Parser:
             return Name(t.text, t.pos)
         if self.at("("):
             open_ = self.take()
+            self._enter(open_)
             items = [self.expr()]
             while self.at(","):
                 self.take()
@@ -465,21 +539,24 @@ class Parser:
                     break
                 items.append(self.expr())
             self.take()                               # ')' (matched by the tokenizer)
-            return items[0] if len(items) == 1 else TupleLit(tuple(items), open_.pos)
+            self.nesting -= 1
+            return items[0] if len(items) == 1 else self._built(TupleLit(tuple(items), open_.pos))
         if self.at("["):
             open_ = self.take()
+            self._enter(open_)
             items = []
             while not self.at("]"):
                 items.append(self.expr())
                 if not self.at("]"):
                     self.expect(",", "between list items")
             self.take()
-            return ListLit(tuple(items), open_.pos)
+            self.nesting -= 1
+            return self._built(ListLit(tuple(items), open_.pos))
         raise self.err(t, f"expected a value, found {_describe(t)}",
                        suggestion="a value is a name, a number, a call like relu(x) or a parenthesised expression")
 
     def call(self, name: Token) -> Call:
-        self.take()                                   # '('
+        self._enter(self.take())                      # '('
         args, kwargs = [], []
         while not self.at(")"):
             t = self.peek()
@@ -497,10 +574,11 @@ class Parser:
             if not self.at(")"):
                 self.expect(",", f"between the arguments of {name.text}")
         self.take()
+        self.nesting -= 1
         if name.text in FUSED:
             raise self.err(name, f"{name.text!r} is reserved for the fused-op syntax, which the DSL does not "
                            "support yet", suggestion="write the ops one by one; kumiko fuses them itself")
-        return Call(name.text, tuple(args), tuple(kwargs), name.pos)
+        return self._built(Call(name.text, tuple(args), tuple(kwargs), name.pos))
 
 
 def _describe(t: Token) -> str:
@@ -531,6 +609,12 @@ def parse_program(text: str, filename: str | None = None, name: str | None = Non
 
     The Graph is named ``name``, else the file's stem, else ``main``."""
     from kumiko.frontend.dsl_elab import elaborate
-    program = parse_ast(text, filename)
     gname = name or (Path(filename).stem if filename else "main")
-    return elaborate(program, gname)
+    try:
+        return elaborate(parse_ast(text, filename), gname)
+    except RecursionError:
+        # MAX_NESTING keeps the parser and the elaborator well inside Python's stack; this is the last
+        # line for a caller that is itself already deep in the stack
+        raise KumikoError("E1018", at=filename or "<string>", why="the program nests deeper than the Python "
+                          f"stack allows here (kumiko's own limit is {MAX_NESTING} levels)",
+                          limit=MAX_NESTING) from None

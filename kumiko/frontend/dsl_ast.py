@@ -13,8 +13,6 @@ class Pos:
     width: int = 1
 
 
-
-
 @dataclass(frozen=True)
 class Num:
     value: int | float | bool
@@ -59,6 +57,17 @@ class Binary:
     lhs: Any
     rhs: Any
     pos: Pos                    # the operator
+
+
+def left_spine(e: Any) -> tuple[Any, list[Binary]]:
+    """``((a + b) - c) * d`` as ``a`` and its operators bottom-up ``[+, -, *]``: a long chain of
+    left-associative operators (a 500-term sum) is a deep tree, so its walkers loop over the left
+    spine and recurse only into right operands, which the parser keeps shallow (``MAX_NESTING``)."""
+    spine = []
+    while isinstance(e, Binary):
+        spine.append(e)
+        e = e.lhs
+    return e, spine[::-1]
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ import operator
 from typing import TYPE_CHECKING, Any
 
 from kumiko import dtypes
+from kumiko.diagnostics import KumikoError
 from kumiko.frontend.dsl import DTYPES, closest_match
-from kumiko.frontend.dsl_ast import Binary, Call, ListLit, Name, Num, Str, TypeAst, Unary
+from kumiko.frontend.dsl_ast import Binary, Call, ListLit, Name, Num, Str, TypeAst, Unary, left_spine
 from kumiko.frontend.graph import TensorType
 from kumiko.symbolic import Expr, dim, dim_json
 
@@ -32,13 +33,24 @@ class Constants:
                "==": operator.eq, "!=": operator.ne}
         if e.op not in fns:
             raise self.error(e.pos, f"{e.op!r} needs tensor operands")
+        ints = all(isinstance(x, int) for x in (a, b))
+        if ints and e.op == "**" and abs(a) > 1 and b > 63:
+            # decided before computing: Python would evaluate 2 ** 2 ** 2 ** 2 ** 2 ** 2 exactly (forever)
+            raise self._too_big(e, a, b)
         try:
             r = fns[e.op](a, b)
         except (ZeroDivisionError, OverflowError) as err:
             raise self.error(e.pos, f"cannot compute {a!r} {e.op} {b!r}: {err}") from None
         if isinstance(r, complex):
             raise self.error(e.pos, f"{a!r} ** {b!r} is not a real number")
+        if isinstance(r, int) and not isinstance(r, bool) and not -2 ** 63 <= r < 2 ** 63:
+            raise self._too_big(e, a, b)
         return r
+
+    def _too_big(self, e: Binary, a: int, b: int) -> KumikoError:
+        return self.error(e.pos, f"the integer {a} {e.op} {b} is outside the int64 range (integer constants fold in "
+                          "int64)", code="E1012", suggestion="use float constants (2.0 instead of 2) to fold in "
+                          "float64")
 
     def type_of(self, f: Frame, t: TypeAst) -> TensorType:
         shape = []
@@ -63,19 +75,12 @@ class Constants:
                              f"{f.graph.name}(...)")
         if isinstance(e, Unary):
             return -self.size(f, e.operand)
-        if isinstance(e, Binary) and e.op in ("+", "-", "*"):
-            a, b = self.size(f, e.lhs), self.size(f, e.rhs)
-            return a + b if e.op == "+" else a - b if e.op == "-" else a * b
-        if isinstance(e, Binary) and e.op in ("/", "%"):
-            a, q = self.size(f, e.lhs), self.size(f, e.rhs).as_int()
-            if q is None or q <= 0:
-                raise self.error(e.pos, f"'{e.op}' on sizes needs a positive integer divisor")
-            if e.op == "%":
-                return a % q
-            exact = a.exact_div(q)
-            if exact is None:
-                raise self.error(e.pos, f"{a} / {q} does not divide exactly", suggestion=f"write floor(({a})/{q})")
-            return exact
+        if isinstance(e, Binary) and e.op in ("+", "-", "*", "/", "%"):
+            leaf, spine = left_spine(e)
+            acc = self.size(f, leaf)
+            for b in spine:
+                acc = self._size_binary(f, b, acc)
+            return acc
         if isinstance(e, Call) and e.func in ("floor", "ceil") and len(e.args) == 1 and not e.kwargs:
             x = e.args[0]
             if isinstance(x, Binary) and x.op == "/":
@@ -86,6 +91,23 @@ class Constants:
             return self.size(f, x)
         raise self.error(e.pos, "a size is an integer expression of declared sizes",
                          suggestion="use + - * / %, floor(E/q) and ceil(E/q) over integers and sizes")
+
+    def _size_binary(self, f: Frame, e: Binary, a: Expr) -> Expr:
+        if e.op in ("+", "-", "*"):
+            b = self.size(f, e.rhs)
+            return a + b if e.op == "+" else a - b if e.op == "-" else a * b
+        if e.op not in ("/", "%"):
+            raise self.error(e.pos, "a size is an integer expression of declared sizes",
+                             suggestion="use + - * / %, floor(E/q) and ceil(E/q) over integers and sizes")
+        q = self.size(f, e.rhs).as_int()
+        if q is None or q <= 0:
+            raise self.error(e.pos, f"'{e.op}' on sizes needs a positive integer divisor")
+        if e.op == "%":
+            return a % q
+        exact = a.exact_div(q)
+        if exact is None:
+            raise self.error(e.pos, f"{a} / {q} does not divide exactly", suggestion=f"write floor(({a})/{q})")
+        return exact
 
     def const(self, f: Frame, e: Any) -> Any:
         return _final(self._const(f, e))
@@ -115,15 +137,11 @@ class Constants:
                 raise self.error(e.pos, f"cannot negate {v!r}")
             return -v
         if isinstance(e, Binary):
-            a, b = self._const(f, e.lhs), self._const(f, e.rhs)
-            if isinstance(a, Expr) or isinstance(b, Expr):
-                return self._sym_arith(e, a, b)
-            if not all(isinstance(x, (int, float)) for x in (a, b)) or e.op in ("@", "%"):
-                raise self.error(e.pos, f"cannot compute {a!r} {e.op} {b!r} in an attribute")
-            if e.op == "/" and all(isinstance(x, int) and not isinstance(x, bool) for x in (a, b)) and b and \
-                    a % b == 0:
-                return a // b                     # 6 / 2 is the size 3; 1 / 8 is 0.125
-            return self.fold(e, a, b)
+            leaf, spine = left_spine(e)
+            acc = self._const(f, leaf)
+            for b in spine:
+                acc = self._const_binary(b, acc, self._const(f, b.rhs))
+            return acc
         if isinstance(e, Call) and e.func in ("floor", "ceil") and len(e.args) == 1 and not e.kwargs:
             x = e.args[0]
             if isinstance(x, Binary) and x.op == "/":
@@ -145,6 +163,15 @@ class Constants:
             raise self.error(e.pos, "attribute values are constants; calls are not allowed here",
                              suggestion="compute the value in a statement and pass it as an input")
         raise self.error(e.pos, "this is not an attribute value")
+
+    def _const_binary(self, e: Binary, a: Any, b: Any) -> Any:
+        if isinstance(a, Expr) or isinstance(b, Expr):
+            return self._sym_arith(e, a, b)
+        if not all(isinstance(x, (int, float)) for x in (a, b)) or e.op in ("@", "%"):
+            raise self.error(e.pos, f"cannot compute {a!r} {e.op} {b!r} in an attribute")
+        if e.op == "/" and all(isinstance(x, int) and not isinstance(x, bool) for x in (a, b)) and b and a % b == 0:
+            return a // b                     # 6 / 2 is the size 3; 1 / 8 is 0.125
+        return self.fold(e, a, b)
 
     def _sym_arith(self, e: Binary, a: Any, b: Any) -> Expr:
         if isinstance(a, float) or isinstance(b, float) or not all(isinstance(x, (int, Expr)) for x in (a, b)):

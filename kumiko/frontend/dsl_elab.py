@@ -30,6 +30,7 @@ from kumiko.frontend.dsl_ast import (
     Str,
     TupleLit,
     Unary,
+    left_spine,
 )
 from kumiko.frontend.dsl_consts import Constants
 from kumiko.frontend.dsl_vocab import OPERATORS, vocabulary
@@ -379,18 +380,26 @@ class Elaborator(Constants):
                 return [-v]
             return self.emit(f, "Elementwise", [v], {"fn": "neg"}, e.pos, [out])
         if isinstance(e, Binary):
-            if e.op == "%":
-                raise self.error(e.pos, "'%' works on sizes only (in types and attributes)",
-                                 suggestion="there is no tensor remainder op")
-            a, b = self.value(f, e.lhs), self.value(f, e.rhs)
-            if not isinstance(a, str) and not isinstance(b, str):
-                return [self.fold(e, a, b)]
-            if e.op == "@":
-                if not (isinstance(a, str) and isinstance(b, str)):
-                    raise self.error(e.pos, "'@' multiplies two tensors", suggestion="use '*' to scale by a number")
-                return self.emit(f, "MatMul", [a, b], {}, e.pos, [out])
-            return self.emit(f, "Elementwise", [a, b], {"fn": OPERATORS[e.op]}, e.pos, [out])
+            leaf, spine = left_spine(e)
+            for b in reversed(spine):                # the root's '%' first, as a recursive walk finds it
+                if b.op == "%":
+                    raise self.error(b.pos, "'%' works on sizes only (in types and attributes)",
+                                     suggestion="there is no tensor remainder op")
+            acc = self.value(f, leaf)
+            for b in spine:
+                acc = self.binary(f, b, acc, self.value(f, b.rhs), out if b is e else None)
+            return [acc]
         raise self.error(e.pos, "unexpected expression")   # pragma: no cover (the parser makes no others)
+
+    def binary(self, f: Frame, e: Binary, a: Value, b: Value, out: str | None) -> Value:
+        """One operator over two evaluated operands: folded when both are numbers, else an op."""
+        if not isinstance(a, str) and not isinstance(b, str):
+            return self.fold(e, a, b)
+        if e.op == "@":
+            if not (isinstance(a, str) and isinstance(b, str)):
+                raise self.error(e.pos, "'@' multiplies two tensors", suggestion="use '*' to scale by a number")
+            return self.emit(f, "MatMul", [a, b], {}, e.pos, [out])[0]
+        return self.emit(f, "Elementwise", [a, b], {"fn": OPERATORS[e.op]}, e.pos, [out])[0]
 
     def lookup(self, f: Frame, e: Name) -> Value:
         if e.name in f.env:
@@ -432,7 +441,7 @@ class Elaborator(Constants):
 
     def emit(self, f: Frame, op: str, inputs: list, attrs: dict, pos: Pos, outs: list, n: int = 1,
              kwpos: dict | None = None, spelled: str | None = None) -> list[str]:
-        from kumiko.frontend.lower import OPS, Ctx
+        from kumiko.frontend.lower import lower_op
         names = [o if o is not None and o not in self.tid else self.temp(f) for o in (outs + [None] * n)[:n]]
         self.used |= set(names)
         rec = _Recording(attrs)
@@ -440,13 +449,9 @@ class Elaborator(Constants):
         desc = f"{op}.{attrs['fn']}" if "fn" in attrs else op
         args = [self.tid[x] if isinstance(x, str) else x for x in inputs]
         try:
-            res = OPS[op](Ctx(self.b, node), args)
+            res = lower_op(self.b, node, args)
         except KumikoError as err:
             raise self.relocate(err, pos, desc) from None
-        except (TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError) as err:
-            raise self.error(pos, f"{spelled or op}: invalid inputs or attributes ({err})", code="E1010",
-                             suggestion="check the attributes against docs/dsl.md", op=desc) from None
-        res = [res] if isinstance(res, str) else list(res)
         if len(res) != n:
             raise self.error(pos, f"{spelled or op} gives {len(res)} value(s) but {n} names are assigned")
         for key in attrs:

@@ -8,6 +8,7 @@ match what was inferred. A Graph that exists is therefore valid, and ``graph.tin
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -176,11 +177,9 @@ class Graph:
                 i = {"tensor": i}
             if not isinstance(i, Mapping) or not isinstance(i.get("tensor"), str):
                 raise KumikoError("E1009", at=at, why="each signature input needs a 'tensor' name")
-            role, mut, sto = i.get("role", "data"), i.get("mutability", "immutable"), i.get("storage")
-            if role not in ROLES or mut not in MUTABILITY or sto not in STORAGES:
-                raise KumikoError("E1013", at=at, why=f"role must be one of {ROLES}, mutability one of {MUTABILITY},"
-                                  f" storage one of {STORAGES[1:]} (got {role!r}, {mut!r}, {sto!r})")
-            inputs.append(SigInput(i["tensor"], role, mut, sto))
+            entry = SigInput(i["tensor"], i.get("role", "data"), i.get("mutability", "immutable"), i.get("storage"))
+            check_sig_input(entry, at)
+            inputs.append(entry)
         outputs = []
         for k, o in enumerate(_need(sig, "outputs", list, f"{where}.signature")):
             name = o if isinstance(o, str) else (o.get("tensor") if isinstance(o, Mapping) else None)
@@ -199,6 +198,9 @@ class Graph:
                 shape = dims(t["shape"])
             except (SyntaxError, TypeError, ValueError) as e:
                 raise KumikoError("E1009", at=at, why=f"bad shape {t['shape']!r}: {e}") from None
+            except RecursionError:      # the size-expression parser recurses once per parenthesis
+                raise KumikoError("E1018", at=at, why="a size expression of this shape nests too deeply to read") \
+                    from None
             if any(isinstance(s, int) and s < 0 for s in shape):
                 raise KumikoError("E1009", at=at, why=f"bad shape {t['shape']!r}: sizes must be >= 0")
             tensors[name] = TensorType(dt, shape)
@@ -249,6 +251,42 @@ class Graph:
         atomic_write(Path(path), json.dumps(self.to_json(), indent=2) + "\n")
 
 
+#: how deeply a graph file's JSON may nest (a frontend graph needs about 6 levels, a Tiny IR dump
+#: about 8); checked before parsing, because Python's json recurses once per level (RecursionError)
+MAX_JSON_DEPTH = 64
+#: JSON integers beyond int64 are refused (kumiko's sizes and constants are at most int64)
+MAX_JSON_INT_DIGITS = 19
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def loads(text: str, where: str) -> Any:
+    """Parse a graph file's JSON text; every failure is a ``KumikoError``: malformed JSON (E1009 with
+    the position), nesting deeper than MAX_JSON_DEPTH (E1018, found by a scan that does not recurse)
+    and integers outside int64 (E1009; Python's int-string limit would raise a ValueError at 4300
+    digits and json a RecursionError at about 1000 levels)."""
+    depth = 0
+    for m in re.finditer(r"[\[\]{}]", _JSON_STRING.sub('""', text)):
+        depth += 1 if m.group() in "[{" else -1
+        if depth > MAX_JSON_DEPTH:
+            raise KumikoError("E1018", at=where, why=f"the JSON nests deeper than {MAX_JSON_DEPTH} levels",
+                              limit=MAX_JSON_DEPTH)
+
+    def parse_int(s: str) -> int:
+        if len(s.lstrip("-0")) > MAX_JSON_INT_DIGITS or not -2 ** 63 <= int(s) < 2 ** 63:
+            raise KumikoError("E1009", at=where, why=f"the integer {s[:20]}{'...' if len(s) > 20 else ''} "
+                              f"({len(s.lstrip('-'))} digits) is outside the int64 range")
+        return int(s)
+
+    try:
+        return json.loads(text, parse_int=parse_int)
+    except json.JSONDecodeError as e:
+        lines = text.splitlines()
+        line = lines[e.lineno - 1] if 0 < e.lineno <= len(lines) else ""
+        raise KumikoError("E1009", at=f"{where}:{e.lineno}:{e.colno}", why=f"invalid JSON: {e.msg}",
+                          excerpt=f"  {line}\n  {' ' * (e.colno - 1)}^",
+                          suggestion="Fix the JSON syntax at the marked position.") from None
+
+
 def _need(d: Mapping, key: str, typ: type, where: str) -> Any:
     if key not in d:
         raise KumikoError("E1009", at=where, why=f"missing '{key}'")
@@ -257,9 +295,20 @@ def _need(d: Mapping, key: str, typ: type, where: str) -> Any:
     return d[key]
 
 
+def check_sig_input(i: SigInput, at: str) -> None:
+    """A signature input's name, role, mutability and storage are among the known ones (E1013); checked
+    by every way of making a Graph (JSON, the Tensor API, the DSL, ONNX import)."""
+    if not isinstance(i.tensor, str) or not i.tensor:
+        raise KumikoError("E1013", at=at, why=f"an input's name must be a non-empty string, got {i.tensor!r}")
+    if i.role not in ROLES or i.mutability not in MUTABILITY or i.storage not in STORAGES:
+        raise KumikoError("E1013", at=at, why=f"role must be one of {ROLES}, mutability one of {MUTABILITY}, "
+                          f"storage one of {STORAGES[1:]} (got {i.role!r}, {i.mutability!r}, {i.storage!r})")
+
+
 def _check_names(inputs: tuple, outputs: tuple, tensors: Mapping, nodes: tuple) -> tuple:
     seen: set[str] = set()
     for i in inputs:
+        check_sig_input(i, f"signature.inputs.{i.tensor}")
         if i.tensor in seen:
             raise KumikoError("E1013", at=f"signature.inputs.{i.tensor}", why=f"input {i.tensor!r} is listed twice")
         if i.tensor not in tensors:

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import Expr, dim, dims, prod
@@ -53,6 +55,14 @@ class Ctx:
             raise self.err("E1010", f"{what} {a!r} is out of range for rank {rank}")
         return a % rank
 
+    def axes(self, listed: Any, rank: int) -> tuple[int, ...]:
+        """Distinct axes, sorted; naming an axis twice (``[1, 1]``, or ``[1, -1]`` for rank 2) is an
+        error rather than silently the same as naming it once."""
+        out = [self.axis(a, rank) for a in listed]
+        if len(set(out)) != len(out):
+            raise self.err("E1010", f"axes {list(listed)!r} name an axis more than once (rank {rank})")
+        return tuple(sorted(out))
+
     def dtype_attr(self, key: str, default: dtypes.DType) -> dtypes.DType:
         v = self.node.attrs.get(key)
         if v is None:
@@ -61,6 +71,34 @@ class Ctx:
         if dt is None or dt.name not in dtypes.USER:
             raise self.err("E1012", f"{key}={v!r} is not a supported dtype")
         return dt
+
+    def acc_dtype(self, dt: dtypes.DType, default: dtypes.DType | None = None) -> dtypes.DType:
+        """The ``acc_dtype`` attribute for a sum over ``dt`` values. An accumulator of another kind
+        (integer for floats: every partial sum truncated; bool; float for integers: sums past 2**24
+        rounded) or narrower than ``dt`` would compute a different answer than the op means, so it is
+        refused rather than honoured."""
+        acc = self.dtype_attr("acc_dtype", default or dtypes.default_acc(dt))
+        if acc is not dt and (acc is dtypes.bool_ or acc.is_float != dt.is_float
+                              or acc.itemsize <= dt.itemsize):
+            want = "fp32" if dt.is_float else "i32"
+            raise self.err("E1010", f"acc_dtype={acc.name} is not an accumulator for {dt} values: it "
+                           f"must be {dt} or a wider dtype of the same kind", suggestion=f"use acc_dtype={want!r}")
+        return acc
+
+    def number(self, key: str, default: Any = None, minimum: float | None = None,
+               infinite: bool = False) -> Any:
+        """A real-number attribute: bools, nan and (unless ``infinite``) inf are refused, as is a value
+        below ``minimum``."""
+        v = self.node.attrs.get(key, default)
+        if v is None:
+            return None
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and \
+            (infinite or isinstance(v, int) or math.isfinite(v)) and (minimum is None or v >= minimum)
+        if not ok:
+            what = "a number" if infinite else "a finite number"
+            raise self.err("E1010", f"attribute {key!r} must be {what}"
+                           f"{f' >= {minimum}' if minimum is not None else ''}, got {v!r}")
+        return v
 
 
 Lowering = Callable[[Ctx, list], "str | list[str]"]
@@ -79,7 +117,6 @@ def op(*names: str):
 # driver
 
 def lower_graph(inputs, outputs, tensors, nodes, symbols, name) -> tuple[dict, TinyGraph]:
-    from kumiko.frontend import lower_nn  # noqa: F401  (registers the nn ops)
     from kumiko.frontend.graph import TensorType
     b = TinyBuilder(name)
     env: dict[str, str] = {}
@@ -91,22 +128,7 @@ def lower_graph(inputs, outputs, tensors, nodes, symbols, name) -> tuple[dict, T
         table[i.tensor] = t
     for n in nodes:
         ctx = Ctx(b, n)
-        key = n.op if n.op in OPS else OP_ALIASES.get(n.op.lower())
-        if key is None:
-            raise ctx.err("E1006", f"unknown op {n.op!r}", suggestion=f"supported ops: {', '.join(sorted(OPS))}")
-        args = [env[x] if isinstance(x, str) else x for x in n.inputs]
-        try:
-            res = OPS[key](ctx, args)
-        except KumikoError as e:
-            if e.at.startswith("op "):
-                raise
-            raise KumikoError(e.code, at=f"op {n.describe()}", why=e.why, suggestion=e.suggestion,
-                              tiny=e.at, **e.details) from None
-        except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, AttributeError) as e:
-            # an attribute or literal of a kind no check above names: still a diagnostic, never a traceback
-            raise ctx.err("E1010", f"cannot lower {n.op} with these attributes/inputs "
-                          f"({type(e).__name__}: {e})") from e
-        res = [res] if isinstance(res, str) else list(res)
+        res = lower_op(b, n, [env[x] if isinstance(x, str) else x for x in n.inputs])
         if len(res) != len(n.outputs):
             raise ctx.err("E1009", f"{n.op} produces {len(res)} outputs, the op lists {len(n.outputs)}")
         for tname, tid in zip(n.outputs, res):
@@ -122,6 +144,34 @@ def lower_graph(inputs, outputs, tensors, nodes, symbols, name) -> tuple[dict, T
 
 
 OP_ALIASES = {"matmul": "MatMul", "gemm": "MatMul", "conv": "Conv2D", "conv2d": "Conv2D"}
+
+
+def lower_op(b: TinyBuilder, node: Any, args: list) -> list[str]:
+    """Lower one frontend op onto ``b`` and return its Tiny ids (one per output).
+
+    The one entry every frontend (JSON graphs, the Tensor API, the ONNX importer) types an op through,
+    so an op's failure is the same diagnostic everywhere: a ``KumikoError`` located at the op, never a
+    plain Python exception from a lowering that met an attribute of a kind no explicit check names."""
+    from kumiko.frontend import lower_nn  # noqa: F401  (registers the nn ops)
+    ctx = Ctx(b, node)
+    key = node.op if node.op in OPS else OP_ALIASES.get(node.op.lower()) if isinstance(node.op, str) else None
+    if key is None:
+        raise ctx.err("E1006", f"unknown op {node.op!r}", suggestion=f"supported ops: {', '.join(sorted(OPS))}")
+    try:
+        res = OPS[key](ctx, args)
+    except KumikoError as e:
+        if e.at.startswith("op "):
+            raise
+        raise KumikoError(e.code, at=f"op {node.describe()}", why=e.why, suggestion=e.suggestion,
+                          **{"tiny": e.at, **e.details}) from None
+    except RecursionError:
+        # only a pathological attribute (a size expression nested thousands deep) recurses here
+        raise ctx.err("E1018", f"an attribute of {node.op} nests too deeply to evaluate") from None
+    except (TypeError, ValueError, KeyError, IndexError, ArithmeticError, AttributeError, SyntaxError) as e:
+        # an attribute or literal of a kind no check above names: still a diagnostic, never a traceback
+        raise ctx.err("E1010", f"cannot lower {node.op} with these attributes/inputs "
+                      f"({type(e).__name__}: {e})") from None
+    return [res] if isinstance(res, str) else list(res)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -160,11 +210,8 @@ def ew(ctx: Ctx, uop: str, *xs: Any) -> str:
     if value_refs:
         dt = same_dtype(ctx, value_refs)
         for v in (xs if uop != "WHERE" else xs[1:]):
-            # a literal takes its tensor sibling's dtype; refuse one that would change value doing so
-            if not isinstance(v, str) and not dt.is_float and isinstance(_imm(v), float) and \
-                    not float(v).is_integer():
-                raise ctx.err("E1005", f"the literal {v!r} would be cast to {dt} implicitly and change value",
-                              suggestion=f"Cast the {dt} operand to a float dtype first, or use an integral literal.")
+            if not isinstance(v, str):
+                literal(ctx, v, dt)
     shape = broadcast_shapes(ctx, *[ctx.shape(x) for x in refs])
     xs = tuple(ctx.b.broadcast_to(x, shape) if isinstance(x, str) else _imm(x) for x in xs)
     return ctx.b.add(uop, xs)
@@ -176,6 +223,28 @@ def _imm(x: Any) -> Any:
     if hasattr(x, "item"):
         return x.item()
     raise TypeError(f"not a scalar: {x!r}")
+
+
+def literal(ctx: Ctx, v: Any, dt: dtypes.DType) -> int | float | bool:
+    """A numeric literal about to take its tensor sibling's dtype ``dt``. One that would change value
+    doing so (a fraction, inf or nan for an integer dtype; an integer outside i32 or bool; an integer
+    too large for any float) is refused: a diagnostic instead of a silently wrapped or truncated
+    operand."""
+    x = _imm(v) if isinstance(v, (bool, int, float, np.generic)) else None
+    if not isinstance(x, (bool, int, float)):
+        raise ctx.err("E1010", f"operand {v!r} is neither a tensor nor a number")
+    if dt.is_float:
+        if isinstance(x, int) and not isinstance(x, bool) and abs(x) > 2 ** 1023:
+            raise ctx.err("E1012", f"the literal {x} is too large for {dt}", suggestion="use a float literal (inf)")
+        return x
+    if isinstance(x, float) and not x.is_integer():
+        raise ctx.err("E1005", f"the literal {v!r} would be cast to {dt} implicitly and change value",
+                      suggestion=f"Cast the {dt} operand to a float dtype first, or use an integral literal.")
+    lo, hi = (0, 1) if dt is dtypes.bool_ else (int(np.iinfo(dt.np).min), int(np.iinfo(dt.np).max))
+    if not lo <= x <= hi:
+        raise ctx.err("E1012", f"the literal {v!r} does not fit {dt} ({lo}..{hi}) and would change value",
+                      suggestion=f"use a literal in {dt}'s range, or cast the {dt} operand to a wider dtype first")
+    return x
 
 
 def to_compute(ctx: Ctx, x: str) -> tuple[str, dtypes.DType]:
@@ -218,7 +287,10 @@ def _tanh(ctx: Ctx, x: str) -> str:
 
 
 def _gelu(ctx: Ctx, x: str) -> str:
-    if ctx.attr("approximate", "none") == "tanh":
+    approximate = ctx.attr("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise ctx.err("E1010", f"gelu's approximate must be 'none' or 'tanh', got {approximate!r}")
+    if approximate == "tanh":
         inner = ew(ctx, "MUL", ew(ctx, "ADD", x, ew(ctx, "MUL", ew(ctx, "MUL", ew(ctx, "MUL", x, x), x), 0.044715)),
                    math.sqrt(2 / math.pi))
         return ew(ctx, "MUL", ew(ctx, "MUL", x, 0.5), ew(ctx, "ADD", _tanh(ctx, inner), 1.0))
@@ -243,7 +315,7 @@ UNARY_FNS: dict[str, tuple[Callable[[Ctx, str], str], bool]] = {
     "tanh": (_tanh, True),
     "gelu": (_gelu, True),
     "erf": (lambda c, x: c.b.add("ERF", [x]), True),
-    "leaky_relu": (lambda c, x: ew(c, "WHERE", ew(c, "CMPLT", x, 0.0), ew(c, "MUL", x, float(c.attr("alpha", 0.01))),
+    "leaky_relu": (lambda c, x: ew(c, "WHERE", ew(c, "CMPLT", x, 0.0), ew(c, "MUL", x, float(c.number("alpha", 0.01))),
                                    x), False),
 }
 BINARY_FNS = {"add": "ADD", "sub": "SUB", "mul": "MUL", "div": "FDIV", "max": "MAX", "min": "MIN", "pow": "POW"}
@@ -282,7 +354,7 @@ def lower_elementwise(ctx: Ctx, args: list) -> str:
         return build(ctx, x)
     if fn == "clip":
         x = args[0]
-        lo, hi = ctx.attr("min"), ctx.attr("max")
+        lo, hi = ctx.number("min", infinite=True), ctx.number("max", infinite=True)   # min > max gives max
         if lo is not None:
             x = ew(ctx, "MAX", x, lo)
         if hi is not None:
@@ -394,8 +466,13 @@ def lower_slice(ctx: Ctx, args: list) -> str:
     rank = len(shape)
     if ctx.node.op == "Shrink":
         bounds = ctx.attr("bounds", None, (list, tuple))
-        if bounds is None or len(bounds) != rank:
+        if bounds is None or len(bounds) != rank or \
+                not all(isinstance(b, (list, tuple)) and len(b) == 2 for b in bounds):
             raise ctx.err("E1010", f"Shrink needs 'bounds' as {rank} [lo, hi] pairs")
+        for a, ((lo, hi), size) in enumerate(zip(bounds, shape)):
+            # unlike Slice (Python semantics, clamped), Shrink's bounds are exact: 0 <= lo <= hi <= size
+            if all(isinstance(v, int) for v in (lo, hi, size)) and not 0 <= lo <= hi <= size:
+                raise ctx.err("E1010", f"Shrink bounds [{lo}, {hi}] on axis {a} are outside 0..{size} or reversed")
         starts, ends, axes, steps = [b[0] for b in bounds], [b[1] for b in bounds], list(range(rank)), [1] * rank
     else:
         starts = list(ctx.attr("starts", [], (list, tuple)))
@@ -435,8 +512,7 @@ def lower_slice(ctx: Ctx, args: list) -> str:
 @op("Flip")
 def lower_flip(ctx: Ctx, args: list) -> str:
     x = one_input(ctx, args)
-    rank = len(ctx.shape(x))
-    return ctx.b.flip(x, {ctx.axis(a, rank) for a in ctx.attr("axes", [], (list, tuple))})
+    return ctx.b.flip(x, ctx.axes(ctx.attr("axes", [], (list, tuple)), len(ctx.shape(x))))
 
 
 @op("Concat")

@@ -67,15 +67,18 @@ def lower_matmul(ctx: Ctx, args: list) -> str:
             perm[-1], perm[-2] = perm[-2], perm[-1]
             t = ctx.b.permute(t, perm)
             a, w = (t, w) if which == 0 else (a, t)
-    acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
-    return dot(ctx, a, w, acc, ctx.dtype_attr("out_dtype", dt))
+    return dot(ctx, a, w, ctx.acc_dtype(dt), ctx.dtype_attr("out_dtype", dt))
 
 
 def _pair(ctx: Ctx, key: str, default: Any, n: int = 2) -> tuple:
+    """A window attribute (kernel, stride, dilation): an int or ``n`` ints, each >= 1. A zero or
+    negative one has no meaning (a 0 kernel pools nothing: -inf or nan; stride 0 never advances)."""
     v = ctx.attr(key, default)
-    v = (v,) * n if isinstance(v, int) else tuple(v)
+    v = (v,) * n if isinstance(v, int) else tuple(v) if isinstance(v, (list, tuple)) else ()
     if len(v) != n or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
         raise ctx.err("E1010", f"{key} must be an int or {n} ints, got {ctx.attr(key)!r}")
+    if any(e < 1 for e in v):
+        raise ctx.err("E1010", f"{key} must be >= 1, got {list(v)}")
     return v
 
 
@@ -84,10 +87,10 @@ def _padding(ctx: Ctx) -> tuple:
     p = ctx.attr("padding", 0)
     if isinstance(p, int):
         p = (p, p, p, p)
-    p = tuple(p)
+    p = tuple(p) if isinstance(p, (list, tuple)) else (p,)
     if len(p) == 2:
         p = (p[0], p[0], p[1], p[1])
-    if len(p) != 4 or not all(isinstance(e, int) and e >= 0 for e in p):
+    if len(p) != 4 or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in p):
         raise ctx.err("E1010", f"padding must be an int, [ph, pw] or [top, bottom, left, right] >= 0, got {p!r}")
     return (p[0], p[1]), (p[2], p[3])
 
@@ -122,8 +125,12 @@ def lower_conv2d(ctx: Ctx, args: list) -> str:
     stride, dil = _pair(ctx, "stride", 1), _pair(ctx, "dilation", 1)
     (pt, pb), (pl, pr) = _padding(ctx)
     g = ctx.attr("groups", 1, int)
+    if isinstance(g, bool) or g < 1:
+        raise ctx.err("E1010", f"groups must be an int >= 1, got {g!r}")
     n, cin_total, h, wd = xs
     cout, cin, kh, kw = ws
+    if any(isinstance(k, int) and k < 1 for k in (kh, kw)):
+        raise ctx.err("E1010", f"the kernel {kh}x{kw} is empty: weight [Cout, Cin/groups, Kh, Kw] needs Kh, Kw >= 1")
     if dim(Expr.lift(cin) * g) != cin_total:
         raise ctx.err("E1011", f"input channels {cin_total} != groups ({g}) x weight's Cin ({cin})")
     rcout = Expr.lift(cout).exact_div(g)
@@ -141,7 +148,7 @@ def lower_conv2d(ctx: Ctx, args: list) -> str:
     x3 = b.permute(x2, (0, 1, 3, 4, 5, 2, 6, 7))
     full = (n, g, rcout, oy, ox, cin, kh, kw)
     w3 = b.expand(b.reshape(w, (1, g, rcout, 1, 1, cin, kh, kw)), full)
-    acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
+    acc = ctx.acc_dtype(dt)
     y = b.reduce(b.add("MUL", [x3, w3]), "SUM", (5, 6, 7), acc)
     y = b.reshape(y, (n, cout, oy, ox))
     if len(args) == 3:
@@ -170,6 +177,13 @@ def _pool_geometry(ctx: Ctx, x: str):
     out, extra = [], []
     for ax in range(2):
         size, (lo, hi), k, s, d = shape[-2 + ax], pads[ax], kernel[ax], stride[ax], dil[ax]
+        if max(lo, hi) >= d * (k - 1) + 1:
+            # kumiko's rule (docs/frontend.md): a pad must be smaller than the window's extent, so an
+            # undilated window always holds an input element (ONNX allows e.g. pads 2 for a 3 kernel,
+            # which PyTorch's pad <= kernel//2 would refuse); a window of padding alone is -inf / nan
+            raise ctx.err("E1010", f"padding {max(lo, hi)} on axis {ax - 2} is not smaller than the window extent "
+                          f"{d * (k - 1) + 1} (kernel {k}, dilation {d}): a window could hold only padding",
+                          suggestion="use a padding below the kernel size, or a larger kernel")
         if ceil:
             if not isinstance(size, int):
                 raise ctx.err("E1010", "ceil_mode needs concrete spatial sizes")
@@ -211,7 +225,7 @@ def lower_avgpool(ctx: Ctx, args: list) -> str:
     b = ctx.b
     shape, kernel, stride, dil, pads, extra, out = _pool_geometry(ctx, x)
     include = bool(ctx.attr("count_include_pad", True))
-    acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
+    acc = ctx.acc_dtype(dt)
     lead = [(0, 0)] * (len(shape) - 2)
     full = [(pads[0][0], pads[0][1] + extra[0]), (pads[1][0], pads[1][1] + extra[1])]
     xw = windows(ctx, b.pad(x, lead + full), kernel, stride, dil, out)
@@ -255,7 +269,7 @@ def lower_softmax(ctx: Ctx, args: list) -> str:
     if not dt.is_float:
         raise ctx.err("E1012", f"Softmax needs a float input, got {dt}")
     axis = ctx.axis(ctx.attr("axis", -1), len(ctx.shape(x)))
-    acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
+    acc = ctx.acc_dtype(dt)
     y = softmax(ctx, ctx.b.cast(x, acc), axis, log=ctx.node.op == "LogSoftmax" or bool(ctx.attr("log", False)))
     return ctx.b.cast(y, dt)
 
@@ -273,8 +287,8 @@ def lower_layernorm(ctx: Ctx, args: list) -> str:
     shape = ctx.shape(x)
     axis = ctx.axis(ctx.attr("axis", -1), len(shape))
     axes = tuple(range(axis, len(shape)))
-    eps = float(ctx.attr("eps", 1e-5))
-    acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
+    eps = float(ctx.number("eps", 1e-5, minimum=0))     # a negative eps can make var + eps <= 0: nan
+    acc = ctx.acc_dtype(dt)
     xf = b.cast(x, acc)
     n = count(ctx, shape, axes)
     mean = ew(ctx, "FDIV", b.reduce(xf, "SUM", axes, acc), n)
@@ -321,7 +335,7 @@ def lower_attention(ctx: Ctx, args: list) -> str:
         if not isinstance(qs[-1], int):
             raise ctx.err("E1010", "a symbolic head size needs an explicit 'scale'")
         scale = 1.0 / math.sqrt(qs[-1])
-    acc = ctx.dtype_attr("acc_dtype", dtypes.fp32 if dt is not dtypes.fp64 else dt)
+    acc = ctx.acc_dtype(dt)
     r = len(ks)
     kt = b.permute(k, list(range(r - 2)) + [r - 1, r - 2])
     s = dot(ctx, q, kt, acc, acc)
@@ -361,8 +375,7 @@ def lower_reduce(ctx: Ctx, args: list) -> str:
     if axes_attr is None:
         axes = tuple(range(len(shape)))
     else:
-        listed = axes_attr if isinstance(axes_attr, (list, tuple)) else [axes_attr]
-        axes = tuple(sorted({ctx.axis(a, len(shape)) for a in listed}))
+        axes = ctx.axes(axes_attr if isinstance(axes_attr, (list, tuple)) else [axes_attr], len(shape))
     if fn in ("sum", "mean") and dt is dtypes.bool_:
         raise ctx.err("E1012", f"{fn} of bool is not supported; cast to i32 first")
     if fn == "mean" and not dt.is_float:
@@ -370,7 +383,7 @@ def lower_reduce(ctx: Ctx, args: list) -> str:
     if fn in ("max", "min"):
         y = b.reduce(x, fn.upper(), axes, dt)
     else:
-        acc = ctx.dtype_attr("acc_dtype", dtypes.default_acc(dt))
+        acc = ctx.acc_dtype(dt)
         y = b.reduce(x, "SUM", axes, acc)
         if fn == "mean":
             y = ew(ctx, "FDIV", y, count(ctx, shape, axes))

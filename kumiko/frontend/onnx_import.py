@@ -115,11 +115,11 @@ class OnnxNode:
 
 
 def _decode_attrs(proto) -> dict:
-    from onnx import AttributeProto, helper, numpy_helper
+    from onnx import AttributeProto, helper
     out = {}
     for a in proto.attribute:
         if a.type == AttributeProto.TENSOR:
-            out[a.name] = numpy_helper.to_array(a.t)
+            out[a.name] = tensor_array(a.t, f"onnx node {proto.name or proto.op_type!r} attribute {a.name!r}")
         elif a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS, AttributeProto.SPARSE_TENSOR,
                         AttributeProto.TENSORS, AttributeProto.SPARSE_TENSORS, AttributeProto.TYPE_PROTO,
                         AttributeProto.TYPE_PROTOS):
@@ -132,6 +132,25 @@ def _decode_attrs(proto) -> dict:
                 v = [x.decode() for x in v]
             out[a.name] = v
     return out
+
+
+def tensor_array(t, where: str) -> np.ndarray:
+    """An ONNX TensorProto's value, checked against its dims first: a negative dim, or data that does
+    not hold exactly prod(dims) elements, is E1010 (numpy_helper would reshape some of these into a
+    silently different array, and raise a plain ValueError for others)."""
+    from onnx import numpy_helper
+    dims = [int(d) for d in t.dims]
+    if any(d < 0 for d in dims):
+        raise KumikoError("E1010", at=where, why=f"tensor {t.name!r} has negative dims {dims}")
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as e:  # onnx raises ValueError, TypeError or its own errors on inconsistent data
+        raise KumikoError("E1010", at=where, why=f"tensor {t.name!r}: its data does not match its dims {dims} "
+                          f"({type(e).__name__}: {e})") from None
+    if list(arr.shape) != dims:
+        raise KumikoError("E1010", at=where, why=f"tensor {t.name!r} holds {arr.size} elements, its dims {dims} "
+                          f"say {int(np.prod(dims, dtype=object))}")
+    return arr
 
 
 def _symbol(name: str) -> Expr:
@@ -280,7 +299,7 @@ class Importer:
     # emitting -------------------------------------------------------------------------------------
     def emit(self, op: str, inputs: list, **attrs: Any) -> str:
         """Append one frontend op (lowered at once, so its type is known) and return its tensor."""
-        from kumiko.frontend.lower import OPS, Ctx
+        from kumiko.frontend.lower import lower_op
         base = (self.cur.outputs[0] if self.cur and self.cur.outputs and self.cur.outputs[0] else
                 self.cur.name if self.cur else op.lower())
         out = self.fresh_name(f"{base}::{op.lower()}")
@@ -289,10 +308,10 @@ class Importer:
                       tuple(inputs), (out,), FrozenDict(attrs))
         args = [self.env[x] if isinstance(x, str) else x for x in inputs]
         try:
-            res = OPS[op](Ctx(self.b, node), args)
+            res = lower_op(self.b, node, args)
         except KumikoError as e:
             raise self.err(e.code, e.why, suggestion=e.suggestion, kumiko_op=f"{op} {dict(attrs)}") from None
-        self.env[out] = res if isinstance(res, str) else res[0]
+        self.env[out] = res[0]
         self.consumed.update(x for x in inputs if isinstance(x, str))
         self.fresh[out] = len(self.nodes)
         self.nodes.append(node)
@@ -317,12 +336,11 @@ class Importer:
 
     # driver ---------------------------------------------------------------------------------------
     def run(self) -> Graph:
-        from onnx import numpy_helper
         g = self.graph
         if g.sparse_initializer:
             raise KumikoError("E1012", at="onnx graph", why="sparse initializers are not supported")
         for t in g.initializer:
-            self.consts[t.name] = numpy_helper.to_array(t)
+            self.consts[t.name] = tensor_array(t, f"onnx initializer {t.name!r}")
         for i in g.input:
             if i.name in self.consts:
                 continue      # IR < 4 lists initializers as inputs too
@@ -470,7 +488,14 @@ def load_model(model):
         except Exception as e:  # onnx raises OSError, DecodeError or its own errors here
             raise KumikoError("E1502", at=str(model), why=f"cannot read the ONNX model: {e}") from None
     if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"from_onnx takes a path or an onnx.ModelProto, got {type(model).__name__}")
+        raise KumikoError("E1010", at="from_onnx", why=f"from_onnx takes a path or an onnx.ModelProto, got "
+                          f"{type(model).__name__}")
+    newest = onnx.defs.onnx_opset_version()
+    if not 1 <= _default_opset(model) <= newest:
+        raise KumikoError("E1010", at="onnx model", why=f"default-domain opset {_default_opset(model)} is not one "
+                          f"kumiko imports: opsets 1 to {newest} (the newest the installed onnx {onnx.__version__} "
+                          f"defines; opsets older than {MIN_OPSET} are converted to {MIN_OPSET} first)",
+                          suggestion=f"export the model with an opset from {MIN_OPSET} to {newest}")
     if model.functions:      # exporters wrap layers in model-local functions; import their bodies
         from onnx import inliner
         model = inliner.inline_local_functions(model)
@@ -481,7 +506,8 @@ def load_model(model):
             model = version_converter.convert_version(model, MIN_OPSET)
         except Exception as e:  # the converter raises plain RuntimeErrors
             raise KumikoError("E1010", at="onnx model", why=f"opset {old} could not be converted to opset "
-                              f"{MIN_OPSET}: {e}", suggestion="convert the model to opset 13 or newer") from None
+                              f"{MIN_OPSET}: {e}", suggestion=f"convert the model to opset {MIN_OPSET} or newer "
+                              "(kumiko imports those as they are)") from None
     return model
 
 

@@ -9,18 +9,26 @@
 Each op's result type is inferred the moment it is recorded by lowering that single op (the same
 code the Graph uses), so shape errors surface at the line that caused them. ``.numpy()`` runs the
 graph on the tensors' bound data.
+
+Every misuse is a ``KumikoError`` with a code, never a plain ValueError/TypeError/IndexError: an
+operand that is neither a Tensor nor a number, an axis or index out of range (E1010), a dtype kumiko
+lacks (E1012), two inputs with one name (E1016). Data arrays take kumiko dtypes as they are; numpy's
+defaults are narrowed as tinygrad does: float64 to fp32 and int64 to i32, checked to keep every
+value (E1012 otherwise). Other numpy dtypes (uint8, int8, int16, complex, ...) are E1012.
 """
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from kumiko import dtypes
-from kumiko.frontend.graph import Graph, OpNode, SigInput, TensorType
-from kumiko.frontend.lower import OPS, Ctx
-from kumiko.symbolic import dim, dim_json, dims
+from kumiko.diagnostics import KumikoError
+from kumiko.frontend.graph import Graph, OpNode, SigInput, TensorType, check_sig_input
+from kumiko.frontend.lower import lower_op
+from kumiko.symbolic import Expr, dim, dim_json
 from kumiko.tiny.build import TinyBuilder
 from kumiko.tiny.ir import FrozenDict
 
@@ -28,14 +36,105 @@ _ids = itertools.count()
 
 
 def _infer(op: str, inputs: Sequence[Any], attrs: Mapping) -> TensorType:
-    from kumiko.frontend import lower_nn  # noqa: F401  (registers nn ops)
     b = TinyBuilder()
     args = [b.add("INPUT", tensor_id=f"in{k}", dtype=x.dtype.name, shape=x.shape) if isinstance(x, Tensor) else x
             for k, x in enumerate(inputs)]
     node = OpNode(op, f"{op.lower()}", tuple(x.name if isinstance(x, Tensor) else x for x in inputs), ("out",),
-                  FrozenDict(attrs))
-    res = OPS[op](Ctx(b, node), args)
+                  FrozenDict({k: _freeze(v) for k, v in attrs.items()}))
+    res = lower_op(b, node, args)[0]
     return TensorType(b.dtype(res), b.shape(res))
+
+
+def _err(code: str, at: str, why: str, **kw: Any) -> KumikoError:
+    return KumikoError(code, at=f"Tensor.{at}", why=why, **kw)
+
+
+#: numpy's default dtypes, narrowed to kumiko's when no dtype is given (tinygrad's defaults)
+_NARROW = {np.dtype(np.float64): dtypes.fp32, np.dtype(np.int64): dtypes.i32}
+
+
+def _dtype_arg(dtype: Any, at: str) -> dtypes.DType:
+    dt = dtypes.lookup(dtype) if isinstance(dtype, (str, dtypes.DType)) else None
+    if dt is None and dtype is not None and not isinstance(dtype, (str, dtypes.DType)):
+        try:
+            dt = dtypes.from_numpy(np.dtype(dtype))
+        except TypeError:
+            dt = None
+    if dt is None or dt.name not in dtypes.USER:
+        raise _err("E1012", at, f"dtype {dtype!r} is not one kumiko computes in", suggestion=f"use one of "
+                   f"{', '.join(dtypes.USER)}")
+    return dt
+
+
+def _data_arg(data: Any, dtype: Any) -> tuple[np.ndarray, dtypes.DType]:
+    """The array a data leaf holds and its dtype; narrowing (float64 -> fp32, int64 -> i32) must keep
+    every value: an int64 outside i32 or a finite float64 beyond fp32 is E1012, not a wrapped value."""
+    try:
+        arr = np.asarray(data)
+    except (ValueError, TypeError) as e:
+        raise _err("E1010", "__init__", f"data is not an array: {e}") from None
+    if dtype is not None:
+        dt = _dtype_arg(dtype, "__init__")
+    else:
+        dt = _NARROW.get(arr.dtype) or dtypes.from_numpy(arr.dtype)
+        if dt is None or dt.name not in dtypes.USER:
+            raise _err("E1012", "__init__", f"numpy dtype {arr.dtype} is not one kumiko computes in",
+                       suggestion=f"convert the array to one of {', '.join(dtypes.USER)} (float32, int32, ...)")
+    known = arr.dtype.kind in "biuf" or dtypes.from_numpy(arr.dtype) is not None     # (bf16's kind is 'V')
+    if not known or (arr.dtype.kind in "iu" and dt.is_int and arr.size
+                     and not np.iinfo(dt.np).min <= arr.min() <= arr.max() <= np.iinfo(dt.np).max):
+        raise _err("E1012", "__init__", f"data of dtype {arr.dtype} does not fit {dt} without changing values")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = arr.astype(dt.np)
+    if arr.dtype.kind == "f" and dt.is_float and (np.isinf(out) & np.isfinite(arr)).any():
+        raise _err("E1012", "__init__", f"finite {arr.dtype} data overflows {dt}")
+    return out, dt
+
+
+def _shape_arg(shape: Any, at: str, wildcard: bool = False) -> list:
+    """Sizes given to the Tensor API: ints >= 0 (or -1 where ``wildcard``), size names or expressions."""
+    if not isinstance(shape, (list, tuple)):
+        raise _err("E1010", at, f"a shape is a list or tuple of sizes, got {shape!r}")
+    out = []
+    for d in shape:
+        if isinstance(d, (np.integer,)):
+            d = int(d)
+        if isinstance(d, int) and not isinstance(d, bool):
+            if d < 0 and not (wildcard and d == -1):
+                raise _err("E1010", at, f"shape {list(shape)!r} has the negative size {d}")
+            out.append(d)
+            continue
+        if not isinstance(d, (str, Expr)) or (isinstance(d, str) and len(d) > 1000):
+            raise _err("E1010", at, f"shape {list(shape)!r}: a size is an int, a size name or an expression, "
+                       f"got {d!r}")
+        try:
+            out.append(dim(d))
+        except (SyntaxError, TypeError, ValueError, RecursionError) as e:
+            raise _err("E1010", at, f"shape {list(shape)!r}: cannot read the size {d!r} ({e})") from None
+    return out
+
+
+def _axis_arg(a: Any, rank: int, at: str) -> int:
+    """An axis in ``-rank..rank-1`` (numpy ints accepted), as a non-negative int."""
+    if isinstance(a, np.integer):
+        a = int(a)
+    if not isinstance(a, int) or isinstance(a, bool) or not -rank <= a < rank:
+        raise _err("E1010", at, f"axis {a!r} is out of range for rank {rank}")
+    return a % rank
+
+
+def _operand(x: Any) -> Any:
+    """An op's input: a Tensor, a numpy array (a data leaf) or a real number (an immediate)."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return Tensor(x)
+    if isinstance(x, np.generic) and x.dtype.kind in "biuf":
+        return x.item()
+    if isinstance(x, (bool, int, float)):
+        return x
+    raise _err("E1010", "op", f"operand {x!r} is neither a Tensor nor a number",
+               suggestion="use a Tensor, a numpy array or a Python number")
 
 
 class Tensor:
@@ -50,26 +149,18 @@ class Tensor:
         self.srcs: tuple = ()
         self.attrs: dict = {}
         self.role, self.storage = role, storage
+        if name is not None and (not isinstance(name, str) or not name):
+            raise _err("E1013", "__init__", f"a tensor's name must be a non-empty string, got {name!r}")
         self.name = name or f"x{next(_ids)}"
+        check_sig_input(SigInput(self.name, role, "immutable", storage), f"Tensor {self.name!r}")
         if data is not None:
-            arr = np.asarray(data)
-            dt = dtypes.lookup(dtype) if dtype is not None else dtypes.from_numpy(arr.dtype)
-            if arr.dtype == np.float64 and dtype is None:
-                dt = dtypes.fp32
-            if arr.dtype == np.int64 and dtype is None:
-                dt = dtypes.i32
-            if dt is None or dt.name not in dtypes.USER:
-                raise TypeError(f"unsupported dtype {arr.dtype}")
-            self.data = arr.astype(dt.np)
-            self.type = TensorType(dt, dims(self.data.shape))
+            self.data, dt = _data_arg(data, dtype)
+            self.type = TensorType(dt, tuple(self.data.shape))
         else:
             if shape is None:
-                raise TypeError("a Tensor needs data or a shape")
-            dt = dtypes.lookup(dtype or "fp32")
-            if dt is None or dt.name not in dtypes.USER:
-                raise TypeError(f"unsupported dtype {dtype}")
+                raise _err("E1010", "__init__", "a Tensor needs data or a shape")
             self.data = None
-            self.type = TensorType(dt, dims(shape))
+            self.type = TensorType(_dtype_arg(dtype or "fp32", "input"), tuple(_shape_arg(shape, "input")))
 
     @staticmethod
     def input(name: str, shape: Iterable, dtype: str | dtypes.DType = "fp32", role: str = "data",
@@ -80,7 +171,7 @@ class Tensor:
     def _record(op: str, srcs: Sequence[Any], **attrs: Any) -> "Tensor":
         attrs = {k: v for k, v in attrs.items() if v is not None}
         # a numpy array operand (``arr @ t``, ``arr + t``) becomes a data leaf, not an immediate
-        srcs = tuple(Tensor(s) if isinstance(s, np.ndarray) else s for s in srcs)
+        srcs = tuple(_operand(s) for s in srcs)
         t = Tensor.__new__(Tensor)
         t.op, t.srcs, t.attrs = op, tuple(srcs), attrs
         t.type = _infer(op, srcs, attrs)
@@ -153,7 +244,7 @@ class Tensor:
         return Tensor._record("Elementwise", (self, a, b), fn="where")
 
     def cast(self, dtype: str | dtypes.DType) -> "Tensor":
-        return self._ew("cast", to=dtypes.lookup(dtype).name if dtypes.lookup(dtype) else dtype)
+        return self._ew("cast", to=_dtype_arg(dtype, "cast").name)
 
     def float(self): return self.cast("fp32")
     def half(self): return self.cast("fp16")
@@ -189,7 +280,7 @@ class Tensor:
                   bias: "Tensor | None" = None) -> "Tensor":
         srcs = tuple(x for x in (self, weight, bias) if x is not None)
         if bias is not None and weight is None:
-            raise TypeError("layernorm with a bias needs a weight")
+            raise _err("E1010", "layernorm", "a bias needs a weight (pass weight=ones to shift only)")
         return Tensor._record("LayerNorm", srcs, axis=axis, eps=eps)
 
     def scaled_dot_product_attention(self, key: "Tensor", value: "Tensor", attn_mask: "Tensor | None" = None,
@@ -220,13 +311,14 @@ class Tensor:
     # movement -------------------------------------------------------------------------------------
     def reshape(self, *shape) -> "Tensor":
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (list, tuple)) else shape
-        return Tensor._record("Reshape", (self,), shape=[dim_json(dim(s)) if s != -1 else -1 for s in shape])
+        return Tensor._record("Reshape", (self,), shape=[dim_json(d) for d in _shape_arg(shape, "reshape", True)])
 
     def permute(self, *order) -> "Tensor":
         order = order[0] if len(order) == 1 and isinstance(order[0], (list, tuple)) else order
         return Tensor._record("Permute", (self,), perm=list(order))
 
     def transpose(self, a: int = -2, b: int = -1) -> "Tensor":
+        a, b = _axis_arg(a, self.ndim, "transpose"), _axis_arg(b, self.ndim, "transpose")
         perm = list(range(self.ndim))
         perm[a], perm[b] = perm[b], perm[a]
         return self.permute(perm)
@@ -237,27 +329,29 @@ class Tensor:
 
     def expand(self, *shape) -> "Tensor":
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (list, tuple)) else shape
-        return Tensor._record("Expand", (self,), shape=[dim_json(dim(s)) if s != -1 else -1 for s in shape])
+        return Tensor._record("Expand", (self,), shape=[dim_json(d) for d in _shape_arg(shape, "expand", True)])
 
     def pad(self, pads: Sequence[Sequence[int]], value: float = 0.0) -> "Tensor":
-        return Tensor._record("Pad", (self,), pads=[list(p) for p in pads], value=value)
+        return Tensor._record("Pad", (self,), pads=_pairs(pads, "pad"), value=value)
 
     def shrink(self, bounds: Sequence[Sequence[int]]) -> "Tensor":
-        return Tensor._record("Shrink", (self,), bounds=[list(b) for b in bounds])
+        return Tensor._record("Shrink", (self,), bounds=_pairs(bounds, "shrink"))
 
     def flip(self, axes) -> "Tensor":
         return Tensor._record("Flip", (self,), axes=list(axes) if isinstance(axes, (list, tuple)) else [axes])
 
     def flatten(self, start: int = 0) -> "Tensor":
-        start %= max(self.ndim, 1)
+        start = _axis_arg(start, max(self.ndim, 1), "flatten")
         return self.reshape(*self.shape[:start], -1)
 
     def unsqueeze(self, axis: int) -> "Tensor":
-        axis = axis % (self.ndim + 1)
+        axis = _axis_arg(axis, self.ndim + 1, "unsqueeze")
         return self.reshape(*self.shape[:axis], 1, *self.shape[axis:])
 
     def squeeze(self, axis: int | None = None) -> "Tensor":
-        keep = [d for k, d in enumerate(self.shape) if not (d == 1 and (axis is None or k == axis % self.ndim))]
+        """Drop size-1 axes (all, or ``axis`` if it has size 1; another size is kept, as in PyTorch)."""
+        axis = None if axis is None else _axis_arg(axis, self.ndim, "squeeze")
+        keep = [d for k, d in enumerate(self.shape) if not (d == 1 and (axis is None or k == axis))]
         return self.reshape(*keep)
 
     def cat(self, *others: "Tensor", dim: int = 0) -> "Tensor":  # noqa: A002 (tinygrad's name)
@@ -265,18 +359,20 @@ class Tensor:
 
     def __getitem__(self, idx) -> "Tensor":
         """Basic indexing: ints, slices (any step) and ``...``; ints drop their axis."""
-        idx = idx if isinstance(idx, tuple) else (idx,)
+        idx = tuple(_index(i) for i in (idx if isinstance(idx, tuple) else (idx,)))
+        if sum(i is Ellipsis for i in idx) > 1:
+            raise _err("E1010", "__getitem__", "an index may hold one '...' only")
         if Ellipsis in idx:
             k = idx.index(Ellipsis)
             idx = idx[:k] + (slice(None),) * (self.ndim - len(idx) + 1) + idx[k + 1:]
         idx = idx + (slice(None),) * (self.ndim - len(idx))
         if len(idx) != self.ndim:
-            raise IndexError(f"too many indices for a rank-{self.ndim} tensor")
+            raise _err("E1010", "__getitem__", f"too many indices for a rank-{self.ndim} tensor")
         starts, ends, axes, steps, drop = [], [], [], [], []
         for k, (i, size) in enumerate(zip(idx, self.shape)):
             if isinstance(i, int):
                 if isinstance(size, int) and not -size <= i < size:
-                    raise IndexError(f"index {i} is out of range for axis {k} of size {size}")
+                    raise _err("E1010", "__getitem__", f"index {i} is out of range for axis {k} of size {size}")
                 i = i % size if isinstance(size, int) else i
                 end = size if i == -1 else i + 1   # x[-1] on a symbolic axis ends at the axis end, not at 0
                 starts.append(i), ends.append(end), axes.append(k), steps.append(1), drop.append(k)
@@ -290,8 +386,6 @@ class Tensor:
                 if not isinstance(size, int):
                     end = size if i.stop is None else end
                 starts.append(start), ends.append(end), axes.append(k), steps.append(st)
-            else:
-                raise TypeError(f"unsupported index {i!r}")
         out = self if not axes else Tensor._record("Slice", (self,), starts=starts, ends=[dim_json(e) for e in ends],
                                                    axes=axes, steps=steps)
         if drop:
@@ -302,6 +396,10 @@ class Tensor:
     def graph(self, *names: str, outputs: Mapping[str, "Tensor"] | None = None, name: str = "main",
               symbols: Mapping[str, int] | None = None) -> Graph:
         """The Graph that computes this tensor (named ``names[0]``, default ``out``) and any ``outputs``."""
+        if not isinstance(outputs or {}, Mapping) or not all(isinstance(n, str) and n for n in names) or \
+                not isinstance(name, str):
+            raise _err("E1013", "graph", "output names and the graph's name are strings; outputs= maps names to "
+                       "Tensors")
         outs = dict(outputs or {})
         outs = {(names[0] if names else "out"): self, **outs}
         return build_graph(outs, name=name, symbols=symbols)
@@ -312,12 +410,40 @@ class Tensor:
         leaves = _leaves([self])
         missing = [t.name for t in leaves if t.data is None]
         if missing:
-            raise ValueError(f"inputs {missing} have no data; run the graph with kumiko.compile(...)(**inputs)")
+            raise _err("E1015", "numpy", f"inputs {missing} have no data",
+                       suggestion="run the graph with kumiko.compile(t.graph())(**inputs)")
         return kcompile(g, target)(**{t.name: t.data for t in leaves})["out"]
 
 
 def _lst(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
+
+
+def _pairs(v: Any, at: str) -> list:
+    """``[(lo, hi), ...]`` for pad and shrink (the op checks the sizes)."""
+    if not isinstance(v, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in v):
+        raise _err("E1010", at, f"expected one (lo, hi) pair per axis, got {v!r}")
+    return [list(p) for p in v]
+
+
+def _index(i: Any) -> Any:
+    """One entry of ``t[...]``: an int (numpy ints too), a slice of ints or ``...``; bools, None
+    (newaxis), tensors and arrays are refused (gather/take and reshape do those)."""
+    if i is Ellipsis:
+        return i
+    if isinstance(i, slice):
+        parts = [_index(p) if p is not None else None for p in (i.start, i.stop, i.step)]
+        if any(isinstance(p, slice) or p is Ellipsis for p in parts):
+            raise _err("E1010", "__getitem__", f"slice {i!r} must hold ints")
+        return slice(*parts)
+    if not isinstance(i, bool) and not isinstance(i, np.bool_):
+        try:
+            return operator.index(i)
+        except TypeError:
+            pass
+    raise _err("E1010", "__getitem__", f"unsupported index {i!r}: kumiko indexes with ints, slices and '...'",
+               suggestion="use .take(indices, axis) or .gather(axis, indices) for tensor indices, "
+               ".unsqueeze(axis) for a new axis")
 
 
 def _leaves(roots: Iterable[Tensor]) -> list[Tensor]:
@@ -337,6 +463,11 @@ def _leaves(roots: Iterable[Tensor]) -> list[Tensor]:
 
 def build_graph(outputs: Mapping[str, Tensor], name: str = "main", symbols: Mapping[str, int] | None = None) -> Graph:
     """Walk the tensors' DAG into a validated Graph; output tensors take the given names."""
+    for n, t in outputs.items():
+        if not isinstance(t, Tensor):
+            raise _err("E1013", "graph", f"output {n!r} is {t!r}, not a Tensor")
+        if t.op is None:
+            raise _err("E1013", "graph", f"output {n!r} is an input tensor; compute something from it first")
     order: list[Tensor] = []
     state: dict[int, int] = {}
     for root in outputs.values():
@@ -352,16 +483,13 @@ def build_graph(outputs: Mapping[str, Tensor], name: str = "main", symbols: Mapp
             stack.append((t, True))
             stack.extend((s, False) for s in reversed(t.srcs) if isinstance(s, Tensor) and id(s) not in state)
     out_name = {id(t): n for n, t in outputs.items()}
-    for n, t in outputs.items():
-        if t.op is None:
-            raise ValueError(f"output {n!r} is an input tensor; compute something from it first")
     names: dict[int, str] = {}
     inputs, tensors, nodes = [], {}, []
     used: set[str] = set()
     for t in order:
         nm = out_name.get(id(t), t.name)
         if nm in used:
-            raise ValueError(f"two tensors are both named {nm!r}; give inputs distinct names")
+            raise _err("E1016", "graph", f"two tensors are both named {nm!r}; give inputs distinct names")
         used.add(nm)
         names[id(t)] = nm
         if t.op is None:
