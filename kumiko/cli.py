@@ -173,7 +173,7 @@ def _dump_pictures(program, stages: list[str], fmt: str, out_dir: Path | None) -
         raise KumikoError("E1010", at="dump --format svg", why="several SVG pictures cannot share stdout",
                           suggestion="pick one stage (--stage frontend) or write files with --out DIR")
     from kumiko.pipeline import write_dumps
-    texts = draw_stages(program, stages, fmt, None)      # written here, under a file name safe_stem made
+    texts = draw_stages(program, stages, fmt)      # written here, under a file name safe_stem made
     if out_dir is None:
         sys.stdout.write("".join(texts.values()))
     else:

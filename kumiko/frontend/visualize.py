@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kumiko.diagnostics import KumikoError
@@ -255,13 +254,7 @@ def draw(program: Graph | TinyGraph, stage: str, fmt: str) -> str:
     return to_svg(text) if fmt == "svg" else text
 
 
-def draw_stages(program: Graph | TinyGraph, stages: Sequence[str], fmt: str,
-                out_dir: Path | None) -> dict[str, str]:
-    """Pictures of several stages; written to ``out_dir/<name>.<stage>.<fmt>`` when given.
-    Returns stage -> text (all drawn before anything is written, so a failure writes nothing)."""
-    texts = {s: draw(program, s, fmt) for s in stages}
-    if out_dir is not None:
-        from kumiko.util import atomic_write
-        for s, text in texts.items():
-            atomic_write(Path(out_dir) / f"{program.name}.{s}.{fmt}", text)
-    return texts
+def draw_stages(program: Graph | TinyGraph, stages: Sequence[str], fmt: str) -> dict[str, str]:
+    """Pictures of several stages: stage -> text, all drawn before the caller writes any (a failure writes
+    nothing; the CLI writes them under file names ``pipeline.dump_path`` makes safe)."""
+    return {s: draw(program, s, fmt) for s in stages}
