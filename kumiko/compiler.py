@@ -6,7 +6,6 @@ signature names, binds symbolic sizes from the inputs' shapes, and checks dtypes
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -18,6 +17,7 @@ from kumiko.frontend.graph import Graph
 from kumiko.symbolic import dim_eval
 from kumiko.tiny.evaluate import bind_symbols, check_inputs, check_sizes, evaluate
 from kumiko.tiny.ir import TinyGraph
+from kumiko.tiny.limits import check_limits, check_symbols
 
 #: target name -> factory(tiny graph, options) -> callable(inputs, env) -> outputs
 TARGETS: dict[str, Callable[..., Callable]] = {}
@@ -54,15 +54,8 @@ def load(path: str | Path) -> Graph | TinyGraph:
         except ImportError:
             raise KumikoError("E1501", at=str(p), why="the graph DSL is not available in this build") from None
         return parse_program(text, filename=str(p))
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        lines = text.splitlines()
-        line = lines[e.lineno - 1] if 0 < e.lineno <= len(lines) else ""
-        raise KumikoError("E1009", at=f"{p}:{e.lineno}:{e.colno}", why=f"invalid JSON: {e.msg}",
-                          excerpt=f"  {line}\n  {' ' * (e.colno - 1)}^",
-                          suggestion="Fix the JSON syntax at the marked position.") from None
-    return load_json(d, str(p))
+    from kumiko.frontend.graph import loads
+    return load_json(loads(text, str(p)), str(p))
 
 
 def load_json(d: object, where: str = "graph") -> Graph | TinyGraph:
@@ -113,6 +106,7 @@ class Executable:
             key = tuple(sorted(env.items()))
             if key not in self._sizes_ok:        # they depend on the sizes only: once per set of sizes
                 check_sizes(self.tiny, env)
+                check_limits(self.tiny, env, at=f"{self.target} call")
                 if len(self._sizes_ok) < 64:
                     self._sizes_ok.add(key)
         return env
@@ -129,16 +123,24 @@ class Executable:
         """Fresh random inputs (never zeros): normal floats, small non-negative ints, random bools."""
         env = dict(self.tiny.symbols)
         env.update(shapes or {})
+        check_symbols(env)
         rng = np.random.default_rng(seed)
-        out = {}
+        shapes_of = {}
         for name, nid in self.tiny.inputs:
-            n = self.tiny.nodes[nid]
             try:
-                shape = tuple(dim_eval(d, env) for d in n.shape)
+                shapes_of[name] = tuple(dim_eval(d, env) for d in self.tiny.nodes[nid].shape)
             except KeyError as e:
                 raise KumikoError("E1014", at=f"input {name}", why=f"size symbol {e.args[0]} has no value",
                                   suggestion=f"give it with --shapes {e.args[0]}=VALUE (or a 'symbols' default "
                                              "in the graph file)") from None
+            if any(d < 0 for d in shapes_of[name]):
+                raise KumikoError("E1015", at=f"input {name}", why=f"these sizes give it the negative extent "
+                                  f"{list(shapes_of[name])} ({[str(d) for d in self.tiny.nodes[nid].shape]})")
+        # before allocating: the inputs and the outputs the call will make (every value for the evaluator)
+        check_limits(self.tiny, env, every_node=self.target == "eval", at="random inputs")
+        out = {}
+        for name, nid in self.tiny.inputs:
+            n, shape = self.tiny.nodes[nid], shapes_of[name]
             if n.dtype.is_float:
                 out[name] = rng.standard_normal(shape, dtype=np.float32).astype(n.dtype.np)
             elif n.dtype is dtypes.i32:

@@ -23,6 +23,10 @@ stated, deterministic rules (each recorded in the region's notes for ``kumiko ex
              recomputed: the same (value, index) is one shared let (seed 001 §6.7.6).
 - R-reshape  a reshape that merges symbolic axes has no affine inverse: its source is materialised and
              read through its flat row-major offset.
+- R-depth    a value ``MAX_DEPTH`` nested inlinings below its region's root is materialised: every pass
+             over a region (here, SRNF, verification, playback, kernel emission, rendering) walks its
+             expressions recursively, so a region's depth is bounded; a chain of thousands of ops becomes a
+             chain of kernels of bounded depth instead of a RecursionError.
 
 Points are compared modulo size-1 axes: a coordinate on an axis of extent 1 is the same point whatever
 it holds (``0`` from an EXPAND/RESHAPE of a unit dim, or the size-1 iterator), so a ``(1, H, S, D)``
@@ -66,6 +70,10 @@ _BINARY = {"ADD": "add", "SUB": "sub", "MUL": "mul", "FDIV": "div", "MAX": "max"
            "CMPLT": "lt", "CMPLE": "le", "CMPEQ": "eq", "CMPNE": "ne"}
 
 
+#: the most nested inlinings one region holds (R-depth); real regions stay far below (attention: ~30)
+MAX_DEPTH = 96
+
+
 def _neutral(op: str, dt) -> object:
     """The reduction's identity in its accumulator dtype (-inf for a float max, INT_MIN for i32, False for bool)."""
     return dtypes.neutral(op, dt).item()
@@ -93,6 +101,7 @@ class _Build:
     n_gather: int = 0
     guarded: int = 0                                # > 0 while inlining under a pad/slice guard
     consumers: list = field(default_factory=list)   # the reductions being built, innermost last
+    depth: int = 0                                  # nested ``inline`` calls in progress (R-depth)
 
 
 def _free(index: tuple) -> set:
@@ -161,11 +170,22 @@ class Former:
         return self.out_names[nid][0] if nid in self.out_names else f"t_{nid}"
 
     def cheap(self, nid: str) -> bool:
-        """No reduction or gather below, down to inputs and roots: recomputing it is cheap."""
-        if nid not in self._cheap:
-            n = self.g.nodes[nid]
-            self._cheap[nid] = n.uop not in ("REDUCE", "GATHER") and all(
-                s in self.roots or self.cheap(s) for s in n.refs)
+        """No reduction or gather below, down to inputs and roots: recomputing it is cheap. A memoized
+        post-order with an explicit stack, since a chain may be longer than Python's recursion limit."""
+        stack = [nid]
+        while stack:
+            top = stack[-1]
+            if top in self._cheap:
+                stack.pop()
+                continue
+            n = self.g.nodes[top]
+            todo = [s for s in n.refs if s not in self.roots and s not in self._cheap]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            self._cheap[top] = n.uop not in ("REDUCE", "GATHER") and all(
+                s in self.roots or self._cheap[s] for s in n.refs)
         return self._cheap[nid]
 
     # inlining ------------------------------------------------------------------------------------
@@ -176,6 +196,16 @@ class Former:
             return Read(self.buffer(nid), tuple(index))
         if n.uop == "CONST":
             return Const(n.arg["value"], n.dtype)
+        if b.depth >= MAX_DEPTH:
+            raise NeedsRoot(nid, "R-depth", f"{nid} is {b.depth} nested ops below {b.root}: materialised so that "
+                            f"no kernel nests deeper than {MAX_DEPTH}")
+        b.depth += 1
+        try:
+            return self._inline(b, n, nid, index, scope)
+        finally:
+            b.depth -= 1
+
+    def _inline(self, b: _Build, n: Node, nid: str, index: tuple, scope: tuple) -> RExpr:
         if n.uop in MOVEMENT:
             return self.movement(b, n, index, scope)
         key = (nid, _unit_free(index, n.shape, b.sizes))

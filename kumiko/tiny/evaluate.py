@@ -4,6 +4,14 @@ It is the oracle every later stage is tested against, so it is deliberately simp
 result is rounded to the node's dtype (fp16/bf16 math is done in fp32 and rounded back, as a GPU
 does per op); REDUCE accumulates in its declared dtype. ``fp64=True`` instead computes every float
 node in float64 (an "ideal" reference for judging rounding error of the other targets).
+
+A float SUM follows what the compiled kernels compute, because where values overflow the order and
+the fusion decide the result (``_sequential_sum``): the terms are added one at a time in row-major
+order of the reduced axes, and a SUM over a MUL (a contraction) adds the exact product, as an FMA or a
+tensor core does, instead of the product rounded to the MUL's dtype (an fp16 product over 65504 is inf
+on its own, but not inside an fp32 GEMM accumulator). The reference promises IEEE results for that
+order and fusion; a target that sums in another order may overflow elsewhere (``kumiko.accuracy``
+accepts any NaN or inf where the reference has one).
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import dim_eval
 from kumiko.tiny.ir import BINARY, COMPARE, UNARY, Node, TinyGraph, is_ref
+from kumiko.tiny.limits import check_limits, check_symbols
 
 LOG2E = math.log2(math.e)
 
@@ -44,6 +53,7 @@ def bind_symbols(g: TinyGraph, inputs: Mapping[str, np.ndarray], given: Mapping[
     if defaults:
         for k, v in g.symbols.items():
             env.setdefault(k, int(v))
+    check_symbols(env)
     return env
 
 
@@ -74,6 +84,7 @@ def evaluate(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[str, i
     """Outputs by signature name (in signature order); ``keep=True`` returns every node's value by id."""
     env = bind_symbols(g, inputs, env)
     check_inputs(g, inputs, env)
+    check_limits(g, env, every_node=True)
     vals: dict[str, np.ndarray] = {}
     feeds = {nid: t for t, nid in g.inputs}
     for nid, n in g.nodes.items():
@@ -82,8 +93,11 @@ def evaluate(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[str, i
             if v is None:
                 raise KumikoError("E1015", at=f"tiny:{nid}", why=f"INPUT {n.arg.get('tensor_id')} has no value")
         else:
-            v = _eval_node(n, [vals[s] if is_ref(s) else s for s in n.src], env, fp64)
             want = tuple(dim_eval(d, env) for d in n.shape)
+            if any(d < 0 for d in want):    # numpy would fail on it (check_sizes says the same for the kernels)
+                raise KumikoError("E1015", at=f"tiny:{nid} ({n.uop})", why=f"with sizes {dict(env)} this node's "
+                                  f"shape {[str(d) for d in n.shape]} is {list(want)}: a negative extent")
+            v = _eval_node(n, [vals[s] if is_ref(s) else s for s in n.src], env, fp64, _fused(g, n, vals, fp64))
             if np.shape(v) != want:   # the bound sizes break an assumption the graph made (e.g. a slice end)
                 raise KumikoError("E1015", at=f"tiny:{nid} ({n.uop})", why=f"with sizes {dict(env)} this node's "
                                   f"shape {[str(d) for d in n.shape]} is {list(want)}, but the computation gives "
@@ -109,10 +123,59 @@ def _compute(dt: dtypes.DType, fp64: bool) -> np.dtype:
 def _round(v, dt: dtypes.DType, fp64: bool) -> np.ndarray:
     v = np.asarray(v)
     want = _store(dt, fp64)
-    return v if v.dtype == want else v.astype(want)
+    with np.errstate(over="ignore"):      # rounding to a narrower float overflows to inf, as IEEE says
+        return v if v.dtype == want else v.astype(want)
 
 
-def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool) -> np.ndarray:
+def _fused(g: TinyGraph, n: Node, vals: Mapping[str, np.ndarray], fp64: bool) -> list | None:
+    """The operands of the MUL a float SUM reduces (a contraction), which the SUM multiplies exactly itself."""
+    if fp64 or n.uop != "REDUCE" or n.arg.get("op") != "SUM" or not n.dtype.is_float:
+        return None
+    src = g.nodes[n.src[0]]
+    if src.uop != "MUL" or not src.dtype.is_float:
+        return None
+    return [vals[s] if is_ref(s) else s for s in src.src]
+
+
+def _sequential_sum(terms: np.ndarray, axes: tuple, acc: np.dtype) -> np.ndarray:
+    """The SUM of float64 ``terms`` over ``axes`` as an ``acc`` accumulator that adds them one at a time
+    in row-major order of those axes computes it, rounding aside.
+
+    The float64 running sum of fp32 (or exact fp32 x fp32 product) terms cannot overflow, and until the
+    accumulator overflows it follows the float64 one to within rounding. So the result is the float64 sum
+    rounded to ``acc``, except where a running sum first leaves ``acc``'s range: from there a sequential
+    accumulator holds the inf of that sign, and only an infinite term (the same inf, or NaN for the
+    opposite one) changes it."""
+    k = len(axes)
+    t = np.moveaxis(terms, axes, tuple(range(-k, 0)))
+    lead = t.shape[:t.ndim - k]
+    t = t.reshape((math.prod(lead), math.prod(t.shape[t.ndim - k:])))
+    out = np.zeros(t.shape[0], dtype=acc)
+    top = float(np.finfo(acc).max)
+    rows = max(1, _CHUNK // max(1, t.shape[1]))       # bounded temporaries on a large contraction
+    with np.errstate(all="ignore"):
+        for r0 in range(0, t.shape[0], rows):
+            c = t[r0:r0 + rows]
+            total = c.sum(axis=-1)
+            # no running sum can leave acc's range where the sum of magnitudes stays inside it
+            risky = ~(np.abs(c).sum(axis=-1) <= top)
+            if risky.any():
+                run = np.cumsum(c[risky], axis=-1)                  # add.accumulate: strictly in order
+                over = np.isfinite(run) & ~np.isfinite(run.astype(acc))
+                first = np.take_along_axis(run, np.argmax(over, axis=-1)[..., None], axis=-1)[..., 0]
+                tot = run[..., -1]
+                total[risky] = np.where(over.any(axis=-1), np.copysign(np.inf, first) +
+                                        np.where(np.isfinite(tot), 0.0, tot), tot)
+            out[r0:r0 + rows] = total.astype(acc)
+    return out.reshape(lead)
+
+
+#: float64 elements a sequential sum handles at once
+_CHUNK = 1 << 22
+
+
+def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool, fused: list | None = None) -> np.ndarray:
+    """One node's value from its sources' values; ``fused`` holds a contraction's MUL operands (``_fused``)."""
     u, a = n.uop, n.arg
     try:
         shape = tuple(dim_eval(d, env) for d in n.shape)
@@ -140,7 +203,14 @@ def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool) -> np.nd
         if not axes:
             return xa
         if a["op"] == "SUM":
-            return np.sum(xa, axis=axes, dtype=acc)
+            if fp64 or not n.dtype.is_float:
+                return np.sum(xa, axis=axes, dtype=acc)
+            if fused is not None:
+                with np.errstate(all="ignore"):     # fp32 x fp32 is exact in float64
+                    terms = np.broadcast_to(np.multiply(*(np.asarray(s) for s in fused), dtype=np.float64), x.shape)
+            else:
+                terms = x.astype(np.float64)
+            return _sequential_sum(terms, axes, acc)
         if any(x.shape[i] == 0 for i in axes):
             return np.full(shape, dtypes.neutral(a["op"], n.dtype), dtype=acc)
         return (np.max if a["op"] == "MAX" else np.min)(xa, axis=axes)

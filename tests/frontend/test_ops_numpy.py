@@ -197,12 +197,12 @@ def test_matmul_fp16_and_bf16():
     want = np.matmul(*f64(a.astype(np.float16), b.astype(np.float16)))
     for got in both("MatMul", [a.astype(np.float16), b.astype(np.float16)], build=lambda x, y: x @ y):
         assert_l2(got, want, 1e-2, dtype=np.float16)
-    # out_dtype fp32: the products are rounded to fp16 (tinygrad's dot multiplies in the input dtype), the
-    # accumulation and the result are fp32
+    # out_dtype fp32: the IR multiplies in the input dtype (tinygrad's dot), but a contraction's products are
+    # exact in the reference, as in every kernel (an FMA, a tensor core: fp16 x fp16 fits fp32 exactly);
+    # the accumulation and the result are fp32
     a64, b64 = f64(a.astype(np.float16), b.astype(np.float16))
-    prods = (a64[..., :, :, None] * b64[None, None, :, :]).astype(np.float16).astype(np.float64)
     got = run_json("MatMul", [a.astype(np.float16), b.astype(np.float16)], {"out_dtype": "fp32"})
-    assert_rel(got, prods.sum(axis=-2), 1e-5, dtype=np.float32)
+    assert_rel(got, np.matmul(a64, b64), 1e-5, dtype=np.float32)
     ab, bb = a.astype(BF16), b.astype(BF16)
     for got in both("MatMul", [ab, bb], build=lambda x, y: x @ y):
         assert_l2(got, np.matmul(*f64(ab, bb)), 2e-2, dtype=BF16)
@@ -223,10 +223,8 @@ def _pads4(p):
     return (p[0], p[0], p[1], p[1]) if len(p) == 2 else p
 
 
-def conv2d_ref(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, product_dtype=None):
-    """``product_dtype``: round every product to it before accumulating (fp16 inputs, fp32 accumulator)."""
+def conv2d_ref(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     x, w = f64(x, w)
-    rnd = (lambda v: float(np.asarray(v).astype(product_dtype))) if product_dtype is not None else (lambda v: v)
     sh, sw = _pair(stride)
     dh, dw = _pair(dilation)
     pt, pb, pl, pr = _pads4(padding)
@@ -248,7 +246,7 @@ def conv2d_ref(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, product_
                     for ci in range(cg):
                         for ky in range(kh):
                             for kx in range(kw):
-                                acc += rnd(xp[n, g * cg + ci, oy * sh + ky * dh, ox * sw + kx * dw] * w[o, ci, ky, kx])
+                                acc += xp[n, g * cg + ci, oy * sh + ky * dh, ox * sw + kx * dw] * w[o, ci, ky, kx]
                     out[n, o, oy, ox] = acc + (0.0 if b is None else float(b[o]))
     return out
 
@@ -300,7 +298,7 @@ def test_conv2d_fp16():
                     build=lambda x, w, b: x.conv2d(w, b, padding=1, groups=2)):
         assert_l2(got, want, 1e-2, dtype=np.float16)
     got = run_json("Conv2D", [x, w, b], {"padding": 1, "groups": 2, "out_dtype": "fp32"})
-    assert_rel(got, conv2d_ref(x, w, b, 1, 1, 1, 2, product_dtype=np.float16), 1e-5, dtype=np.float32)
+    assert_rel(got, conv2d_ref(x, w, b, 1, 1, 1, 2), 1e-5, dtype=np.float32)   # exact products (see matmul)
 
 
 # ------------------------------------------------------------------------------------------------
