@@ -32,6 +32,18 @@ PRELUDE = r"""
  * branch-free (a compare-driven branch on data mispredicts half the time in a pooling tail). */
 static inline float kk_maxf(float a, float b) { const float m = a > b ? a : b; return a != a ? a : m; }
 static inline float kk_minf(float a, float b) { const float m = a < b ? a : b; return a != a ? a : m; }
+/* relu as a function of each compute type: the operand is written once (nested relus as a ?: repeating it
+ * doubled the source per level) */
+static inline float kk_relu_float(float x) { return x < 0 ? 0 : x; }
+static inline double kk_relu_double(double x) { return x < 0 ? 0 : x; }
+static inline int32_t kk_relu_int32_t(int32_t x) { return x < 0 ? 0 : x; }
+static inline int kk_relu_int(int x) { return x < 0 ? 0 : x; }
+static inline double kk_max_double(double a, double b) { return a > b ? a : b; }
+static inline double kk_min_double(double a, double b) { return a < b ? a : b; }
+static inline int32_t kk_max_int32_t(int32_t a, int32_t b) { return a > b ? a : b; }
+static inline int32_t kk_min_int32_t(int32_t a, int32_t b) { return a < b ? a : b; }
+static inline int kk_max_int(int a, int b) { return a > b ? a : b; }
+static inline int kk_min_int(int a, int b) { return a < b ? a : b; }
 """
 
 
@@ -151,12 +163,14 @@ def cast(v: str, src: dtypes.DType, to: dtypes.DType) -> str:
 
 
 UNARY = {"neg": "(-({x}))", "exp2": "exp2f({x})", "log2": "log2f({x})", "sqrt": "sqrtf({x})",
-         "rsqrt": "(1.0f / sqrtf({x}))", "relu": "(({x}) < 0 ? 0 : ({x}))", "erf": "erff({x})"}
+         "rsqrt": "(1.0f / sqrtf({x}))", "erf": "erff({x})"}
 UNARY_F64 = {"exp2": "exp2({x})", "log2": "log2({x})", "sqrt": "sqrt({x})", "rsqrt": "(1.0 / sqrt({x}))",
              "erf": "erf({x})"}
 
 
 def unary(fn: str, x: str, ct: str) -> str:
+    if fn == "relu":               # a function: the operand must appear once (see PRELUDE)
+        return f"kk_relu_{ct}({x})"
     tmpl = UNARY_F64.get(fn, UNARY[fn]) if ct == "double" else UNARY[fn]
     if ct == "int32_t" and fn == "neg":
         return f"(-({x}))"
@@ -176,7 +190,7 @@ def binary(fn: str, a: str, b: str, ct: str) -> str:
     if fn in ("max", "min"):
         if ct in ("float",):
             return f"kk_{fn}f({a}, {b})"
-        return f"(({a}) {'>' if fn == 'max' else '<'} ({b}) ? ({a}) : ({b}))"
+        return f"kk_{fn}_{ct}({a}, {b})"           # functions, so each operand is written once
     if fn == "pow":
         return f"powf({a}, {b})" if ct == "float" else f"pow({a}, {b})"
     ops = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
