@@ -159,6 +159,24 @@ def _symbol(name: str) -> Expr:
     return Expr.sym(s if s and not s[0].isdigit() else f"d_{s}")
 
 
+
+def _check_arity(node: "OnnxNode") -> None:
+    """E1009 when a node has fewer or more inputs or outputs than its ONNX schema allows at the model's opset
+    (a converter indexes its inputs by position)."""
+    try:
+        from onnx import defs
+        schema = defs.get_schema(node.op_type, node.opset, "")
+    except Exception:   # noqa: BLE001 - no schema for this op/opset: the converter's own checks apply
+        return
+    n_in = len(node.inputs)
+    n_out = len(node.outputs)
+    for what, n, lo, hi in (("inputs", n_in, schema.min_input, schema.max_input),
+                            ("outputs", n_out, schema.min_output, schema.max_output)):
+        if not lo <= n <= hi:
+            allowed = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi < 2 ** 30 else f"at least {lo}"
+            raise node.err("E1009", f"{node.op_type} has {n} {what}; opset {node.opset} allows {allowed}",
+                           suggestion="fix the node's input/output list (onnx.checker.check_model reports it)")
+
 class Importer:
     """Walks the ONNX graph in order, folding what is known and emitting frontend ops for the rest.
 
@@ -391,14 +409,24 @@ class Importer:
             raise node.err("E1010", f"{node.op_type} attribute{'s' * (len(unknown) > 1)} {', '.join(unknown)} "
                            f"{'are' if len(unknown) > 1 else 'is'} not supported",
                            suggestion="see docs/onnx.md for the attributes each op imports")
+        _check_arity(node)
         known = [i for i in node.inputs if i]
-        if node.op_type in FOLDERS and all(i in self.consts for i in known):
-            outs = FOLDERS[node.op_type](node, [self.consts[i] if i else None for i in node.inputs])
-            for o, v in zip(node.outputs, outs):
-                if o:
-                    self.consts[o] = np.asarray(v)
-            return
-        res = CONVERTERS[node.op_type](self, node)
+        try:
+            if node.op_type in FOLDERS and all(i in self.consts for i in known):
+                outs = FOLDERS[node.op_type](node, [self.consts[i] if i else None for i in node.inputs])
+                for o, v in zip(node.outputs, outs):
+                    if o:
+                        self.consts[o] = np.asarray(v)
+                return
+            res = CONVERTERS[node.op_type](self, node)
+        except KumikoError:
+            raise
+        except (IndexError, KeyError, ValueError, TypeError, ArithmeticError) as e:
+            # a model the checks above let through but a converter cannot read (an input list or attribute of
+            # a shape ONNX does not allow): the user's file is malformed, so a diagnostic, not a traceback
+            raise node.err("E1009", f"the {node.op_type} node cannot be imported: {type(e).__name__}: {e}",
+                           suggestion="check the node against the ONNX operator's definition "
+                                      "(onnx.checker.check_model finds most such errors)") from None
         res = [res] if isinstance(res, (str, np.ndarray)) else list(res)
         for o, r in zip(node.outputs, res):
             if not o or r is None:
