@@ -58,6 +58,21 @@ def test_the_evaluator_counts_its_intermediates(monkeypatch):
     assert e.value.code == "E1017"
 
 
+def test_compiled_intermediate_buffers_count_too(monkeypatch):
+    """The arena of a program with intermediates (a reduction read by two kernels) is checked before it is
+    allocated: small inputs and outputs, a big intermediate."""
+    x = Tensor.input("x", ("N", 64))
+    h = (x @ x.T).exp()                        # N x N, stored: the softmax-like rows read it twice
+    g = (h / h.sum(1, keepdim=True)).sum(1).graph("y")
+    exe = kumiko.compile(g, target="cpu")
+    xv = np.random.default_rng(0).standard_normal((256, 64), dtype=np.float32)
+    exe(x=xv)
+    monkeypatch.setenv("KUMIKO_MAX_BYTES", str(150_000))   # inputs and outputs fit (~67 KB), N x N does not
+    with pytest.raises(KumikoError) as e:
+        kumiko.compile(g, target="cpu")(x=xv)
+    assert e.value.code == "E1017" and "intermediate" in e.value.why
+
+
 def test_a_zero_size_is_fine_and_a_negative_extent_is_e1015():
     g = kumiko.load(GEMM)
     for target in ("eval", "cpu"):

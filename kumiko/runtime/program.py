@@ -268,7 +268,13 @@ class CpuProgram:
         plan = self._plans.get(key)
         if plan is None:
             step_of = {r: k for k, st in enumerate(self.steps) for r in st.regions}
-            plan = self._plans[key] = plan_arena(self._planned, env, step_of=step_of)
+            plan = plan_arena(self._planned, env, step_of=step_of)
+            limit = knobs.max_bytes()
+            if plan.size > limit:     # the inputs and outputs were checked at bind; the intermediates here
+                raise KumikoError("E1017", at=f"program {self.program.name}", why=f"the intermediate buffers "
+                                  f"need {plan.size:,} bytes at sizes {dict(env)}, over the limit of {limit:,} "
+                                  "bytes (KUMIKO_MAX_BYTES)", bytes=plan.size, limit=limit)
+            self._plans[key] = plan
         return plan
 
     def arena(self, env: Mapping[str, int], state: CallState | None = None) -> tuple[ArenaPlan, np.ndarray]:

@@ -65,7 +65,7 @@ def _evaluator_bytes(g: TinyGraph, nid: str, env: Mapping[str, int]) -> int:
     own = 0 if n.uop in _VIEWS else value_bytes(g, nid, env)
     if n.uop == "REDUCE" and n.arg.get("op") == "SUM" and n.dtype.is_float:
         src = value_bytes(g, n.src[0], env) // g.nodes[n.src[0]].dtype.np.itemsize
-        own += 3 * 8 * src
+        own += 2 * 8 * src        # the float64 terms and their row-major copy; chunk temporaries are bounded
     elif n.uop == "VIEW":
         own += 8 * len(n.arg["index_map"]) * (own // n.dtype.np.itemsize)
     return own
