@@ -183,6 +183,10 @@ class Expr:
         rest = Expr(rest.terms, rest.const - q * t)
         if rest.is_const:
             return whole + (rest.const // q) + t
+        inner = _lone_floor(rest)
+        if inner is not None:
+            # floor((floor(x/a) + c)/q) = floor((x + a*c)/(a*q)): nested divisions flatten
+            return whole + t + (inner.num + inner.den * rest.const).floordiv(inner.den * q)
         return whole + t + Expr({(FloorDiv(rest, q),): 1})
 
     def __floordiv__(self, q: int) -> "Expr":
@@ -285,6 +289,118 @@ class Expr:
         if not self.is_affine():
             raise ValueError(f"{self} is not affine")
         return str(self)
+
+
+def _lone_floor(e: "Expr") -> FloorDiv | None:
+    """``A`` when ``e`` is ``A + c`` for one floor atom ``A`` with coefficient 1 and a constant ``c``."""
+    if len(e.terms) == 1:
+        (m, c), = e.terms
+        if c == 1 and len(m) == 1 and isinstance(m[0], FloorDiv):
+            return m[0]
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# simplification with known ranges: index maps over iterators ``0 <= i < size``
+#
+# Interval bounds are inclusive, ints or +-inf (floats) for "unbounded". Every rule below is an
+# identity for all values of the symbols inside their ranges, and a symbol without a range may take any
+# integer value, so a symbolic size (``0 <= i < M``) only gives ``i >= 0``: nothing is simplified that
+# is not provable for every size.
+
+Interval = tuple
+_INF = math.inf
+
+
+def _imul(a: Interval, b: Interval) -> Interval:
+    prods = [0 if x == 0 or y == 0 else x * y for x in a for y in b]
+    return min(prods), max(prods)
+
+
+def _ifloor(x, q: int):
+    return x if math.isinf(x) else x // q
+
+
+def bounds(e: "Expr", ranges: Mapping[str, Interval]) -> Interval:
+    """Inclusive ``(lo, hi)`` of ``e`` when each symbol ``s`` lies in ``ranges[s]`` (others unbounded)."""
+    lo = hi = e.const
+    for m, c in e.terms:
+        iv: Interval = (c, c)
+        for a in m:
+            if isinstance(a, Sym):
+                iv = _imul(iv, ranges.get(a.name, (-_INF, _INF)))
+            else:
+                blo, bhi = bounds(a.num, ranges)
+                iv = _imul(iv, (_ifloor(blo, a.den), _ifloor(bhi, a.den)))
+        lo, hi = lo + iv[0], hi + iv[1]
+    return lo, hi
+
+
+def iter_ranges(sizes: Mapping[str, "DimLike | Expr"]) -> dict[str, Interval]:
+    """``0 <= name < size`` as inclusive intervals; a symbolic size bounds only from below."""
+    out: dict[str, Interval] = {}
+    for name, size in sizes.items():
+        d = Expr.lift(size)
+        hi = bounds(d, {})[1] - 1
+        out[name] = (0, hi)
+    return out
+
+
+def _divisors(q: int) -> list[int]:
+    """Divisors of ``q`` greater than 1, largest first."""
+    small = [d for d in range(2, math.isqrt(q) + 1) if q % d == 0]
+    return sorted(set(small + [q // d for d in small] + [q]), reverse=True)
+
+
+def _floor_in(num: "Expr", q: int, ranges: Mapping[str, Interval]) -> "Expr":
+    """``floor(num/q)`` simplified with ``ranges`` (``num`` already simplified).
+
+    For a divisor ``c`` of ``q``, split ``num = c*X + R`` (X: the terms whose coefficients ``c``
+    divides); when ``k*c <= R < (k+1)*c`` holds over the ranges, ``floor(num/q) = floor((X + k)/(q/c))``.
+    With ``c = q`` that is ``floor((q*X + R)/q) = X + k`` (``floor(i/q) = 0`` for ``0 <= i < q``, and
+    ``i mod q = i``); with a smaller ``c`` it is ``floor((6*a + b)/12) = floor(a/2)`` for ``0 <= b < 6``."""
+    if q == 1:
+        return num
+    inner = _lone_floor(Expr(num.terms, 0))
+    if inner is not None:     # floor((floor(x/a) + c)/q) = floor((x + a*c)/(a*q))
+        return _floor_in(inner.num + inner.den * num.const, inner.den * q, ranges)
+    for c in _divisors(q):
+        whole = Expr({m: k // c for m, k in num.terms if k % c == 0})
+        rest = Expr({m: k for m, k in num.terms if k % c != 0}, num.const)
+        lo, hi = bounds(rest, ranges)
+        if math.isinf(lo) or math.isinf(hi):
+            continue
+        k = lo // c
+        if hi // c == k:
+            return _floor_in(whole + k, q // c, ranges)
+    return num.floordiv(q)
+
+
+def simplify(e: "Expr", ranges: Mapping[str, Interval]) -> "Expr":
+    """``e`` with its floor atoms simplified where ``ranges`` (inclusive bounds per symbol, see
+    ``iter_ranges``) prove it: equal to ``e`` at every point inside the ranges, not outside them."""
+    if all(isinstance(a, Sym) for m, _ in e.terms for a in m):
+        return e
+    out = Expr((), e.const)
+    for m, c in e.terms:
+        prod = Expr((), c)
+        for a in m:
+            if isinstance(a, Sym):
+                prod = prod * Expr({(a,): 1})
+            else:
+                prod = prod * _floor_in(simplify(a.num, ranges), a.den, ranges)
+        out = out + prod
+    return out
+
+
+def expr_size(e: "Expr") -> int:
+    """Terms in ``e``, those inside its floor atoms included (how big an index expression has grown)."""
+    return len(e.terms) + sum(expr_size(a.num) for m, _ in e.terms for a in m if isinstance(a, FloorDiv))
+
+
+def simplify_in(e: "DimLike | Expr", sizes: Mapping[str, "DimLike | Expr"]) -> "Expr":
+    """``simplify`` over iterators ``0 <= name < sizes[name]``."""
+    return simplify(Expr.lift(e), iter_ranges(sizes))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Mapping
 from kumiko.indexbook.expr import NonAffine, ParamTable, Range, axis_var, index_names, lift
 from kumiko.indexbook.model import Access, Axis, IndexBook, IndexInfo, Piece, identity_map, reduce_env
 from kumiko.indexbook.simplify import fold_constants, simplify_pieces
-from kumiko.symbolic import Expr
+from kumiko.symbolic import Expr, iter_ranges, simplify
 from kumiko.tiny.ir import MOVEMENT, Node, TinyGraph, is_ref
 
 #: movement ops after which pieces may have become empty or redundant (the others are bijections)
@@ -35,11 +35,19 @@ class View:
     exprs: tuple[Expr, ...]
     pieces: tuple[Piece, ...] = ()
 
-    def compose(self, f: tuple[Expr, ...]) -> "View":
-        """Substitute ``i_k := f[k]`` (the source axes in terms of the consumer's variables)."""
+    def compose(self, f: tuple[Expr, ...], sizes: Mapping[str, object] | None = None) -> "View":
+        """Substitute ``i_k := f[k]`` (the source axes in terms of the consumer's variables); with
+        ``sizes`` (the consumer's axis name -> extent) the result is simplified over the consumer's box
+        (``symbolic.simplify``), so a reshape round trip composes back to the plain index."""
         env = {f"i{k}": e for k, e in enumerate(f)}
-        return View(self.base, tuple(e.subs(env) for e in self.exprs),
-                    tuple(Piece(tuple(r.subs(env) for r in p.constraints), p.fill) for p in self.pieces))
+        exprs = tuple(e.subs(env) for e in self.exprs)
+        pieces = tuple(Piece(tuple(r.subs(env) for r in p.constraints), p.fill) for p in self.pieces)
+        if sizes:
+            rng = iter_ranges(sizes)
+            exprs = tuple(simplify(e, rng) for e in exprs)
+            pieces = tuple(Piece(tuple(Range.make(simplify(r.expr, rng), r.lo, r.hi) for r in p.constraints),
+                                 p.fill) for p in pieces)
+        return View(self.base, exprs, pieces)
 
 
 class NonAffineStep(Exception):
@@ -189,8 +197,8 @@ class _Builder:
             f = reduce_env(len(n.shape), n.arg["axes"], len(x.shape))
             xinfo = self.infos[x.id]
             red = tuple(Axis(xinfo.axes[k].id, f"r{j}", x.shape[k], "reduce") for j, k in enumerate(n.arg["axes"]))
-            v = self.views[x.id].compose(f)
             dims = [f"i{k}" for k in range(len(axes))] + [a.name for a in red]
+            v = self.views[x.id].compose(f, {d: a.size for d, a in zip(dims, axes + red)})
             box = tuple(Range.make(lift(d), 0, a.size) for d, a in zip(dims, axes + red))
             v = View(v.base, v.exprs, simplify_pieces(v.pieces, box, dims, self.table) if v.pieces else ())
             info = IndexInfo(**common, inputs=(self.access(v),), src_maps=(Access(x.id, f),), reduce=red,
@@ -223,7 +231,7 @@ class _Builder:
             ins = (Access(xv.base, None, (), self.access(xv).tensor, note),)
             return IndexInfo(**common, inputs=ins, src_maps=(Access(x.id, None, note=note),), non_scop=True,
                              reason=note), self.base(n)
-        v = xv.compose(f)
+        v = xv.compose(f, {f"i{k}": d for k, d in enumerate(n.shape)})
         if n.uop == "PAD":
             inner = v.pieces or (Piece(),)
             pad = n.arg.get("value", 0)

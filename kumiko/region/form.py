@@ -27,6 +27,10 @@ stated, deterministic rules (each recorded in the region's notes for ``kumiko ex
              over a region (here, SRNF, verification, playback, kernel emission, rendering) walks its
              expressions recursively, so a region's depth is bounded; a chain of thousands of ops becomes a
              chain of kernels of bounded depth instead of a RecursionError.
+- R-index    a movement value whose source index would grow past ``MAX_INDEX_TERMS`` terms is
+             materialised. Index maps are simplified with the iterators' ranges (a reshape round trip
+             gives the plain index back), but a chain of genuine permutations (reshape -> transpose ->
+             reshape, repeated) can compose to floor expressions that double per step.
 
 Points are compared modulo size-1 axes: a coordinate on an axis of extent 1 is the same point whatever
 it holds (``0`` from an EXPAND/RESHAPE of a unit dim, or the size-1 iterator), so a ``(1, H, S, D)``
@@ -61,7 +65,7 @@ from kumiko.region.ssa import (
     Unary,
     Yield,
 )
-from kumiko.symbolic import Expr
+from kumiko.symbolic import Expr, expr_size
 from kumiko.tiny.ir import MOVEMENT, Node, TinyGraph, is_ref
 
 _UNARY = {"NEG": "neg", "EXP2": "exp2", "LOG2": "log2", "SQRT": "sqrt", "RSQRT": "rsqrt", "RELU": "relu",
@@ -72,6 +76,9 @@ _BINARY = {"ADD": "add", "SUB": "sub", "MUL": "mul", "FDIV": "div", "MAX": "max"
 
 #: the most nested inlinings one region holds (R-depth); real regions stay far below (attention: ~30)
 MAX_DEPTH = 96
+#: the most terms (floor numerators included) one source index of a movement op may have (R-index);
+#: the examples' indices have fewer than 10
+MAX_INDEX_TERMS = 256
 
 
 def _neutral(op: str, dt) -> object:
@@ -344,7 +351,7 @@ class Former:
             body_index.insert(a, Expr.sym(pick))
         nid, idx = n.src[0], tuple(body_index)
         while self.g.nodes[nid].uop in MOVEMENT:
-            idx, guards = move_index(self.g, self.g.nodes[nid], idx)
+            idx, guards = move_index(self.g, self.g.nodes[nid], idx, b.sizes)
             if idx is None or guards:
                 return None
             nid = self.g.nodes[nid].src[0]
@@ -357,7 +364,10 @@ class Former:
         return None
 
     def movement(self, b: _Build, n: Node, index: tuple, scope: tuple) -> RExpr:
-        src_index, guards = move_index(self.g, n, index)
+        src_index, guards = move_index(self.g, n, index, b.sizes)
+        if src_index is not None and n.id != b.root and sum(expr_size(e) for e in src_index) > MAX_INDEX_TERMS:
+            raise NeedsRoot(n.id, "R-index", f"the index of {n.id}'s source would have more than {MAX_INDEX_TERMS} "
+                            "terms: materialised so that the index expressions of one kernel stay small")
         if src_index is None:
             src = n.src[0]
             if self.g.nodes[src].uop != "INPUT" and src not in self.roots:
@@ -384,7 +394,7 @@ class Former:
         nid = n.src[0]
         while self.g.nodes[nid].uop in MOVEMENT:
             m = self.g.nodes[nid]
-            nxt, guards = move_index(self.g, m, idx)
+            nxt, guards = move_index(self.g, m, idx, b.sizes)
             if nxt is None or guards:
                 raise NeedsRoot(nid, "R-gather", "the data operand of a gather must be a plain view of a MemRef")
             idx, nid = nxt, m.src[0]

@@ -8,18 +8,24 @@ the ``injective`` test region formation uses for reused reductions.
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 from kumiko.indexbook.build import NonAffineStep, step_map
 from kumiko.indexbook.expr import axis_var
-from kumiko.symbolic import Expr
+from kumiko.symbolic import Expr, iter_ranges, simplify
 from kumiko.tiny.ir import Node, TinyGraph
 
 
-def move_index(g: TinyGraph, n: Node, index: tuple) -> tuple:
+def move_index(g: TinyGraph, n: Node, index: tuple, sizes: Mapping | None = None) -> tuple:
     """(source index, guards) for ``n``'s result at ``index``; guards are ``(expr, "ge")`` pairs.
 
     The IndexBook's one-step map (``indexbook.build.step_map``) with the consumer's variables
     substituted; a PAD's in-bounds range becomes guards on the sides that are actually padded. A
-    reshape that merges symbolic axes has no affine map: ``(None, ())``."""
+    reshape that merges symbolic axes has no affine map: ``(None, ())``.
+
+    ``sizes`` (iterator name -> extent) simplifies the result with the iterators' ranges
+    (``symbolic.simplify``: ``floor(i/4) = 0`` for ``0 <= i < 4``), so a reshape round trip gives the
+    plain index back instead of wrapping it in another layer of divisions."""
     src = g.nodes[n.src[0]]
     try:
         f, ranges = step_map(n, src)
@@ -36,7 +42,12 @@ def move_index(g: TinyGraph, n: Node, index: tuple) -> tuple:
                 guards.append((e - r.lo, "ge"))
             if Expr.lift(hi) != 0:
                 guards.append((r.hi - 1 - e, "ge"))
-    return tuple(e.subs(env) for e in f), tuple(guards)
+    out = tuple(e.subs(env) for e in f)
+    if sizes:
+        ranges = iter_ranges(sizes)
+        out = tuple(simplify(e, ranges) for e in out)
+        guards = [(simplify(e, ranges), kind) for e, kind in guards]
+    return out, tuple(guards)
 
 
 def linear(index: tuple, shape: tuple) -> Expr:
