@@ -160,6 +160,25 @@ def draw_graph(d: Draw, max_ops: int = 4, max_elements: int = MAX_ELEMENTS) \
     return g.t.graph("y"), g.inputs, ops
 
 
+def agrees(g: Any, ins: dict[str, np.ndarray], got: np.ndarray, want: np.ndarray) -> tuple[bool, float]:
+    """Whether a target's ``got`` matches the evaluator's ``want``: within the fp32 bound, or - where the
+    graph cancels catastrophically (``x * mean(layernorm(x))`` is rounding noise around 0) - no farther
+    from the float64 evaluation than a few times the fp32 reference's own distance from it. Returns
+    (ok, relative L2 error against ``want``)."""
+    import kumiko
+    from kumiko.accuracy import bound, rel_l2
+    err = rel_l2(got, want)
+    if err <= bound("fp32"):
+        return True, err
+    if not np.array_equal(np.isfinite(got), np.isfinite(want)):
+        return False, err
+    ideal = kumiko.compile(g, "eval", fp64=True)(**ins)["y"].astype(np.float64)
+    fin = np.isfinite(ideal) & np.isfinite(want)
+    noise = float(np.linalg.norm(want[fin].astype(np.float64) - ideal[fin]))
+    off = float(np.linalg.norm(got[fin].astype(np.float64) - ideal[fin]))
+    return off <= 8 * noise + bound("fp32") * float(np.linalg.norm(ideal[fin])), err
+
+
 def inputs_for(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {k: rng.standard_normal(s, dtype=np.float32) for k, s in shapes.items()}
@@ -168,7 +187,6 @@ def inputs_for(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.nd
 def _sweep(n: int, start: int = 0, target: str = "cpu",
            max_elements: int = MAX_ELEMENTS) -> None:   # pragma: no cover - a developer's hunting tool
     import kumiko
-    from kumiko.accuracy import rel_l2
     bad = 0
     for seed in range(start, start + n):
         try:
@@ -180,8 +198,8 @@ def _sweep(n: int, start: int = 0, target: str = "cpu",
             bad += 1
             print(f"seed {seed}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
-        err = rel_l2(got, want)
-        if not err <= 1e-4:
+        ok, err = agrees(g, ins, got, want)
+        if not ok:
             bad += 1
             print(f"seed {seed}: rel_l2 {err:.3g} ops {ops} inputs {shapes}", flush=True)
     print(f"{bad} of {n} wrong")
