@@ -22,6 +22,7 @@ examples:
   kumiko run examples/gemm_bias_relu.json
   kumiko run examples/gemm_bias_relu.json --shapes M=128,N=64,K=32 --seed 1 --out y.npz
   kumiko run examples/attention_causal.json --target cuda-emu --dtype fp16 --emu asan --check
+  kumiko run my_graph.json --check --bisect
   kumiko dump examples/conv3x3_s2_p1.json --stage frontend,tiny --out dumps/
   kumiko check my_graph.json --json
   kumiko bench examples/gemm_bias_relu.json --shapes M=512,N=512,K=512 --reps 10
@@ -84,6 +85,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     t_run = time.perf_counter() - t0
     checks = _check(exe, inputs, outputs) if args.check else None
     failed = checks is not None and not all(c.ok for c in checks)
+    bisected = None
+    if args.bisect:                     # kumiko.debug: every intermediate checked, the first wrong one named
+        from kumiko.debug import bisect
+        bisected = bisect(program, inputs, args.target, **_run_options(args))
+        failed = failed or not bisected.ok
     if args.out:
         import io
 
@@ -99,6 +105,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             res["emu"] = args.emu
         if checks is not None:
             res["check"] = {c.name: c.to_json() for c in checks}
+        if bisected is not None:
+            res["bisect"] = bisected.to_json()
         print(json.dumps(res, indent=2))
     elif not args.json:
         print(f"{Path(args.file).name}: target {target}, compiled in {t_compile * 1e3:.1f} ms, "
@@ -111,6 +119,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"(bound {c.bound:g} for {c.dtype}): {'ok' if c.ok else 'MISMATCH'}")
         if args.out:
             print(f"  wrote {args.out}")
+        if bisected is not None:
+            print(bisected.render())
+    if bisected is not None and not bisected.ok:
+        raise bisected.error(table=args.json)
     if failed:
         from kumiko.accuracy import raise_on_mismatch
         raise_on_mismatch(checks, target, exe.bind({**exe.params, **inputs}))
@@ -168,11 +180,10 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def _dump_pictures(program, stages: list[str], fmt: str, out_dir: Path | None) -> int:
-    from kumiko.frontend.visualize import draw_stages
+    from kumiko.pipeline import draw_stages, write_dumps
     if fmt == "svg" and out_dir is None and len(stages) > 1:
         raise KumikoError("E1010", at="dump --format svg", why="several SVG pictures cannot share stdout",
                           suggestion="pick one stage (--stage frontend) or write files with --out DIR")
-    from kumiko.pipeline import write_dumps
     texts = draw_stages(program, stages, fmt)      # written here, under a file name safe_stem made
     if out_dir is None:
         sys.stdout.write("".join(texts.values()))
@@ -183,7 +194,7 @@ def _dump_pictures(program, stages: list[str], fmt: str, out_dir: Path | None) -
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from kumiko.compiler import to_tiny
+    from kumiko.pipeline import to_tiny
     program = _load(args.file)
     tiny = to_tiny(program)
     if args.json:
@@ -199,7 +210,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from kumiko.pipeline import dump, dump_path
     from kumiko.plan.gpu import GPU_ARCHS, describe_gpu_plan
     program = _load(args.file, args.dtype)
-    opts = {"tune": bool(args.tune), "shapes": _shapes(args.shapes)}
+    opts: dict = {"tune": True} if args.tune else {}       # options a target does not take are refused
+    if args.shapes:
+        opts["shapes"] = _shapes(args.shapes)
     if args.gpu_arch:
         if args.target != "cuda":
             raise KumikoError("E1010", at="--gpu-arch", why=f"--gpu-arch builds a cubin for --target cuda, not "
@@ -270,7 +283,7 @@ def _launch_info(ln, cubin) -> dict:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from kumiko.compiler import to_tiny
+    from kumiko.pipeline import to_tiny
     from kumiko.region import form_regions
     from kumiko.region.srnf import epilogue
     program = _load(args.file)
@@ -330,14 +343,14 @@ def _dtype_option(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kumiko.compiler import DEFAULT_TARGET, PLANNED, TARGETS
+    from kumiko.compiler import DEFAULT_TARGET, TARGETS
     from kumiko.pipeline import STAGES
     p = argparse.ArgumentParser(prog="kumiko", description="kumiko: a deep-learning compiler (tensor graphs -> "
                                 "Tiny IR -> polyhedral analysis -> kernels).", epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print results and diagnostics as JSON")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-    targets = ", ".join(sorted(TARGETS)) + "".join(f"; {t}: planned" for t in PLANNED if t not in TARGETS)
+    targets = ", ".join(sorted(TARGETS))
 
     r = sub.add_parser("run", help="compile a graph and run it on inputs (random ones when none are given)",
                        description="Compile FILE for a target and run it. Without --inputs, fresh random inputs "
@@ -352,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--check", action="store_true", help="also run the reference evaluator on the same inputs and "
                    "compare each output (relative L2 error within its dtype's bound: fp32 1e-4, fp16 1e-2, "
                    "bf16 2e-2, integers exact); a mismatch is diagnostic E1705 (exit 2)")
+    r.add_argument("--bisect", action="store_true", help="also compile with every intermediate tensor exposed, "
+                   "compare each one with the evaluator and print the table, naming the first wrong node and the "
+                   "kernel it runs in; a mismatch is E1705 (docs/debugging.md)")
     r.add_argument("--emu", choices=("deferred", "eager", "asan"), help="--target cuda-emu: the emulator's "
                    "configuration (default deferred: cp.async lands at wait_group, round-robin threads; eager: "
                    "copies land at issue, warp 0 runs ahead between barriers; asan: AddressSanitizer); "

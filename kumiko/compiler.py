@@ -6,6 +6,8 @@ signature names, binds symbolic sizes from the inputs' shapes, and checks dtypes
 """
 from __future__ import annotations
 
+import importlib
+import inspect
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -14,28 +16,50 @@ import numpy as np
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
-from kumiko.symbolic import dim_eval
+from kumiko.pipeline import to_tiny
 from kumiko.tiny.evaluate import bind_symbols, check_inputs, check_sizes, evaluate
+from kumiko.tiny.inputs import random_inputs
 from kumiko.tiny.ir import TinyGraph
-from kumiko.tiny.limits import check_limits, check_symbols
+from kumiko.tiny.limits import check_limits
 
-#: target name -> factory(tiny graph, options) -> callable(inputs, env) -> outputs
-TARGETS: dict[str, Callable[..., Callable]] = {}
-#: targets that are planned but not built yet, with the issue that brings them
-PLANNED: dict[str, str] = {}
 DEFAULT_TARGET = "cpu"
 
 
-def register_target(name: str):
-    def deco(factory):
-        TARGETS[name] = factory
-        return factory
-    return deco
-
-
-@register_target("eval")
-def _eval_target(tiny: TinyGraph, fp64: bool = False, **_):
+def _eval_target(tiny: TinyGraph, fp64: bool = False):
     return lambda inputs, env: evaluate(tiny, inputs, env, fp64=fp64)
+
+
+#: target name -> where its factory lives; factory(tiny graph, **options) -> callable(inputs, env) -> outputs.
+#: Resolved on first use, so the runtime's target modules never import this module (no import cycle) and a
+#: target's heavy imports are paid only by its users.
+_FACTORIES: dict[str, str] = {
+    "cpu": "kumiko.runtime.target_cpu:cpu_target",
+    "cuda-emu": "kumiko.runtime.target_cuda:cuda_emu_target",
+    "cuda": "kumiko.runtime.target_cuda_gpu:cuda_target",
+}
+#: the target names (``target_factory(name)`` is the factory)
+TARGETS: tuple[str, ...] = ("eval", *_FACTORIES)
+
+
+def target_factory(name: str) -> Callable[..., Callable]:
+    """The factory of target ``name`` (E1501 for an unknown target)."""
+    if name == "eval":
+        return _eval_target
+    if name not in _FACTORIES:
+        raise KumikoError("E1501", at="compile", why=f"unknown target {name!r}",
+                          suggestion=f"available targets: {', '.join(sorted(TARGETS))}")
+    module, fn = _FACTORIES[name].split(":")
+    return getattr(importlib.import_module(module), fn)
+
+
+def _check_options(target: str, factory: Callable, options: Mapping[str, object]) -> None:
+    """An option the target does not take is a diagnostic, never silently ignored."""
+    params = inspect.signature(factory).parameters
+    unknown = sorted(set(options) - set(list(params)[1:]))
+    if unknown:
+        raise KumikoError("E1010", at=f"compile (target {target})", why=f"target {target!r} has no option"
+                          f"{'s' * (len(unknown) > 1)} {', '.join(unknown)}",
+                          suggestion=f"its options: {', '.join(list(params)[1:]) or 'none'}")
 
 
 def load(path: str | Path) -> Graph | TinyGraph:
@@ -65,30 +89,23 @@ def load_json(d: object, where: str = "graph") -> Graph | TinyGraph:
     return Graph.from_json(d, where)
 
 
-def to_tiny(program: Graph | TinyGraph) -> TinyGraph:
-    if isinstance(program, TinyGraph):
-        return program
-    if isinstance(program, Graph):
-        return program.tiny
-    raise TypeError(f"expected a kumiko Graph or TinyGraph, got {type(program).__name__}")
+_I32 = np.iinfo(np.int32)
 
 
 class Executable:
     """A compiled program: call it with arrays by signature name, get outputs in signature order."""
 
     def __init__(self, program: Graph | TinyGraph, target: str = DEFAULT_TARGET, **options):
-        if target not in TARGETS:
-            if target in PLANNED:
-                why = f"target {target!r} is not built yet ({PLANNED[target]} brings it)"
-            else:
-                why = f"unknown target {target!r}"
-            raise KumikoError("E1501", at="compile", why=why,
-                              suggestion=f"available targets: {', '.join(sorted(TARGETS))}")
+        factory = target_factory(target)
+        _check_options(target, factory, options)
         self.tiny = to_tiny(program)
         #: values for param inputs the caller may leave out (a Graph's ``params``, e.g. ONNX initializers)
         self.params = dict(program.params) if isinstance(program, Graph) else {}
+        #: fp32 inputs that also take float64 arrays (an imported ONNX model's DOUBLE inputs)
+        self.fp64_inputs = program.fp64_inputs if isinstance(program, Graph) else frozenset()
+        self._in_dtypes = {t: self.tiny.nodes[nid].dtype for t, nid in self.tiny.inputs}
         self.target = target
-        self._run = TARGETS[target](self.tiny, **options)
+        self._run = factory(self.tiny, **options)
         self._sizes_ok: set = set()      # sizes check_sizes passed (bind)
 
     @property
@@ -113,49 +130,37 @@ class Executable:
 
     def __call__(self, **inputs: np.ndarray) -> dict[str, np.ndarray]:
         inputs = {**self.params, **inputs}
-        inputs = {k: np.asarray(v) for k, v in inputs.items()}
+        inputs = {k: self._narrow(k, np.asarray(v)) for k, v in inputs.items()}
         env = self.bind(inputs)
         out = self._run(inputs, env)
         # an output that is an input of the same name is not computed by any kernel: return a copy
         return {name: out[name] if name in out else np.array(inputs[name], copy=True) for name in self.output_names}
 
+    def _narrow(self, name: str, arr: np.ndarray) -> np.ndarray:
+        """The one place a call's arrays are narrowed to kumiko's dtypes: int64 (numpy's default integer,
+        ONNX's index type) for an i32 input, float64 for an fp32 input in ``fp64_inputs``. A value the
+        narrowing would change is E1015; any other dtype is left for the input check to refuse."""
+        dt = self._in_dtypes.get(name)
+        if arr.dtype == np.int64 and dt is dtypes.i32:
+            if arr.size and not _I32.min <= arr.min() <= arr.max() <= _I32.max:
+                raise KumikoError("E1015", at=f"input {name}", why="int64 values outside the i32 range "
+                                  f"[{arr.min()}, {arr.max()}] cannot be narrowed to i32, the input's dtype")
+            return arr.astype(np.int32)
+        if arr.dtype == np.float64 and dt is dtypes.fp32 and name in self.fp64_inputs:
+            with np.errstate(over="ignore"):
+                out = arr.astype(np.float32)
+            if (np.isinf(out) & np.isfinite(arr)).any():
+                raise KumikoError("E1015", at=f"input {name}", why="finite float64 values overflow fp32, the "
+                                  "input's dtype")
+            return out
+        return arr
+
     def random_inputs(self, seed: int = 0, shapes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         """Fresh random inputs (never zeros): normal floats, small non-negative ints, random bools."""
-        env = dict(self.tiny.symbols)
-        env.update(shapes or {})
-        check_symbols(env)
-        rng = np.random.default_rng(seed)
-        shapes_of = {}
-        for name, nid in self.tiny.inputs:
-            try:
-                shapes_of[name] = tuple(dim_eval(d, env) for d in self.tiny.nodes[nid].shape)
-            except KeyError as e:
-                raise KumikoError("E1014", at=f"input {name}", why=f"size symbol {e.args[0]} has no value",
-                                  suggestion=f"give it with --shapes {e.args[0]}=VALUE (or a 'symbols' default "
-                                             "in the graph file)") from None
-            if any(d < 0 for d in shapes_of[name]):
-                raise KumikoError("E1015", at=f"input {name}", why=f"these sizes give it the negative extent "
-                                  f"{list(shapes_of[name])} ({[str(d) for d in self.tiny.nodes[nid].shape]})")
-        # before allocating: the inputs and the outputs the call will make (every value for the evaluator)
-        check_limits(self.tiny, env, every_node=self.target == "eval", at="random inputs")
-        out = {}
-        for name, nid in self.tiny.inputs:
-            n, shape = self.tiny.nodes[nid], shapes_of[name]
-            if n.dtype.is_float:
-                out[name] = rng.standard_normal(shape, dtype=np.float32).astype(n.dtype.np)
-            elif n.dtype is dtypes.i32:
-                out[name] = rng.integers(0, 3, size=shape, dtype=np.int32)
-            else:
-                out[name] = rng.random(shape) < 0.5
-        return out
+        return random_inputs(self.tiny, seed, shapes, every_node=self.target == "eval")
 
 
 def compile(program: Graph | TinyGraph, target: str = DEFAULT_TARGET, **options) -> Executable:  # noqa: A001
     """Compile a Graph (or a Tiny IR) for a target; see ``TARGETS`` for the names."""
     return Executable(program, target, **options)
 
-
-# targets past the evaluator register themselves on import
-import kumiko.runtime.target_cpu  # noqa: E402,F401
-import kumiko.runtime.target_cuda  # noqa: E402,F401
-import kumiko.runtime.target_cuda_gpu  # noqa: E402,F401

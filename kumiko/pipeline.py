@@ -1,4 +1,8 @@
-"""The ordered stage list, and dumps of each stage in the seeds' JSON shape.
+"""The ordered stage list, and dumps and pictures of each stage in the seeds' JSON shape.
+
+The stage table lives here, not in the stages: a stage package never imports the driver (``STAGES`` and
+``DRAWINGS`` name each stage's producer; ``stage_indexbook``/``stage_poly_view`` run the analysis stages on a
+frontend Graph or a TinyGraph).
 
 Every stage is a pure function of the previous one. ``dump`` writes ``<name>.<stage>.json`` files
 that are byte-identical across runs; a dumped stage can be loaded again and compiled from
@@ -8,32 +12,84 @@ graph's name made a plain file name (``dump_path``), so every file lands inside 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
+from kumiko.frontend.visualize import frontend_stage_drawing, tiny_stage_drawing
+from kumiko.indexbook import IndexBook, build_indexbook
+from kumiko.poly import PolyView, poly_view
+from kumiko.poly import report as poly_report
+from kumiko.region import form_regions
+from kumiko.region.draw import draw_program
+from kumiko.region.serial import program_json
 from kumiko.runtime.files import safe_stem, write_file
 from kumiko.tiny import ir as tiny_ir
 from kumiko.tiny.ir import TinyGraph
+from kumiko.util.drawing import Cluster, Drawing, render_dot, to_svg
 
 
-def _frontend(program) -> dict:
+def to_tiny(program: Graph | TinyGraph) -> TinyGraph:
+    """The Tiny IR of a frontend Graph (its lowering), or the TinyGraph itself."""
+    if isinstance(program, TinyGraph):
+        return program
+    if isinstance(program, Graph):
+        return program.tiny
+    raise TypeError(f"expected a kumiko Graph or TinyGraph, got {type(program).__name__}")
+
+
+def _frontend_graph(program: Graph | TinyGraph) -> Graph:
     if not isinstance(program, Graph):
         raise KumikoError("E1009", at="dump", why="the frontend stage needs a frontend graph, not a Tiny IR dump")
-    return program.to_json()
+    return program
 
 
-def _tiny(program) -> dict:
-    return tiny_ir.to_json(program if isinstance(program, TinyGraph) else program.tiny)
+def signature_shapes(program: Graph | TinyGraph) -> dict:
+    """Declared shapes of the signature tensors: the frontend's tensor table, else the INPUT nodes."""
+    if isinstance(program, Graph):
+        out = {t: ty.shape for t, ty in program.input_types.items()}
+        out.update({t: ty.shape for t, ty in program.output_types.items()})
+        return out
+    tiny = to_tiny(program)
+    return {t: tiny[nid].shape for t, nid in tiny.inputs}
 
 
-#: stage name -> producer of its JSON dump (later stages append themselves here)
-STAGES: dict[str, Callable[[Graph | TinyGraph], dict]] = {"frontend": _frontend, "tiny": _tiny}
+def stage_indexbook(program: Graph | TinyGraph) -> IndexBook:
+    """The IndexBook of a program, aligned to its signature."""
+    return build_indexbook(to_tiny(program), signature_shapes(program))
 
 
-def register_stage(name: str, producer: Callable[[Graph | TinyGraph], dict]) -> None:
-    STAGES[name] = producer
+def stage_poly_view(program: Graph | TinyGraph) -> PolyView:
+    return poly_view(stage_indexbook(program))
+
+
+def _gpu_ir(program: Graph | TinyGraph) -> dict:
+    """The ``gpu_ir`` dump: every kernel's GPU IR under the chosen sm80 plans, and the launches."""
+    from kumiko.kernel.gpu_ir import ir_json
+    from kumiko.runtime.target_cuda import compile_cuda
+    c = compile_cuda(to_tiny(program))
+    return {"program": c.program.name, "arch": c.arch, "kernels": [ir_json(k) for k in c.kernels],
+            "launches": [ln.to_json() for ln in c.launches]}
+
+
+#: stage name -> producer of its JSON dump, in pipeline order (the stage packages know nothing of this table)
+STAGES: dict[str, Callable[[Graph | TinyGraph], dict]] = {
+    "frontend": lambda p: _frontend_graph(p).to_json(),
+    "tiny": lambda p: tiny_ir.to_json(to_tiny(p)),
+    "indexbook": lambda p: stage_indexbook(p).to_json(),
+    "poly_view": lambda p: poly_report(stage_poly_view(p)),
+    "region": lambda p: program_json(form_regions(to_tiny(p))),
+    "gpu_ir": _gpu_ir,
+}
+
+#: stage name -> the Drawing of a program at that stage (``to_dot``, ``draw``)
+DRAWINGS: dict[str, Callable[[Graph | TinyGraph], Drawing]] = {
+    "frontend": frontend_stage_drawing,
+    "tiny": tiny_stage_drawing,
+    "region": lambda p: draw_program(form_regions(to_tiny(p))),
+}
 
 
 def stage_json(program: Graph | TinyGraph, stage: str) -> dict:
@@ -41,6 +97,35 @@ def stage_json(program: Graph | TinyGraph, stage: str) -> dict:
         raise KumikoError("E1010", at="dump", why=f"unknown stage {stage!r}",
                           suggestion=f"stages: {', '.join(STAGES)}")
     return STAGES[stage](program)
+
+
+def to_dot(program: Graph | TinyGraph, stage: str | None = None, clusters: Sequence[Cluster] = ()) -> str:
+    """DOT text of a program at ``stage`` (default: frontend for a Graph, tiny for a TinyGraph);
+    ``clusters`` draws boxes around groups of the drawing's nodes."""
+    stage = stage or ("frontend" if isinstance(program, Graph) else "tiny")
+    if stage not in DRAWINGS:
+        why = f"the {stage!r} stage has no picture yet" if stage in STAGES else f"unknown stage {stage!r}"
+        raise KumikoError("E1010", at="dump --format", why=why,
+                          suggestion=f"draw one of: {', '.join(DRAWINGS)}; or dump the stage as JSON")
+    d = DRAWINGS[stage](program)
+    if clusters:
+        d = replace(d, clusters=d.clusters + tuple(clusters))
+    return render_dot(d)
+
+
+def draw(program: Graph | TinyGraph, stage: str, fmt: str) -> str:
+    """The picture of one stage as ``dot`` or ``svg`` text."""
+    if fmt not in ("dot", "svg"):
+        raise KumikoError("E1010", at="dump --format", why=f"unknown picture format {fmt!r}",
+                          suggestion="use --format dot or --format svg")
+    text = to_dot(program, stage)
+    return to_svg(text) if fmt == "svg" else text
+
+
+def draw_stages(program: Graph | TinyGraph, stages: Sequence[str], fmt: str) -> dict[str, str]:
+    """Pictures of several stages: stage -> text, all drawn before the caller writes any (a failure writes
+    nothing; the CLI writes them under file names ``dump_path`` makes safe)."""
+    return {s: draw(program, s, fmt) for s in stages}
 
 
 def _fmt(v, indent: int) -> str:
@@ -84,8 +169,3 @@ def dump(program: Graph | TinyGraph, stages: list[str], out_dir: Path | None) ->
         write_dumps(texts, program.name, out_dir)
     return texts
 
-
-# Stages past Tiny IR register themselves when their package is imported.
-import kumiko.indexbook  # noqa: E402,F401
-import kumiko.poly  # noqa: E402,F401
-import kumiko.region  # noqa: E402,F401

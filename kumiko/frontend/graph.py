@@ -120,6 +120,9 @@ class Graph:
     #: values of ``param`` inputs known when the graph is made (e.g. ONNX initializers); executables
     #: fill inputs the caller leaves out from here. Not part of the JSON form (arrays, not text).
     params: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: fp32 data inputs that executables also take as float64 arrays, narrowed at the call (an ONNX
+    #: model's DOUBLE inputs, which the importer declares fp32). Not part of the JSON form.
+    fp64_inputs: frozenset = field(default_factory=frozenset, repr=False)
 
     # construction -----------------------------------------------------------------------------------
     @staticmethod

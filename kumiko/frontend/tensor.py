@@ -404,15 +404,17 @@ class Tensor:
         outs = {(names[0] if names else "out"): self, **outs}
         return build_graph(outs, name=name, symbols=symbols)
 
-    def numpy(self, target: str = "eval") -> np.ndarray:
-        from kumiko.compiler import compile as kcompile
+    def numpy(self) -> np.ndarray:
+        """The value, computed eagerly by the reference evaluator (tinygrad's ``.numpy()``); compile the graph
+        (``kumiko.compile(t.graph())``) to run it on a target."""
+        from kumiko.tiny.evaluate import evaluate
         g = self.graph("out")
         leaves = _leaves([self])
         missing = [t.name for t in leaves if t.data is None]
         if missing:
             raise _err("E1015", "numpy", f"inputs {missing} have no data",
                        suggestion="run the graph with kumiko.compile(t.graph())(**inputs)")
-        return kcompile(g, target)(**{t.name: t.data for t in leaves})["out"]
+        return evaluate(g.tiny, {t.name: t.data for t in leaves})["out"]
 
 
 def _lst(v: Any) -> Any:

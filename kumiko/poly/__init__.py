@@ -1,9 +1,10 @@
 """Poly-View and Poly Core (seed 001 §5, §7; seed 003): the SCoP of a graph in ISL and its analyses.
 
 Entry points: ``poly_view(book) -> PolyView`` (blocks, accesses, ContractionPatterns, edges),
-``dependences(view)``, ``axis_roles``, ``tail_axes``, ``compute_at(view, producer, consumer, tile=...,
-placement=...)`` (backward slice, footprints, halo, schedule check, minimum buffer), ``analyse(view)``
-and ``report(view)`` (the ``poly_view`` stage dump). See docs/poly.md.
+``dependences(view)`` (``kumiko.pipeline.stage_poly_view`` for a program), ``axis_roles``, ``tail_axes``,
+``compute_at(view, producer, consumer, tile=..., placement=...)`` (backward slice, footprints, halo,
+schedule check, minimum buffer), ``analyse(view)`` and ``report(view)`` (the ``poly_view`` stage dump). See
+docs/poly.md.
 """
 from __future__ import annotations
 
@@ -13,23 +14,6 @@ from kumiko.poly.core import Dependences, axis_roles, carried_axes, dependences,
 from kumiko.poly.report import analyse, chains, fusion_report, report
 from kumiko.poly.view import AccessRel, Array, Block, Edge, PolyView, poly_view
 
-
-def stage_poly_view(program) -> PolyView:
-    from kumiko.indexbook import stage_indexbook
-    return poly_view(stage_indexbook(program))
-
-
-def _dump(program) -> dict:
-    return report(stage_poly_view(program))
-
-
-def _register() -> None:
-    from kumiko.pipeline import register_stage
-    register_stage("poly_view", _dump)
-
-
-_register()
-
 __all__ = ["AccessRel", "Array", "Block", "ComputeAt", "ContractionPattern", "Dependences", "Edge", "Footprint",
            "PolyView", "analyse", "axis_roles", "between", "carried_axes", "chains", "compute_at", "default_tile",
-           "dependences", "detect", "fusion_report", "poly_view", "report", "stage_poly_view", "tail_axes"]
+           "dependences", "detect", "fusion_report", "poly_view", "report", "tail_axes"]

@@ -2,8 +2,8 @@
 buffers, outputs) sit outside and connect the kernels in execution order."""
 from __future__ import annotations
 
-from kumiko.frontend.visualize import Cluster, DrawEdge, Drawing, DrawNode
-from kumiko.region.ssa import Gather, Guard, Read, Reduce, Ref, RExpr, Select
+from kumiko.region.ssa import Gather, Guard, Program, Read, Reduce, Ref, RExpr, Select
+from kumiko.util.drawing import Cluster, DrawEdge, Drawing, DrawNode
 
 
 def _uses(e: RExpr) -> tuple[set, set]:
@@ -35,10 +35,8 @@ def _mem(m) -> str:
     return f"{m.dtype}[{', '.join(str(d) for d in m.shape)}]"
 
 
-def draw_program(program) -> Drawing:
-    from kumiko.compiler import to_tiny
-    from kumiko.region import form_regions
-    p = form_regions(to_tiny(program))
+def draw_program(p: Program) -> Drawing:
+    """The picture of a region Program: a cluster per kernel."""
     nodes, edges, clusters = [], [], []
     outputs = {n for n, _ in p.outputs}
     for n, m in p.inputs:

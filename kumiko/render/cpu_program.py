@@ -6,6 +6,7 @@ in one kernel (``kumiko.kernel.stream``); the returned ``Step``s say which funct
 with which buffers."""
 from __future__ import annotations
 
+from kumiko.kernel.abi import Step, program_symbols
 from kumiko.kernel.contract import lower_contraction_region
 from kumiko.kernel.lower_cpu import CpuLowering
 from kumiko.kernel.micro import micro_kernel, stage_micro_kernel, vector_types
@@ -13,7 +14,6 @@ from kumiko.kernel.stream import find_pipe, lower_pipe, pipe_buffers
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Program
 from kumiko.render.c import render_program
-from kumiko.runtime.program import Step, program_symbols
 
 
 def kernel_name(program: Program, k: int) -> str:

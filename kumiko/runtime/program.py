@@ -33,7 +33,6 @@ import sys
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 import ml_dtypes
@@ -41,39 +40,12 @@ import numpy as np
 
 from kumiko import dtypes, knobs
 from kumiko.diagnostics import KumikoError
+from kumiko.kernel.abi import Step, program_symbols, region_steps  # noqa: F401  (re-exported)
 from kumiko.kernel.loops import STATUS_BAD_INDEX
 from kumiko.region.ssa import MemRef, Program
 from kumiko.runtime.arena import ALIGN, ArenaPlan, plan_arena
 from kumiko.runtime.cpu import CModule
-from kumiko.symbolic import Expr, dim_eval
-
-
-def program_symbols(program: Program) -> tuple[str, ...]:
-    """The size symbols a program's kernels receive, in ABI order (sorted by name).
-
-    Every size symbol in any MemRef shape (program inputs, outputs, buffers, region inputs and outputs)
-    and in any region's iteration sizes. The code generator and the runtime both use this function, so
-    ``syms[k]`` means the same symbol on both sides.
-    """
-    names: set[str] = set()
-
-    def add(d) -> None:
-        if not isinstance(d, int):
-            names.update(Expr.lift(d).symbols())
-
-    for _, m in (*program.inputs, *program.outputs, *program.buffers):
-        for d in m.shape:
-            add(d)
-    for r in program.regions:
-        for _, m in r.inputs:
-            for d in m.shape:
-                add(d)
-        for o in r.outputs:
-            for d in o.memref.shape:
-                add(d)
-        for a in r.iters:
-            add(a.size)
-    return tuple(sorted(names))
+from kumiko.symbolic import dim_eval
 
 
 def _nbytes(shape, dt: np.dtype) -> int:
@@ -172,21 +144,6 @@ def poison(arr: np.ndarray) -> np.ndarray:
     else:
         arr.reshape(-1).view(np.uint8).fill(0x7F)     # reshape first: a 0-d array has no byte view
     return arr
-
-
-@dataclass(frozen=True)
-class Step:
-    """One call of a compiled program: the C function, the regions it runs (in order), and the names of
-    the buffers it gets as ``bufs``, in ABI order."""
-    fn: str
-    regions: tuple
-    buffers: tuple
-
-
-def region_steps(program: Program, fn_names: Mapping[str, str]) -> tuple[Step, ...]:
-    """One step per region: its inputs then its outputs."""
-    return tuple(Step(fn_names[r.name], (r.name,), tuple(n for n, _ in r.inputs) + tuple(o.name for o in r.outputs))
-                 for r in program.regions)
 
 
 class CallState:

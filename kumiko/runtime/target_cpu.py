@@ -10,7 +10,6 @@ from typing import Mapping
 
 import numpy as np
 
-from kumiko.compiler import register_target
 from kumiko.diagnostics import KumikoError
 from kumiko.plan.choose import choose_plans
 from kumiko.plan.cost import machine_from_features
@@ -23,6 +22,8 @@ from kumiko.region.ssa import Program
 from kumiko.render.cpu_program import render_cpu_program
 from kumiko.runtime.cpu import CModule, build_c, compiler_version, cpu_features
 from kumiko.runtime.program import CpuProgram, program_symbols
+from kumiko.tiny.evaluate import bind_symbols
+from kumiko.tiny.inputs import random_inputs
 from kumiko.tiny.ir import TinyGraph
 
 
@@ -71,19 +72,16 @@ def compile_cpu(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, featur
                               suggestion=f"regions: {[r.name for r in program.regions]}")
         chosen[name] = validate(p, region, syms, feats)
     if tune:
-        from kumiko.compiler import Executable
-
         def time_plans(trial: dict[str, Plan]) -> float:
             built = _build(tiny, program, trial)
-            exe = Executable(tiny, "eval")
-            ins = exe.random_inputs(0, shapes)
-            bound = exe.bind(ins)
+            ins = random_inputs(tiny, 0, shapes)
+            bound = bind_symbols(tiny, ins, shapes)
             return median_time(lambda: built(ins, bound))
         chosen = tune_plans(program, chosen, env, feats, compiler, time_plans)
     return _build(tiny, program, chosen)
 
 
-@register_target("cpu")
-def _cpu_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, tune: bool = False,
-                shapes: Mapping[str, int] | None = None, **_) -> CompiledCpu:
+def cpu_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, tune: bool = False,
+               shapes: Mapping[str, int] | None = None) -> CompiledCpu:
+    """The ``cpu`` target's factory (``kumiko.compiler``'s target table names it)."""
     return compile_cpu(tiny, plans, tune=tune, shapes=shapes)

@@ -16,13 +16,11 @@ from typing import Mapping
 
 import numpy as np
 
-from kumiko.compiler import register_target
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_ir import MmaKernel, SimtKernel, ir_json
+from kumiko.kernel.gpu_ir import MmaKernel, SimtKernel
 from kumiko.kernel.gpu_mma import lower_mma
 from kumiko.kernel.gpu_simt import lower_simt
 from kumiko.kernel.gpu_verify import verify_mma
-from kumiko.pipeline import register_stage
 from kumiko.plan.gpu import check_resources, choose_gpu_plan, validate_gpu_plan
 from kumiko.plan.plan import Plan
 from kumiko.region import form_regions
@@ -148,14 +146,6 @@ def _simt_extent(region, kern: SimtKernel):
     return prod([sizes[a] for a in kern.outer]) if kern.outer else 1
 
 
-def _gpu_ir_stage(program) -> dict:
-    """The ``gpu_ir`` dump: every kernel's GPU IR under the chosen sm80 plans, and the launches."""
-    from kumiko.compiler import to_tiny
-    c = compile_cuda(to_tiny(program))
-    return {"program": c.program.name, "arch": c.arch, "kernels": [ir_json(k) for k in c.kernels],
-            "launches": [ln.to_json() for ln in c.launches]}
-
-
 def compile_cuda(tiny: TinyGraph, arch: str = "sm80", plans: Mapping[str, Plan] | None = None,
                  emu: str = "deferred") -> CompiledCuda:
     if emu not in EMU_CONFIGS:
@@ -225,12 +215,19 @@ class GpuRunner(CpuProgram):
         return {n: bufs[n] for n, _ in self.program.outputs}
 
 
-@register_target("cuda-emu")
-def _cuda_emu_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, emu: str = "deferred",
-                     arch: str = "sm80", **_) -> CompiledCuda:
+def cuda_emu_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, emu: str = "deferred",
+                    arch: str = "sm80", tune: bool = False, shapes: Mapping[str, int] | None = None) -> CompiledCuda:
+    """The ``cuda-emu`` target's factory. ``shapes`` (the sizes to tune for) is accepted and unused: the GPU
+    plans are chosen from the ptxas report, not timed; ``tune=True`` is refused rather than ignored."""
+    refuse_tune("cuda-emu", tune)
     return compile_cuda(tiny, arch, plans, emu)
 
 
-register_stage("gpu_ir", _gpu_ir_stage)
+def refuse_tune(target: str, tune: bool) -> None:
+    if tune:
+        raise KumikoError("E1010", at="--tune", why=f"autotuning times plans on the CPU; the {target} target "
+                          "chooses its plans from the ptxas register report", suggestion="drop --tune, or use "
+                          "--target cpu")
+
 
 __all__ = ["compile_cuda", "nvcc_check", "CompiledCuda", "GpuRunner", "Launch", "MmaKernel", "SimtKernel"]

@@ -34,7 +34,6 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from kumiko import dtypes, knobs
-from kumiko.compiler import register_target
 from kumiko.diagnostics import KumikoError
 from kumiko.plan.gpu import check_resources, fallback_gpu_plan
 from kumiko.plan.plan import Plan
@@ -484,10 +483,14 @@ def compile_cuda_gpu(tiny: TinyGraph, *, plans: Mapping[str, Plan] | None = None
                            cuda_graph=graph, extra_flags=extra_flags)
 
 
-@register_target("cuda")
-def _cuda_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, device: int = 0,
-                 gpu_arch: str | None = None, poison: bool | None = None, sync_each: bool = False,
-                 cuda_graph: bool | None = None, **_) -> CompiledCudaGpu:
+def cuda_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, device: int = 0,
+                gpu_arch: str | None = None, poison: bool | None = None, sync_each: bool = False,
+                cuda_graph: bool | None = None, tune: bool = False,
+                shapes: Mapping[str, int] | None = None) -> CompiledCudaGpu:
+    """The ``cuda`` target's factory (``shapes`` accepted and unused, ``tune=True`` refused: see
+    ``target_cuda.cuda_emu_target``)."""
+    from kumiko.runtime.target_cuda import refuse_tune
+    refuse_tune("cuda", tune)
     return compile_cuda_gpu(tiny, plans=plans, device=device, gpu_arch=gpu_arch, poison=poison, sync_each=sync_each,
                             cuda_graph=cuda_graph)
 

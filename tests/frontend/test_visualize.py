@@ -13,8 +13,9 @@ from kumiko import compiler
 from kumiko.cli import main as cli
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
-from kumiko.frontend.visualize import DRAWINGS, Cluster, draw, to_dot, to_svg
+from kumiko.pipeline import DRAWINGS, draw, to_dot
 from kumiko.tiny.ir import to_json as tiny_json
+from kumiko.util.drawing import Cluster, to_svg
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 FILES = sorted(EXAMPLES.glob("*.json")) + sorted(EXAMPLES.glob("*.kumiko"))

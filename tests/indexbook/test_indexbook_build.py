@@ -9,8 +9,9 @@ import pytest
 
 import kumiko
 from kumiko.diagnostics import KumikoError
-from kumiko.indexbook import IndexBook, build_indexbook, play, reshape_map, stage_indexbook
+from kumiko.indexbook import IndexBook, build_indexbook, play, reshape_map
 from kumiko.indexbook.build import NonAffineStep
+from kumiko.pipeline import stage_indexbook
 from kumiko.symbolic import Expr, dim, parse_expr
 from kumiko.tiny.build import TinyBuilder
 from kumiko.tiny.evaluate import evaluate

@@ -8,7 +8,7 @@ import pytest
 
 import kumiko
 from kumiko.compiler import load_json
-from kumiko.indexbook import stage_indexbook
+from kumiko.pipeline import stage_indexbook
 from kumiko.poly import compute_at, poly_view
 from kumiko.symbolic import parse_expr
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import islpy as isl
 
 import kumiko
-from kumiko.indexbook import build_indexbook, stage_indexbook
+from kumiko.indexbook import build_indexbook
+from kumiko.pipeline import stage_indexbook
 from kumiko.poly import axis_roles, dependences, poly_view, tail_axes
 from kumiko.poly.core import umaps
 from kumiko.symbolic import dim

@@ -10,7 +10,8 @@ import pytest
 
 import kumiko
 from kumiko.diagnostics import KumikoError
-from kumiko.indexbook import IndexBook, build_indexbook, stage_indexbook
+from kumiko.indexbook import IndexBook, build_indexbook
+from kumiko.pipeline import stage_indexbook
 from kumiko.poly import PolyView, poly_view, report
 from kumiko.symbolic import Expr
 from kumiko.tiny.build import TinyBuilder

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 import kumiko
-from kumiko.frontend.visualize import to_dot, to_svg
+from kumiko.pipeline import to_dot
 from kumiko.region import form_regions
+from kumiko.util.drawing import to_svg
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.json"))
 
