@@ -298,6 +298,60 @@ def _gelu(ctx: Ctx, x: str) -> str:
     return ew(ctx, "MUL", ew(ctx, "MUL", x, 0.5), ew(ctx, "ADD", erf, 1.0))
 
 
+#: pi/2 in three parts (Cody-Waite, as cephes' sinf): the leading parts have few significant bits, so
+#: ``k * part`` is exact in fp32 for the quotients that matter and ``x - k*pi/2`` keeps its digits
+_PIO2 = (1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8)
+#: minimax polynomials of sin and cos on [-pi/4, pi/4] (cephes' sinf/cosf coefficients)
+_SIN_POLY = (-1.9515295891e-4, 8.3321608736e-3, -1.6666654611e-1)
+_COS_POLY = (2.443315711809948e-5, -1.388731625493765e-3, 4.166664568298827e-2)
+
+
+def _floor(ctx: Ctx, x: str) -> str:
+    """floor through CAST to i32 (truncation toward zero) and back, one down where that rounded up; the
+    caller keeps ``x`` inside i32's range."""
+    t = ctx.b.cast(ctx.b.cast(x, dtypes.i32), ctx.dtype(x))
+    return ew(ctx, "WHERE", ew(ctx, "CMPLT", x, t), ew(ctx, "SUB", t, 1.0), t)
+
+
+def _sincos(ctx: Ctx, x: str) -> tuple[str, str]:
+    """(sin x, cos x) from the ops Tiny IR has, since it has no SIN/COS: x = k*pi/2 + r with |r| <= pi/4,
+    short polynomials in r, then the quadrant k mod 4 picks and signs them. The quotient is clamped to
+    +-2**22 so its CAST stays in range; beyond |x| ~ 1e5 fp32 reduction loses digits anyway, and such
+    arguments are noise (their ulp is a sizeable part of the period)."""
+    q = ew(ctx, "MIN", ew(ctx, "MAX", ew(ctx, "MUL", x, 2 / math.pi), -2.0 ** 22), 2.0 ** 22)
+    k = _floor(ctx, ew(ctx, "ADD", q, 0.5))
+    r = x
+    for part in _PIO2:
+        r = ew(ctx, "SUB", r, ew(ctx, "MUL", k, part))
+    z = ew(ctx, "MUL", r, r)
+
+    def poly(cs: tuple) -> str:
+        p = ew(ctx, "MUL", z, cs[0])
+        for c in cs[1:-1]:
+            p = ew(ctx, "MUL", ew(ctx, "ADD", p, c), z)
+        return ew(ctx, "ADD", p, cs[-1])
+
+    s = ew(ctx, "ADD", ew(ctx, "MUL", ew(ctx, "MUL", poly(_SIN_POLY), z), r), r)
+    c = ew(ctx, "ADD", ew(ctx, "SUB", ew(ctx, "MUL", ew(ctx, "MUL", poly(_COS_POLY), z), z), ew(ctx, "MUL", z, 0.5)),
+           1.0)
+    k4 = ew(ctx, "MUL", k, 0.25)
+    m = ew(ctx, "MUL", ew(ctx, "SUB", k4, _floor(ctx, k4)), 4.0)                  # k mod 4, in {0, 1, 2, 3}
+    ns, nc = ctx.b.add("NEG", [s]), ctx.b.add("NEG", [c])
+
+    def pick(vals: tuple) -> str:
+        out = vals[3]
+        for j in (2, 1, 0):
+            out = ew(ctx, "WHERE", ew(ctx, "CMPEQ", m, float(j)), vals[j], out)
+        return out
+
+    return pick((s, c, ns, nc)), pick((c, ns, nc, s))
+
+
+def _tan(ctx: Ctx, x: str) -> str:
+    s, c = _sincos(ctx, x)
+    return ew(ctx, "FDIV", s, c)
+
+
 #: fn -> (arity, builder over compute-dtype operands, runs in fp32 for 16-bit floats)
 UNARY_FNS: dict[str, tuple[Callable[[Ctx, str], str], bool]] = {
     "neg": (lambda c, x: c.b.add("NEG", [x]), False),
@@ -315,6 +369,9 @@ UNARY_FNS: dict[str, tuple[Callable[[Ctx, str], str], bool]] = {
     "tanh": (_tanh, True),
     "gelu": (_gelu, True),
     "erf": (lambda c, x: c.b.add("ERF", [x]), True),
+    "sin": (lambda c, x: _sincos(c, x)[0], True),
+    "cos": (lambda c, x: _sincos(c, x)[1], True),
+    "tan": (_tan, True),
     "leaky_relu": (lambda c, x: ew(c, "WHERE", ew(c, "CMPLT", x, 0.0), ew(c, "MUL", x, float(c.number("alpha", 0.01))),
                                    x), False),
 }

@@ -18,12 +18,14 @@ Rules (docs/onnx.md has the user-facing version):
   time still reads it.
 * dtypes: FLOAT, FLOAT16, BFLOAT16, INT32, BOOL map to fp32, fp16, bf16, i32, bool. INT64 (ONNX's
   index and shape type) is narrowed to i32: constants are checked to fit (E1012 otherwise), int64
-  graph inputs are declared i32 and the caller passes i32 values. Everything else is E1012.
+  graph inputs are declared i32 (executables narrow int64 arrays that fit). DOUBLE is narrowed to fp32
+  the same way: initializers checked to stay finite, DOUBLE graph inputs declared fp32 and listed in
+  ``Graph.fp64_inputs`` so executables take float64 arrays for them. Everything else is E1012.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -38,10 +40,12 @@ from kumiko.tiny.ir import FrozenDict
 
 #: the oldest default-domain opset imported as is; older models go through the version converter
 MIN_OPSET = 13
-#: ONNX TensorProto elem types kumiko represents (INT64 narrowed to i32)
-ONNX_DTYPES = {1: dtypes.fp32, 10: dtypes.fp16, 16: dtypes.bf16, 6: dtypes.i32, 7: dtypes.i32, 9: dtypes.bool_}
+#: ONNX TensorProto elem types kumiko represents (INT64 narrowed to i32, DOUBLE to fp32)
+ONNX_DTYPES = {1: dtypes.fp32, 10: dtypes.fp16, 16: dtypes.bf16, 6: dtypes.i32, 7: dtypes.i32, 9: dtypes.bool_,
+               11: dtypes.fp32}
 NP_KUMIKO = {np.dtype(np.float32): dtypes.fp32, np.dtype(np.float16): dtypes.fp16, dtypes.bf16.np: dtypes.bf16,
-              np.dtype(np.int32): dtypes.i32, np.dtype(np.int64): dtypes.i32, np.dtype(np.bool_): dtypes.bool_}
+             np.dtype(np.int32): dtypes.i32, np.dtype(np.int64): dtypes.i32, np.dtype(np.bool_): dtypes.bool_,
+             np.dtype(np.float64): dtypes.fp32}
 _I32 = np.iinfo(np.int32)
 
 #: ONNX op type -> converter(importer, node) -> one kumiko tensor name (or constant array) per output
@@ -65,7 +69,8 @@ def kumiko_dtype(t: int, where: str) -> dtypes.DType:
     dt = ONNX_DTYPES.get(t)
     if dt is None:
         raise KumikoError("E1012", at=where, why=f"ONNX dtype {onnx_dtype_name(t)} is not supported",
-                          suggestion="kumiko imports FLOAT, FLOAT16, BFLOAT16, INT32, INT64 (as i32) and BOOL")
+                          suggestion="kumiko imports FLOAT, FLOAT16, BFLOAT16, INT32, INT64 (as i32), DOUBLE (as fp32) "
+                                     "and BOOL")
     return dt
 
 
@@ -206,6 +211,7 @@ class Importer:
             {i.name for i in self.graph.input} | {o.name for o in self.graph.output} | \
             {t.name for t in self.graph.initializer}
         self.input_types: dict[str, Any] = {}
+        self.fp64_inputs: set[str] = set()          # DOUBLE graph inputs (declared fp32)
 
     # values ---------------------------------------------------------------------------------------
     def const(self, name: str, what: str) -> np.ndarray:
@@ -276,6 +282,9 @@ class Importer:
         if arr.dtype == np.int64 and arr.size and (arr.min() < _I32.min or arr.max() > _I32.max):
             raise KumikoError("E1012", at=where, why=f"int64 constant {name!r} holds values outside the i32 "
                               "range; kumiko narrows INT64 to i32")
+        if arr.dtype == np.float64 and (np.isfinite(arr) & (np.abs(arr) > np.finfo(np.float32).max)).any():
+            raise KumikoError("E1012", at=where, why=f"float64 constant {name!r} holds finite values beyond the fp32 "
+                              "range; kumiko narrows DOUBLE to fp32")
         k = self.fresh_name(name)
         self.params[k] = np.array(arr, dtype=dt.np, order="C")   # (ascontiguousarray makes 0-d 1-d)
         self.kt[name] = k
@@ -363,6 +372,8 @@ class Importer:
             if i.name in self.consts:
                 continue      # IR < 4 lists initializers as inputs too
             self.input_types[i.name] = self._value_type(i, f"onnx input {i.name!r}")
+            if i.type.tensor_type.elem_type == 11:
+                self.fp64_inputs.add(i.name)
         for i in g.input:     # inputs not folded away keep their place (and order) in the signature
             if i.name in self.input_types and i.name not in self.static:
                 self._declare(i.name, self.input_types[i.name])
@@ -487,7 +498,8 @@ class Importer:
         sig = [s for s in self.sig if s.tensor in live or (s.role == "data" and s.tensor not in self.static)]
         tensors = {s.tensor: self.types[s.tensor] for s in sig}
         params = {s.tensor: self.params[s.tensor] for s in sig if s.role == "param"}
-        return Graph.make(sig, outputs, tensors, nodes, {}, self.b.name, params=params)
+        g = Graph.make(sig, outputs, tensors, nodes, {}, self.b.name, params=params)
+        return replace(g, fp64_inputs=frozenset(self.fp64_inputs & set(tensors)))
 
 
 def _freeze(v: Any) -> Any:

@@ -603,4 +603,6 @@ def fold_reduce(node: OnnxNode, v: list) -> list:
     return [np.asarray(f(x, axis=tuple(axes), keepdims=bool(node.attr("keepdims", 1)))).astype(x.dtype)]
 
 
-from kumiko.frontend import onnx_nn  # noqa: E402,F401  (conv, pooling, attention register themselves)
+# conv, pooling and attention (onnx_nn), the index/shape ops (onnx_index), activations and trig (onnx_act) and
+# normalisations (onnx_norm) register themselves on import
+from kumiko.frontend import onnx_act, onnx_index, onnx_nn, onnx_norm  # noqa: E402,F401

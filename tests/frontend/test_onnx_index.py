@@ -1,0 +1,319 @@
+"""The ONNX indexing and shape ops of kumiko/frontend/onnx_index.py (Split, Trilu, GatherElements,
+GatherND, ScatterND/ScatterElements, ArgMax/ArgMin, Einsum, TopK k=1) and int64/float64 at the call:
+each model is built with onnx.helper, imported, compiled for the evaluator and the CPU, and compared
+with onnxruntime on fresh random inputs (integers exactly, fp32 to a relative L2 of 1e-4). Refused
+cases must be diagnostics naming the node and what is missing.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kumiko
+from kumiko.accuracy import rel_l2
+from tests.frontend.test_onnx_import import RNG, model, onnxruntime_run
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto as TP  # noqa: E402
+from onnx import helper as h  # noqa: E402
+from onnx import numpy_helper as nh  # noqa: E402
+
+TARGETS = ["eval", "cpu"]
+F, I64 = TP.FLOAT, TP.INT64
+
+
+def const(name, arr):
+    return nh.from_array(np.asarray(arr), name)
+
+
+def check(m, feeds, target, **kw):
+    """Import m, run it on ``target`` and compare every output with onnxruntime's."""
+    want = onnxruntime_run(m, feeds)
+    g = kumiko.from_onnx(m, **kw)
+    got = kumiko.compile(g, target)(**{k: v for k, v in feeds.items() if k in {i.tensor for i in g.inputs}})
+    for o, w in zip(m.graph.output, want):
+        y = got[o.name]
+        assert y.shape == w.shape, f"{o.name}: {y.shape} != {w.shape}"
+        if w.dtype.kind in "biu":
+            np.testing.assert_array_equal(y, w, err_msg=o.name)
+        else:
+            assert rel_l2(y.astype(np.float64), w.astype(np.float64)) <= 1e-4, o.name
+    return g
+
+
+def refused(m, code="E1010"):
+    with pytest.raises(kumiko.KumikoError) as e:
+        kumiko.from_onnx(m)
+    assert e.value.code == code, e.value.render()
+    return e.value
+
+
+def randn(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# Split
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("opset,how,outs", [
+    (13, "input", [2, 3, 1]),
+    (13, "equal", [2, 2, 2]),
+    (18, "num_outputs", [3, 3, 1]),        # uneven: the last chunk is smaller
+    (11, "attr", [4, 2]),                  # opset 11's split attribute (converted to 13)
+], ids=["input", "equal", "num-outputs-uneven", "opset11-attr"])
+def test_split(target, opset, how, outs):
+    n = sum(outs)
+    names = [f"y{k}" for k in range(len(outs))]
+    inits, ins, attrs = [], ["x"], {"axis": 1}
+    if how == "input":
+        inits, ins = [const("sp", np.array(outs, np.int64))], ["x", "sp"]
+    elif how == "num_outputs":
+        attrs["num_outputs"] = len(outs)
+    elif how == "attr":
+        attrs["split"] = outs
+    m = model([h.make_node("Split", ins, names, **attrs)], [("x", F, [2, n, 3])],
+              [(y, F, [2, k, 3]) for y, k in zip(names, outs)], inits, opset=opset)
+    check(m, {"x": randn(2, n, 3)}, target)
+
+
+def test_split_that_does_not_add_up():
+    m = model([h.make_node("Split", ["x", "sp"], ["a", "b"], name="sp")], [("x", F, [5])],
+              [("a", F, [2]), ("b", F, [2])], [const("sp", np.array([2, 2], np.int64))], opset=13)
+    e = refused(m, "E1011")
+    assert "'sp' (Split)" in e.at and "[2, 2]" in e.why
+
+
+# ------------------------------------------------------------------------------------------------
+# Trilu
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("upper,k", [(1, 0), (0, 0), (1, 2), (0, -1), (1, -7)])
+def test_trilu(target, upper, k):
+    inits = [const("k", np.array(k, np.int64))]
+    m = model([h.make_node("Trilu", ["x", "k"], ["y"], upper=upper)], [("x", F, [2, 5, 6])], [("y", F, [2, 5, 6])],
+              inits, opset=14)
+    g = check(m, {"x": randn(2, 5, 6)}, target)
+    assert "Elementwise" in {n.op for n in g.nodes}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_trilu_int_without_k_and_symbolic_rows(target):
+    m = model([h.make_node("Trilu", ["x"], ["y"], upper=0)], [("x", TP.INT32, ["S", 4])], [("y", TP.INT32, ["S", 4])],
+              opset=14)
+    for s in (3, 6):
+        check(m, {"x": RNG.integers(-9, 9, (s, 4)).astype(np.int32)}, target)
+
+
+def test_trilu_of_a_constant_folds():
+    """The exporters' causal mask: Trilu over ConstantOfShape is a constant, not a run-time op."""
+    nodes = [h.make_node("ConstantOfShape", ["shape"], ["ones"], value=nh.from_array(np.array([1.0], np.float32))),
+             h.make_node("Trilu", ["ones"], ["mask"], upper=0), h.make_node("Mul", ["x", "mask"], ["y"])]
+    m = model(nodes, [("x", F, [4, 4])], [("y", F, [4, 4])], [const("shape", np.array([4, 4], np.int64))], opset=14)
+    g = check(m, {"x": randn(4, 4)}, "eval")
+    assert [n.op for n in g.nodes] == ["Elementwise"]
+
+
+# ------------------------------------------------------------------------------------------------
+# GatherElements, GatherND
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_elements(target, axis):
+    """Indices smaller than data on the other axes, negative indices among them."""
+    shape, ishape = [4, 5, 3], [3, 5, 2]
+    a = axis % 3
+    ishape[a] = 6
+    m = model([h.make_node("GatherElements", ["x", "i"], ["y"], axis=axis)], [("x", F, shape), ("i", I64, ishape)],
+              [("y", F, ishape)])
+    idx = RNG.integers(-shape[a], shape[a], ishape).astype(np.int64)
+    check(m, {"x": randn(*shape), "i": idx}, target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("batch_dims,dshape,ishape", [
+    (0, [4, 5, 3], [2, 3, 2]),      # slices of rank 1
+    (0, [4, 5], [6, 2]),            # single elements
+    (0, [4, 5, 3], [3]),            # one index tuple
+    (1, [2, 4, 3], [2, 5, 1]),
+    (2, [2, 3, 4, 5], [2, 3, 2, 1]),
+])
+def test_gather_nd(target, batch_dims, dshape, ishape):
+    k = ishape[-1]
+    out = ishape[:-1] + dshape[batch_dims + k:]
+    m = model([h.make_node("GatherND", ["x", "i"], ["y"], batch_dims=batch_dims)],
+              [("x", F, dshape), ("i", I64, ishape)], [("y", F, out)])
+    hi = np.array(dshape[batch_dims:batch_dims + k])
+    idx = RNG.integers(-hi, hi, ishape).astype(np.int64)
+    check(m, {"x": randn(*dshape), "i": idx}, target)
+
+
+# ------------------------------------------------------------------------------------------------
+# ScatterND, ScatterElements
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("reduction", [None, "add", "mul", "max", "min"])
+def test_scatter_nd(target, reduction):
+    idx = np.array([[[0, 2], [3, 1]], [[0, 2], [-1, 0]]], np.int64)     # (0, 2) twice: reductions accumulate
+    attrs = {} if reduction is None else {"reduction": reduction}
+    if reduction is None:
+        idx[1, 0] = [1, 1]              # duplicates are undefined without a reduction
+    m = model([h.make_node("ScatterND", ["x", "i", "u"], ["y"], **attrs)], [("x", F, [4, 3, 5]), ("u", F, [2, 2, 5])],
+              [("y", F, [4, 3, 5])], [const("i", idx)], opset=18)
+    check(m, {"x": randn(4, 3, 5), "u": randn(2, 2, 5)}, target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("axis,reduction", [(0, None), (1, "add"), (-1, "max")])
+def test_scatter_elements(target, axis, reduction):
+    idx = np.array([[1, 0, 2], [0, 2, -1]], np.int64)
+    attrs = {"axis": axis} if reduction is None else {"axis": axis, "reduction": reduction}
+    m = model([h.make_node("ScatterElements", ["x", "i", "u"], ["y"], **attrs)],
+              [("x", F, [3, 4]), ("u", F, [2, 3])], [("y", F, [3, 4])], [const("i", idx)], opset=18)
+    check(m, {"x": randn(3, 4), "u": randn(2, 3)}, target)
+
+
+def test_scatter_with_runtime_indices_is_refused():
+    m = model([h.make_node("ScatterElements", ["x", "i", "u"], ["y"], name="sc")],
+              [("x", F, [3, 4]), ("i", I64, [2, 3]), ("u", F, [2, 3])], [("y", F, [3, 4])])
+    e = refused(m)
+    assert "'sc' (ScatterElements)" in e.at and "run-time indices" in e.why
+
+
+# ------------------------------------------------------------------------------------------------
+# ArgMax, ArgMin, TopK
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis,keepdims,last", [(0, 1, 0), (-1, 0, 0), (1, 1, 1), (-1, 0, 1)])
+def test_argmax(target, op, axis, keepdims, last):
+    shape = [3, 5, 4]
+    out = list(shape)
+    if keepdims:
+        out[axis] = 1
+    else:
+        del out[axis]
+    m = model([h.make_node(op, ["x"], ["y"], axis=axis, keepdims=keepdims, select_last_index=last)],
+              [("x", F, shape)], [("y", I64, out)])
+    x = RNG.integers(0, 3, shape).astype(np.float32)     # ties, so first and last index differ
+    check(m, {"x": x}, target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_one(target, largest):
+    m = model([h.make_node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=largest)], [("x", F, [3, 5])],
+              [("v", F, [3, 1]), ("i", I64, [3, 1])], [const("k", np.array([1], np.int64))])
+    check(m, {"x": RNG.integers(0, 3, (3, 5)).astype(np.float32)}, target)
+
+
+def test_topk_above_one_is_refused():
+    m = model([h.make_node("TopK", ["x", "k"], ["v", "i"], name="tk")], [("x", F, [3, 5])],
+              [("v", F, [3, 2]), ("i", I64, [3, 2])], [const("k", np.array([2], np.int64))])
+    e = refused(m)
+    assert "'tk' (TopK)" in e.at and "K=2" in e.why and "sort" in e.why
+
+
+# ------------------------------------------------------------------------------------------------
+# Einsum
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("eq,shapes", [
+    ("bhid,bhjd->bhij", [(2, 3, 4, 8), (2, 3, 5, 8)]),
+    ("bhij,bhjd->bhid", [(2, 3, 4, 5), (2, 3, 5, 8)]),
+    ("ij,jk->ik", [(4, 6), (6, 3)]),
+    ("bij->bji", [(2, 3, 4)]),
+    ("ij->i", [(3, 4)]),
+    ("i,i", [(5,), (5,)]),
+    ("ij,kj", [(3, 4), (5, 4)]),            # implicit output: ik
+    ("bi,bj->bij", [(2, 3), (2, 4)]),       # outer product per batch
+    ("abc,cd,de->aeb", [(2, 3, 4), (4, 5), (5, 6)]),
+    ("ijk,ik->j", [(3, 4, 5), (3, 5)]),     # contracted letters in front
+])
+def test_einsum(target, eq, shapes):
+    names = [f"x{k}" for k in range(len(shapes))]
+    want = np.einsum(eq, *[np.zeros(s) for s in shapes]).shape
+    m = model([h.make_node("Einsum", names, ["y"], equation=eq)], [(n, F, list(s)) for n, s in zip(names, shapes)],
+              [("y", F, list(want))], opset=12 + 1)
+    check(m, {n: randn(*s) for n, s in zip(names, shapes)}, target)
+
+
+@pytest.mark.parametrize("eq,what", [("...ii->...i", "ellipsis"), ("ii->i", "repeats a letter")])
+def test_einsum_refused(eq, what):
+    m = model([h.make_node("Einsum", ["x"], ["y"], equation=eq, name="es")], [("x", F, [3, 3])], [("y", F, [3])])
+    e = refused(m)
+    assert "'es' (Einsum)" in e.at and what in e.why
+
+
+# ------------------------------------------------------------------------------------------------
+# Range from a Shape; int64 and float64 at the call
+
+
+def gpt2_embedding(seq):
+    """token ids -> wte gather + position embeddings from Range(0, Shape(ids)[1]), as GPT-2 exports do."""
+    wte, wpe = RNG.standard_normal((50, 8)).astype(np.float32), RNG.standard_normal((16, 8)).astype(np.float32)
+    nodes = [
+        h.make_node("Gather", ["wte", "ids"], ["tok"]),
+        h.make_node("Shape", ["ids"], ["s"], name="shape"),
+        h.make_node("Gather", ["s", "one"], ["n"], axis=0),
+        h.make_node("Range", ["zero", "n", "one"], ["pos"]),
+        h.make_node("Gather", ["wpe", "pos"], ["pe"]),
+        h.make_node("Add", ["tok", "pe"], ["y"]),
+    ]
+    inits = [const("wte", wte), const("wpe", wpe), const("zero", np.array(0, np.int64)),
+             const("one", np.array(1, np.int64))]
+    return model(nodes, [("ids", I64, [2, seq])], [("y", F, [2, seq, 8])], inits)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_embedding_with_int64_token_ids(target):
+    m = gpt2_embedding(6)
+    g = check(m, {"ids": RNG.integers(0, 50, (2, 6)).astype(np.int64)}, target)
+    assert "Range" not in str([n.op for n in g.nodes]) and g.tensors["ids"].dtype is kumiko.dtypes.i32
+
+
+def test_int64_ids_outside_i32_are_refused_at_the_call():
+    exe = kumiko.compile(kumiko.from_onnx(gpt2_embedding(6)))
+    ids = np.zeros((2, 6), np.int64)
+    ids[0, 0] = 2**33
+    with pytest.raises(kumiko.KumikoError) as e:
+        exe(ids=ids)
+    assert e.value.code == "E1015" and "ids" in e.value.at and "i32" in e.value.why
+
+
+def test_range_over_a_symbolic_shape_is_a_clear_diagnostic():
+    m = gpt2_embedding("S")
+    e = refused(m)
+    assert "'shape' (Shape)" in e.at and "static shape" in e.why and "S" in e.why
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_float64_inputs_and_initializers_are_narrowed(target):
+    w = const("w", RNG.standard_normal((4, 3)))            # float64 initializer
+    nodes = [h.make_node("MatMul", ["x", "w"], ["y"]), h.make_node("Cast", ["y"], ["z"], to=TP.DOUBLE)]
+    m = model(nodes, [("x", TP.DOUBLE, [2, 4])], [("y", TP.DOUBLE, [2, 3]), ("z", TP.DOUBLE, [2, 3])], [w])
+    x = RNG.standard_normal((2, 4))
+    g = kumiko.from_onnx(m)
+    assert g.tensors["x"].dtype is kumiko.dtypes.fp32 and g.params["w"].dtype == np.float32
+    assert g.fp64_inputs == {"x"}
+    exe = kumiko.compile(g, target)
+    got = exe(x=x)
+    want = onnxruntime_run(m, {"x": x})
+    assert got["y"].dtype == np.float32 and rel_l2(got["z"], want[1]) <= 1e-4
+    with pytest.raises(kumiko.KumikoError) as e:     # a finite float64 that fp32 cannot hold
+        exe(x=np.full((2, 4), 1e300))
+    assert e.value.code == "E1015"
+
+
+def test_float64_constant_beyond_fp32_is_refused():
+    big = const("big", np.array([1e300, 1.0]))
+    m = model([h.make_node("Add", ["x", "big"], ["y"], name="add_big")], [("x", TP.DOUBLE, [2])],
+              [("y", TP.DOUBLE, [2])], [big])
+    e = refused(m, "E1012")
+    assert "add_big" in e.at and "fp32" in e.why
