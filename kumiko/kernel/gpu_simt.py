@@ -138,7 +138,8 @@ class SimtLowering(CpuLowering):
         if isinstance(e, Ref) and e.name not in self.storage:
             if e.name not in self.memo:
                 let = self.lets[e.name]
-                v = super().expr(let.expr, out, self.types[e.name].dtype)
+                # through self.expr: a let that is just another let's name (``out = v_n17``) is a Ref too
+                v = self.expr(let.expr, out, self.types[e.name].dtype)
                 var = self.tmp()
                 out.append(Decl(C.COMPUTE[self.types[e.name].dtype.name], var, v))
                 self.memo[e.name] = var
@@ -147,6 +148,10 @@ class SimtLowering(CpuLowering):
 
     def reduce(self, e: Reduce, out: list) -> str:
         saved, split = dict(self.memo), self.split
+        # inside the reduction its axes take new values: a let memoised outside that varies along one of them
+        # (a softmax's exp, summed over the axis an enclosing reduction is already iterating) is recomputed
+        rebound = {a.name for a in e.axes}
+        self.memo = {k: v for k, v in self.memo.items() if not rebound & set(self.types[k].axes)}
         self.split = False                  # a reduction inside this one runs within one lane's iterations
         try:
             if split and C.COMPUTE[e.dtype.name] == "float":
