@@ -44,7 +44,7 @@ def test_network_shaped_graphs_on_cpu_match_the_evaluator(data, seed):
     _differential(data, seed, "cpu")
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data(), seed=st.integers(0, 2 ** 31 - 1))
 def test_network_shaped_graphs_on_the_cuda_emulator_match_the_evaluator(data, seed):
     _differential(data, seed, "cuda-emu", max_elements=4096)   # the emulator runs each GPU thread on the CPU
