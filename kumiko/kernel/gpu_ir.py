@@ -254,6 +254,7 @@ class MmaKernel:
     notes: tuple = ()
     regs_budget: int = 255
     group_m: int = 1                # CTA rasterisation: runs of group_m M tiles walk N together (L2 reuse)
+    gather_check: bool = False      # a data-dependent index is checked: ``kk_bad`` -> ``*kk_status`` (gpu_simt)
 
     @property
     def threads(self) -> int:
@@ -296,6 +297,7 @@ class SimtKernel:
     notes: tuple = ()
     outer: tuple = ()               # the axes one thread's point spans (the grid covers their product)
     warp: bool = False
+    gather_check: bool = False      # a data-dependent index is checked: ``kk_bad`` -> ``*kk_status`` (gpu_simt)
 
     @property
     def points_per_block(self) -> int:

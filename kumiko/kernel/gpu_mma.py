@@ -45,7 +45,7 @@ from kumiko.kernel.gpu_ir import (
     VecAccess,
     WaitGroup,
 )
-from kumiko.kernel.gpu_simt import decompose, extent, kernel_params
+from kumiko.kernel.gpu_simt import decompose, extent, kernel_params, status_params
 from kumiko.kernel.loops import Assign, Decl, Store
 from kumiko.kernel.lower_cpu import CpuLowering
 from kumiko.kernel.pack import advance_counter
@@ -271,8 +271,10 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
         f"MMA skeleton: contraction {c.let}, batch {list(c.batch)}, M {list(c.m_axes)}, N {list(c.n_axes)}, "
         f"K {[a.name for a in c.k_axes]}; x by {'cp.async' if ld_x.vec else 'gather'}, "
         f"y by {'cp.async' if ld_y.vec else 'gather'} ({lay_y})",)
-    kern = MmaKernel(name, plan.arch, kernel_params(lo, extra), (bm, bn, bk), (bm // wm, bn // wn), stages,
+    kern = MmaKernel(name, plan.arch, kernel_params(lo, extra + status_params(lo)), (bm, bn, bk), (bm // wm, bn // wn),
+                     stages,
                      (ring_x, ring_y), (ld_x, ld_y), tuple(prologue), KLoop("kt", tuple(body)), drain, epi,
                      StGlobal(t_epi, width=2 if epi.mode == "fragment" else 1), tuple(setup), tuple(decl_m),
-                     tuple(decl_n), notes, group_m=int(plan.get("layout_hints", "group_m", 1)))
+                     tuple(decl_n), notes, group_m=int(plan.get("layout_hints", "group_m", 1)),
+                     gather_check=lo.uses_gather)
     return MmaLowering(kern, c, scratch)

@@ -58,6 +58,13 @@ def kernel_params(lo: CpuLowering, extra: tuple = ()) -> tuple:
     return tuple(ps)
 
 
+def status_params(lo: CpuLowering) -> tuple:
+    """The status word of a kernel that checks data-dependent (gather) indices: an out-of-range index sets the
+    thread's ``kk_bad`` (the lowering reads element 0 instead), and the kernel then stores
+    ``STATUS_BAD_INDEX`` to ``*kk_status``, which the runtime reads after the launches (E1015, as on the CPU)."""
+    return (Param("kk_status", "int"),) if lo.uses_gather else ()
+
+
 #: lanes of a warp (the warp binding's stride)
 WARP = 32
 
@@ -239,5 +246,6 @@ def lower_simt(region: Region, syms: tuple, name: str, precomputed: dict | None 
     who = "warp" if lo.warp else "thread"
     loops = (f", {'its lanes striding' if lo.warp else 'looping'} over {list(lo.inner)}" if lo.inner else "")
     notes = tuple(region.notes) + (f"SIMT: one {who} per point of {list(lo.outer)}{loops}",)
-    return SimtKernel(name, kernel_params(lo, extra), extent(lo, lo.outer), tuple(decl), tuple(lo.body()),
-                      threads=threads, notes=notes, outer=lo.outer, warp=lo.warp)
+    body = tuple(lo.body())             # first: it finds out whether the kernel gathers (status_params)
+    return SimtKernel(name, kernel_params(lo, extra + status_params(lo)), extent(lo, lo.outer), tuple(decl), body,
+                      threads=threads, notes=notes, outer=lo.outer, warp=lo.warp, gather_check=lo.uses_gather)

@@ -21,6 +21,7 @@ from kumiko.kernel.gpu_ir import MmaKernel, SimtKernel
 from kumiko.kernel.gpu_mma import lower_mma
 from kumiko.kernel.gpu_simt import lower_simt
 from kumiko.kernel.gpu_verify import verify_mma
+from kumiko.kernel.loops import STATUS_BAD_INDEX
 from kumiko.plan.gpu import check_resources, choose_gpu_plan, validate_gpu_plan
 from kumiko.plan.plan import Plan
 from kumiko.region import form_regions
@@ -86,6 +87,16 @@ def safe_name(name: str) -> str:
     return safe_stem(name)
 
 
+def check_status(status: int, program: str, env: Mapping[str, int]) -> None:
+    """The kernels' status word after a run: an out-of-range gather index is E1015, as on the CPU."""
+    if status == STATUS_BAD_INDEX:
+        raise KumikoError("E1015", at=f"program {program}", why="a gather index is out of range for the tensor "
+                          "it reads", suggestion="Pass indices within the gathered axis.", sizes=dict(env))
+    if status:
+        raise KumikoError("E1704", at=f"program {program}", why=f"a kernel reported status {status}",
+                          sizes=dict(env))
+
+
 def _buf_args(region, lowered_params) -> tuple:
     names = [n for n, _ in region.inputs] + [o.name for o in region.outputs]
     out = []
@@ -94,6 +105,8 @@ def _buf_args(region, lowered_params) -> tuple:
             out.append(("sym", p.name[2:]))
         elif p.name.startswith("a_"):
             out.append(("scratch", p.name))
+        elif p.name == "kk_status":
+            out.append(("status", p.name))
         else:
             out.append(("buf", names[int(p.name[1:])]))
     return tuple(out)
@@ -194,11 +207,14 @@ class GpuRunner(CpuProgram):
         syms = dict(zip(self.symbols, self.syms(env)))
         with self.call_state() as state:         # this call's own arena and pools (calls may run in threads)
             bufs = self.buffers(inputs, env, state)
-            scratch: dict[str, np.ndarray] = {}
+            # a region's accumulator scratch, shared by its two launches; keyed by region too, since every
+            # region names its own ``a_out`` (one array shared across regions overflowed in the larger one)
+            scratch: dict[tuple[str, str], np.ndarray] = {}
+            status = np.zeros(1, np.int32)       # set by a kernel that met an out-of-range gather index
             for ln in self.launches:
                 for var, sizes in ln.scratch:
-                    if var not in scratch:
-                        scratch[var] = np.full(max(1, math.prod(dim_eval(s, env) for s in sizes)), np.nan,
+                    if (ln.region, var) not in scratch:
+                        scratch[ln.region, var] = np.full(max(1, math.prod(dim_eval(s, env) for s in sizes)), np.nan,
                                                np.float32)
                 grid = tuple(-(-dim_eval(e, env) // t) for e, t in ln.grid)
                 if min(grid) == 0:
@@ -208,10 +224,13 @@ class GpuRunner(CpuProgram):
                     if kind == "buf":
                         args.append(bufs[name])
                     elif kind == "scratch":
-                        args.append(scratch[name])
+                        args.append(scratch[ln.region, name])
+                    elif kind == "status":
+                        args.append(status)
                     else:
                         args.append(np.int64(syms[name]))
                 self.module.launch(ln.kernel, grid, ln.block, ln.smem, args)
+            check_status(int(status[0]), self.program.name, env)
         return {n: bufs[n] for n, _ in self.program.outputs}
 
 

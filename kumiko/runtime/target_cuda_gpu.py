@@ -42,7 +42,7 @@ from kumiko.runtime.arena import plan_arena
 from kumiko.runtime.cubin import Cubin, build_cubin, check_arch, invalidate
 from kumiko.runtime.cuda_driver import BAD_IMAGE, CudaDevice, cubin_runs_on, plan_arch_for_cc
 from kumiko.runtime.program import program_symbols
-from kumiko.runtime.target_cuda import CompiledCuda, Launch, compile_cuda, safe_name
+from kumiko.runtime.target_cuda import CompiledCuda, Launch, check_status, compile_cuda, safe_name
 from kumiko.symbolic import dim_eval
 from kumiko.tiny.ir import TinyGraph
 
@@ -118,6 +118,12 @@ def check_cubin(compiled: CompiledCuda, cubin: Cubin, smem_limit: int | None = N
 
 # ------------------------------------------------------------------------------------------------
 # running a compiled program
+
+
+def _scratch_key(ln, var: str) -> str:
+    """A region's accumulator scratch, shared by its two launches and by nothing else: every region names its
+    own (``a_out``), so a key without the region handed a later, larger contraction an earlier one's array."""
+    return f"scratch:{ln.region}:{var}"
 
 class Backend(Protocol):
     """What CudaProgram needs from a device: ``CudaDevice`` implements it."""
@@ -233,8 +239,9 @@ class CudaProgram:
                 if min(grid) == 0:
                     continue                       # nothing to compute at these sizes
                 try:
-                    values = [b.ptrs[name] if kind == "buf" else b.ptrs["scratch:" + name] if kind == "scratch"
-                              else syms[name] for kind, name in ln.args]
+                    values = [b.ptrs[name] if kind == "buf" else b.ptrs[_scratch_key(ln, name)]
+                              if kind == "scratch" else b.ptrs["status:"] if kind == "status" else syms[name]
+                              for kind, name in ln.args]
                 except KeyError as e:
                     raise KumikoError("E1703", at=ln.kernel, why=f"argument {e.args[0]!r} is neither a program "
                                       "input, output, intermediate nor scratch buffer") from None
@@ -267,11 +274,14 @@ class CudaProgram:
             b.poison.append((base, plan.size, "intermediate buffers"))
             for s in plan.slots:
                 b.ptrs[s.name] = base + s.offset
+        if any(kind == "status" for ln in self.compiled.launches for kind, _ in ln.args):
+            alloc("status:", 4, "the kernels' status word")       # zeroed before each run (fill_poison)
         for ln in self.compiled.launches:
             for var, sizes in ln.scratch:
-                if "scratch:" + var not in b.ptrs:
+                if _scratch_key(ln, var) not in b.ptrs:
                     nbytes = max(1, math.prod(dim_eval(s, env) for s in sizes)) * 4
-                    b.poison.append((alloc("scratch:" + var, nbytes, f"scratch {var}"), nbytes, f"scratch {var}"))
+                    b.poison.append((alloc(_scratch_key(ln, var), nbytes, f"scratch {var}"), nbytes,
+                                     f"scratch {var}"))
 
     def _free(self, b: Bound) -> None:
         if b.graph is not None:
@@ -312,6 +322,13 @@ class CudaProgram:
     def fill_poison(self, b: Bound) -> None:
         for ptr, nbytes, what in b.poison:
             self.backend.fill(ptr, POISON_BYTE, nbytes, what)
+
+    def check_status(self, b: Bound) -> None:
+        """A gather index out of range in any kernel of the run: E1015 (``target_cuda.check_status``)."""
+        if "status:" in b.ptrs:
+            word = np.zeros(1, np.int32)
+            self.backend.download(word, b.ptrs["status:"], "the kernels' status word")
+            check_status(int(word[0]), self.program.name, b.env)
 
     def enqueue(self, b: Bound) -> None:
         """Issue every launch (no wait). With ``sync_each``, wait after each so a fault names its kernel.
@@ -360,8 +377,11 @@ class CudaProgram:
             self.upload(b, inputs)
             if self.do_poison():
                 self.fill_poison(b)
+            if "status:" in b.ptrs:
+                self.backend.fill(b.ptrs["status:"], 0, 4, "the kernels' status word")
             self.enqueue(b)
             self.wait(b)
+            self.check_status(b)
             return self.download(b)
 
 
