@@ -40,6 +40,9 @@ from kumiko.tiny.ir import FrozenDict
 
 #: the oldest default-domain opset imported as is; older models go through the version converter
 MIN_OPSET = 13
+#: metadata key under which load_model records a converted model's original opset (Resize before opset 11
+#: meant another coordinate mapping, which the version converter does not carry over)
+SOURCE_OPSET = "kumiko.source_opset"
 #: ONNX TensorProto elem types kumiko represents (INT64 narrowed to i32, DOUBLE to fp32)
 ONNX_DTYPES = {1: dtypes.fp32, 10: dtypes.fp16, 16: dtypes.bf16, 6: dtypes.i32, 7: dtypes.i32, 9: dtypes.bool_,
                11: dtypes.fp32}
@@ -193,6 +196,9 @@ class Importer:
         from kumiko.frontend import lower_nn  # noqa: F401  (registers the nn lowerings)
         self.graph = model.graph
         self.opset = _default_opset(model)
+        #: the opset the model was written for (older ones were converted to MIN_OPSET by load_model)
+        self.source_opset = next((int(m.value) for m in model.metadata_props
+                                  if m.key == SOURCE_OPSET and m.value.isdigit()), self.opset)
         self.static = {k: np.asarray(v) for k, v in (static_inputs or {}).items()}
         self.consts: dict[str, np.ndarray] = {}     # ONNX tensors known at import
         self.kt: dict[str, str] = {}                # ONNX tensor -> kumiko tensor (run-time values)
@@ -548,6 +554,7 @@ def load_model(model):
             raise KumikoError("E1010", at="onnx model", why=f"opset {old} could not be converted to opset "
                               f"{MIN_OPSET}: {e}", suggestion=f"convert the model to opset {MIN_OPSET} or newer "
                               "(kumiko imports those as they are)") from None
+        model.metadata_props.add(key=SOURCE_OPSET, value=str(old))
     return model
 
 

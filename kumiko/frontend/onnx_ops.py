@@ -353,24 +353,6 @@ def conv_slice(imp: Importer, node: OnnxNode) -> str:
     return imp.emit("Slice", [x], starts=starts, ends=ends, axes=axes, steps=steps)
 
 
-@converter("Pad", attrs="mode")
-def conv_pad(imp: Importer, node: OnnxNode) -> str:
-    mode = node.attr("mode", "constant")
-    if mode != "constant":
-        raise node.err("E1010", f"Pad mode {mode!r} is not supported (only 'constant')")
-    x = imp.tensor(node.input(0))
-    r = len(imp.shape(x))
-    pads = _ints(imp.const(node.input(1), "pads"))
-    axes = _ints(imp.const(node.input(3), "axes")) if node.input(3) else list(range(r))
-    if len(pads) != 2 * len(axes):
-        raise node.err("E1010", f"pads has {len(pads)} values for {len(axes)} axes")
-    pairs = [[0, 0] for _ in range(r)]
-    for k, a in enumerate(axes):
-        pairs[a % r] = [pads[k], pads[k + len(axes)]]
-    value = imp.const(node.input(2), "constant_value").reshape(()).item() if node.input(2) else 0
-    return imp.emit("Pad", [x], pads=pairs, value=value)
-
-
 @converter("Expand")
 def conv_expand(imp: Importer, node: OnnxNode) -> str:
     """ONNX Expand broadcasts both ways (the shape may hold 1s and be shorter than the input)."""
@@ -603,6 +585,6 @@ def fold_reduce(node: OnnxNode, v: list) -> list:
     return [np.asarray(f(x, axis=tuple(axes), keepdims=bool(node.attr("keepdims", 1)))).astype(x.dtype)]
 
 
-# conv, pooling and attention (onnx_nn), the index/shape ops (onnx_index), activations and trig (onnx_act) and
-# normalisations (onnx_norm) register themselves on import
-from kumiko.frontend import onnx_act, onnx_index, onnx_nn, onnx_norm  # noqa: E402,F401
+# conv, pooling and attention (onnx_nn), the index/shape ops (onnx_index), activations and trig (onnx_act),
+# normalisations (onnx_norm) and Pad/Resize (onnx_resize) register themselves on import
+from kumiko.frontend import onnx_act, onnx_index, onnx_nn, onnx_norm, onnx_resize  # noqa: E402,F401

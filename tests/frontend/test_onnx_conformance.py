@@ -41,13 +41,17 @@ OPS = {"MatMul", "Gemm", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", 
 OPS |= {"Elu", "Selu", "Celu", "Softplus", "Softsign", "HardSwish", "HardSigmoid", "Mish", "PRelu", "ThresholdedRelu",
         "Sin", "Cos", "Tan", "Dropout", "ReduceLogSumExp", "BatchNormalization", "InstanceNormalization",
         "GroupNormalization", "LRN"}
+#: resampling (onnx_resize.py)
+OPS |= {"Resize", "Upsample"}
 #: ONNX elem types kumiko imports (INT64 narrowed to i32, DOUBLE to fp32)
 DTYPES = {1: "FLOAT", 10: "FLOAT16", 16: "BFLOAT16", 6: "INT32", 7: "INT64", 9: "BOOL", 11: "DOUBLE"}
 #: features outside the list's scope: (test-name pattern, reason); the importer must reject these
 KNOWN = [
     (r"test_(maxpool|averagepool)_3d", "3-D pooling (kumiko has 1-D and 2-D windows)"),
     (r"test_maxpool_with_argmax", "MaxPool's Indices output"),
-    (r"test_(edge|reflect|wrap)_pad", "Pad modes other than constant"),
+    (r"test_resize_.*cubic", "Resize mode cubic"),
+    (r"test_resize_.*antialias", "Resize antialias"),
+    (r"test_resize_tf_crop_and_resize", "Resize tf_crop_and_resize (roi)"),
     (r"test_div_int32", "integer Div (Tiny IR has no integer division)"),
     (r"test_pow_types_int(32|64)_", "integer Pow (Tiny IR has no integer powers)"),
     (r"test_einsum_batch_diagonal", "Einsum with '...' and a diagonal"),
