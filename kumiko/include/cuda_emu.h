@@ -670,6 +670,18 @@ inline void poison_shared() {
 // -- fibers ------------------------------------------------------------------------------------
 inline void fiber_entry(Fiber* f);
 
+// Every fiber's stack back to the OS once a launch is done. Kept across launches, the stacks of every
+// emulator module loaded in a process (two mappings per thread of the largest block each ran) reached the
+// kernel's mapping limit after a few hundred modules: "mmap fiber stack: Cannot allocate memory".
+inline void release_stacks() {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  for (Fiber& f : rt.fibers) {
+    if (f.stack) munmap(f.stack - page, f.stack_size + page);
+    f.stack = nullptr;
+    f.stack_size = 0;
+  }
+}
+
 inline void alloc_stack(Fiber& f, size_t bytes) {
   if (f.stack && f.stack_size == bytes) return;
   const size_t page = size_t(sysconf(_SC_PAGESIZE));
@@ -1258,6 +1270,7 @@ inline int launch_erased(const char* name, dim3 grid, dim3 block, unsigned smem,
     for (unsigned y = 0; y < grid.y && ok; ++y)
       for (unsigned x = 0; x < grid.x && ok; ++x) ok = run_block(uint3{x, y, z});
   g_cur = nullptr;
+  release_stacks();
 #if defined(KUMIKO_EMU_ASAN)
   for (const auto& d : rt.dyn) __asan_unpoison_memory_region(d.p, d.n);
 #endif
