@@ -32,19 +32,21 @@ PRELUDE = r"""
  * branch-free (a compare-driven branch on data mispredicts half the time in a pooling tail). */
 static inline float kk_maxf(float a, float b) { const float m = a > b ? a : b; return a != a ? a : m; }
 static inline float kk_minf(float a, float b) { const float m = a < b ? a : b; return a != a ? a : m; }
-/* relu as a function of each compute type: the operand is written once (nested relus as a ?: repeating it
- * doubled the source per level) */
-static inline float kk_relu_float(float x) { return x < 0 ? 0 : x; }
-static inline double kk_relu_double(double x) { return x < 0 ? 0 : x; }
-static inline int32_t kk_relu_int32_t(int32_t x) { return x < 0 ? 0 : x; }
-static inline int kk_relu_int(int x) { return x < 0 ? 0 : x; }
-static inline double kk_max_double(double a, double b) { return a > b ? a : b; }
-static inline double kk_min_double(double a, double b) { return a < b ? a : b; }
-static inline int32_t kk_max_int32_t(int32_t a, int32_t b) { return a > b ? a : b; }
-static inline int32_t kk_min_int32_t(int32_t a, int32_t b) { return a < b ? a : b; }
-static inline int kk_max_int(int a, int b) { return a > b ? a : b; }
-static inline int kk_min_int(int a, int b) { return a < b ? a : b; }
 """
+
+
+def typed_helpers(qualifier: str) -> str:
+    """relu per compute type and max/min of the non-float ones, as functions, for both preludes
+    (``static inline`` for C, ``__device__ __forceinline__`` for CUDA): each operand is written once, since
+    a ``?:`` repeating it doubled the source per nesting level (30 nested relus kept gcc busy for minutes)."""
+    out = [f"{qualifier} {ct} kk_relu_{ct}({ct} x) {{ return x < 0 ? 0 : x; }}"
+           for ct in ("float", "double", "int32_t", "int")]
+    out += [f"{qualifier} {ct} kk_{fn}_{ct}({ct} a, {ct} b) {{ return a {op} b ? a : b; }}"
+            for ct in ("double", "int32_t", "int") for fn, op in (("max", ">"), ("min", "<"))]
+    return "\n".join(out) + "\n"
+
+
+PRELUDE += typed_helpers("static inline")
 
 
 def index(e, axes: set) -> str:

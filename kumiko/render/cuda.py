@@ -8,6 +8,7 @@ renderer. Deterministic: the same IR gives byte-identical source.
 """
 from __future__ import annotations
 
+from kumiko.kernel import cexpr
 from kumiko.kernel.gpu_ir import (
     Barrier,
     CommitGroup,
@@ -43,17 +44,7 @@ __device__ __forceinline__ float kk_b2f(uint16_t b) { return __bfloat162float(__
 __device__ __forceinline__ uint16_t kk_f2b(float f) { return __bfloat16_as_ushort(__float2bfloat16(f)); }
 __device__ __forceinline__ float kk_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ __forceinline__ float kk_minf(float a, float b) { return (a < b || a != a) ? a : b; }
-__device__ __forceinline__ float kk_relu_float(float x) { return x < 0 ? 0 : x; }
-__device__ __forceinline__ double kk_relu_double(double x) { return x < 0 ? 0 : x; }
-__device__ __forceinline__ int32_t kk_relu_int32_t(int32_t x) { return x < 0 ? 0 : x; }
-__device__ __forceinline__ int kk_relu_int(int x) { return x < 0 ? 0 : x; }
-__device__ __forceinline__ double kk_max_double(double a, double b) { return a > b ? a : b; }
-__device__ __forceinline__ double kk_min_double(double a, double b) { return a < b ? a : b; }
-__device__ __forceinline__ int32_t kk_max_int32_t(int32_t a, int32_t b) { return a > b ? a : b; }
-__device__ __forceinline__ int32_t kk_min_int32_t(int32_t a, int32_t b) { return a < b ? a : b; }
-__device__ __forceinline__ int kk_max_int(int a, int b) { return a > b ? a : b; }
-__device__ __forceinline__ int kk_min_int(int a, int b) { return a < b ? a : b; }
-"""
+""" + cexpr.typed_helpers("__device__ __forceinline__")
 
 
 def _params(params) -> str:
