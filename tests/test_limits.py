@@ -104,3 +104,17 @@ def test_a_chain_of_2000_movement_ops_compiles():
     g = x.graph("y")
     xs = np.arange(24, dtype=np.float32).reshape(4, 6)
     assert np.array_equal(kumiko.compile(g, target="cpu")(x=xs)["y"], kumiko.compile(g, target="eval")(x=xs)["y"])
+
+
+def test_a_huge_declared_input_is_refused_before_random_inputs_are_made(tmp_path):
+    """Found by the malformed-graph fuzz: a weight declared with 2^31 rows passed the evaluator's byte count
+    (inputs were counted as views of nothing) and numpy failed allocating 12 TiB."""
+    import json
+    d = json.loads(open("examples/conv3x3_s2_p1.json").read())
+    d["tensors"]["Wt"]["shape"][2] = 2 ** 31
+    (tmp_path / "g.json").write_text(json.dumps(d))
+    g = kumiko.load(tmp_path / "g.json")
+    for target in ("eval", "cpu"):
+        with pytest.raises(KumikoError) as e:
+            kumiko.compile(g, target).random_inputs(0)
+        assert e.value.code == "E1017"
