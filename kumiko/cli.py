@@ -205,10 +205,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compile_stages(args: argparse.Namespace) -> list[str]:
+    """``compile --dump``'s stages, checked before anything is compiled. Without ``--out`` it is E1010, not a
+    print: compile's stdout is its report (or its ``--json`` document, which scripts parse), ``c`` can be a
+    binary cubin, and ``kumiko dump`` is the command that prints a stage."""
+    from kumiko.pipeline import check_compile_stages
+    stages = [s.strip() for s in (args.dump or "").split(",") if s.strip()]
+    check_compile_stages(stages)
+    if stages and not args.out:
+        printable = [s for s in stages if s not in ("plan", "c")]
+        raise KumikoError("E1010", at="compile --dump", why="--dump writes files and no --out directory is given",
+                          suggestion="add --out DIR" + (f", or print the stage with: kumiko dump {args.file} "
+                                                         f"--stage {','.join(printable)}" if printable else ""))
+    return stages
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from kumiko.compiler import compile as kcompile
-    from kumiko.pipeline import dump, dump_path
-    from kumiko.plan.gpu import GPU_ARCHS, describe_gpu_plan
+    from kumiko.pipeline import compiled_dumps, write_files
+    from kumiko.plan.gpu import describe_plan
+    stages = _compile_stages(args)
     program = _load(args.file, args.dtype)
     opts: dict = {"tune": True} if args.tune else {}       # options a target does not take are refused
     if args.shapes:
@@ -222,21 +238,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     exe = kcompile(program, target=args.target, **opts)
     took = time.perf_counter() - t0
     built = exe._run
-    stages = [s.strip() for s in (args.dump or "").split(",") if s.strip()]
     out_dir = Path(args.out) if args.out else None
     cubin = getattr(built, "cubin", None)
     if stages:
-        dump(program, [s for s in stages if s not in ("plan", "c")], out_dir)
-    if out_dir is not None and hasattr(built, "source"):
-        from kumiko.runtime.files import write_file
-        if "c" in stages:
-            ext = "cu" if exe.target in ("cuda", "cuda-emu") else "c"
-            write_file(dump_path(out_dir, program.name, ext), built.source, "the generated source")
-            if cubin is not None:
-                write_file(dump_path(out_dir, program.name, cubin.arch, "cubin"), cubin.data, "the cubin")
-        if "plan" in stages:
-            write_file(dump_path(out_dir, program.name, "plan", "json"),
-                       json.dumps({n: p.to_json() for n, p in built.plans.items()}, indent=2) + "\n", "the plans")
+        write_files(compiled_dumps(program, built, exe.target, stages), program.name, out_dir)
     launches = [_launch_info(ln, cubin) for ln in getattr(built, "launches", ())]
     if args.json:
         plans = {n: p.to_json() for n, p in getattr(built, "plans", {}).items()}
@@ -251,10 +256,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
           + (f" ({cubin.arch} cubin{', from the cache' if cubin.cached else ''})" if cubin is not None else "")
           + f" in {took * 1e3:.1f} ms")
     for name, p in getattr(built, "plans", {}).items():
-        extra = f" micro {p.micro[0]}x{p.micro[1]} blocks {list(p.tile)}" if p.algo == "packed" else ""
-        if p.arch in GPU_ARCHS:
-            extra = " " + describe_gpu_plan(p)
-        print(f"  {name}: {p.algo} ({p.arch}, vector width {p.vector_width}){extra}")
+        print(f"  {name}: {describe_plan(p)}")
     for ln in launches:
         res = ln.get("ptxas")
         print(f"    launch {ln['kernel']}: grid {ln['grid']} block {ln['block']} dynamic smem {ln['smem']} B"
@@ -344,7 +346,7 @@ def _dtype_option(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from kumiko.compiler import DEFAULT_TARGET, TARGETS
-    from kumiko.pipeline import STAGES
+    from kumiko.pipeline import COMPILE_DUMPS, COMPILED, DRAWINGS, STAGES
     p = argparse.ArgumentParser(prog="kumiko", description="kumiko: a deep-learning compiler (tensor graphs -> "
                                 "Tiny IR -> polyhedral analysis -> kernels).", epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -382,8 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default frontend,tiny)")
     d.add_argument("--out", help="directory to write <name>.<stage>.<format> into (default: print to stdout)")
     d.add_argument("--format", choices=("json", "dot", "svg"), default="json",
-                   help="json (default): the stage's dump; dot or svg: a picture of the graph (frontend, tiny); "
-                   "svg needs graphviz's dot")
+                   help=f"json (default): the stage's dump; dot or svg: a picture of the stage "
+                   f"({', '.join(DRAWINGS)}); svg needs graphviz's dot")
     _dtype_option(d)
     d.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     d.set_defaults(fn=cmd_dump)
@@ -391,12 +393,15 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("compile", help="compile a graph for a target; optionally autotune and write stage dumps",
                        description="Compile FILE (regions, plans, generated code, build). --tune times the "
                        "candidate plans of each kernel and caches the winners; --dump writes stage dumps "
-                       "(frontend, tiny, indexbook, poly_view, region, plan, c) into --out.")
+                       f"({', '.join([*STAGES, *COMPILED])}) into --out. KUMIKO_DUMP=DIR writes "
+                       f"{', '.join(COMPILE_DUMPS)} for every compile; KUMIKO_DEBUG=1..5 prints stage times, "
+                       "kernels, plans, source, IRs on stderr.")
     k.add_argument("file", help="graph file")
     k.add_argument("--target", default=DEFAULT_TARGET, help=f"target (default {DEFAULT_TARGET}; {targets})")
     k.add_argument("--tune", action="store_true", help="autotune: build and time candidate plans, cache the best")
     k.add_argument("--shapes", help="sizes to tune for, e.g. M=1024,N=1024,K=1024 (default: the file's symbols)")
-    k.add_argument("--dump", help="comma-separated stages to write (needs --out); c writes the generated "
+    k.add_argument("--dump", help="comma-separated stages to write (needs --out; `kumiko dump` prints a stage "
+                   "instead); c writes the generated "
                    "source (.c, or .cu for the CUDA targets, with the cubin for --target cuda)")
     k.add_argument("--out", help="directory for dumps")
     _dtype_option(k)

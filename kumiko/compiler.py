@@ -16,11 +16,12 @@ import numpy as np
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
-from kumiko.pipeline import to_tiny
+from kumiko.pipeline import report_compile, to_tiny
 from kumiko.tiny.evaluate import bind_symbols, check_inputs, check_sizes, evaluate
 from kumiko.tiny.inputs import random_inputs
 from kumiko.tiny.ir import TinyGraph
 from kumiko.tiny.limits import check_limits
+from kumiko.util.log import log, stage
 
 DEFAULT_TARGET = "cpu"
 
@@ -72,14 +73,15 @@ def load(path: str | Path) -> Graph | TinyGraph:
     except UnicodeDecodeError as e:
         raise KumikoError("E1009", at=str(p), why=f"not a UTF-8 text file ({e.reason} at byte {e.start})",
                           suggestion="Give a JSON graph file, a Tiny IR dump or a .kumiko program.") from None
-    if p.suffix == ".kumiko":
-        try:
-            from kumiko.frontend.dsl import parse_program
-        except ImportError:
-            raise KumikoError("E1501", at=str(p), why="the graph DSL is not available in this build") from None
-        return parse_program(text, filename=str(p))
-    from kumiko.frontend.graph import loads
-    return load_json(loads(text, str(p)), str(p))
+    with stage(f"load {p.name} (parse, check, lower to Tiny IR)"):
+        if p.suffix == ".kumiko":
+            try:
+                from kumiko.frontend.dsl import parse_program
+            except ImportError:
+                raise KumikoError("E1501", at=str(p), why="the graph DSL is not available in this build") from None
+            return parse_program(text, filename=str(p))
+        from kumiko.frontend.graph import loads
+        return load_json(loads(text, str(p)), str(p))
 
 
 def load_json(d: object, where: str = "graph") -> Graph | TinyGraph:
@@ -105,7 +107,11 @@ class Executable:
         self.fp64_inputs = program.fp64_inputs if isinstance(program, Graph) else frozenset()
         self._in_dtypes = {t: self.tiny.nodes[nid].dtype for t, nid in self.tiny.inputs}
         self.target = target
-        self._run = factory(self.tiny, **options)
+        if isinstance(program, Graph):   # a Graph lowers as it is made: its time is in load's (or the caller's)
+            log(1, f"stage frontend->tiny: done when the Graph was made ({len(self.tiny.nodes)} Tiny IR nodes)")
+        with stage(f"compile {self.tiny.name} for {target}"):
+            self._run = factory(self.tiny, **options)
+        report_compile(program, self._run, target)     # KUMIKO_DEBUG's kernels, plans, source, IRs; KUMIKO_DUMP
         self._sizes_ok: set = set()      # sizes check_sizes passed (bind)
 
     @property

@@ -8,6 +8,11 @@ Every stage is a pure function of the previous one. ``dump`` writes ``<name>.<st
 that are byte-identical across runs; a dumped stage can be loaded again and compiled from
 (``kumiko.load`` recognises a Tiny IR dump), which is how tests start mid-pipeline. ``<name>`` is the
 graph's name made a plain file name (``dump_path``), so every file lands inside the directory given.
+
+What a compile shows and writes is decided here too, once for every target (``report_compile``, which
+``kumiko.compile`` calls): ``KUMIKO_DEBUG``'s kernels, plans, source and IRs, and ``KUMIKO_DUMP``'s files,
+which are exactly ``kumiko compile --dump`` 's (``compiled_dumps``). The stage times are printed by the
+targets, which alone know where their stages begin and end.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from kumiko import knobs
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
 from kumiko.frontend.visualize import frontend_stage_drawing, tiny_stage_drawing
@@ -29,6 +35,7 @@ from kumiko.runtime.files import safe_stem, write_file
 from kumiko.tiny import ir as tiny_ir
 from kumiko.tiny.ir import TinyGraph
 from kumiko.util.drawing import Cluster, Drawing, render_dot, to_svg
+from kumiko.util.log import enabled, log
 
 
 def to_tiny(program: Graph | TinyGraph) -> TinyGraph:
@@ -90,6 +97,15 @@ DRAWINGS: dict[str, Callable[[Graph | TinyGraph], Drawing]] = {
     "tiny": tiny_stage_drawing,
     "region": lambda p: draw_program(form_regions(to_tiny(p))),
 }
+
+
+#: what ``kumiko compile --dump`` takes besides ``STAGES``: the plans (``plan``) and the generated source
+#: (``c``: ``.c``, or ``.cu`` with the cubin for the cuda target), which exist only once a target compiled
+COMPILED: tuple[str, ...] = ("plan", "c")
+#: what ``KUMIKO_DUMP`` writes for every compile (each one the compile built: frontend only for a Graph;
+#: region, plan and c only for a target that forms regions, not ``eval``)
+COMPILE_DUMPS: tuple[str, ...] = ("frontend", "tiny", "region", *COMPILED)
+_IRS = ("frontend", "tiny", "region")          # KUMIKO_DEBUG=5
 
 
 def stage_json(program: Graph | TinyGraph, stage: str) -> dict:
@@ -154,10 +170,15 @@ def dump_path(out_dir: Path | str, name: str, *parts: str) -> Path:
 def write_dumps(texts: dict[str, str], name: str, out_dir: Path | str, ext: str = "json") -> list[Path]:
     """Write each stage's text to ``dump_path(out_dir, name, stage, ext)``; E1502 when one cannot be written
     (``out_dir`` is a file, no permission). Returns the paths written."""
+    return write_files({(stage, ext): text for stage, text in texts.items()}, name, out_dir)
+
+
+def write_files(files: dict[tuple[str, ...], str | bytes], name: str, out_dir: Path | str) -> list[Path]:
+    """Write each file to ``dump_path(out_dir, name, *parts)`` (E1502 when one cannot be written)."""
     paths = []
-    for stage, text in texts.items():
-        path = dump_path(out_dir, name, stage, ext)
-        write_file(path, text, f"the {stage} dump")
+    for parts, data in files.items():
+        path = dump_path(out_dir, name, *parts)
+        write_file(path, data, f"the {parts[0]} dump")
         paths.append(path)
     return paths
 
@@ -169,3 +190,62 @@ def dump(program: Graph | TinyGraph, stages: list[str], out_dir: Path | None) ->
         write_dumps(texts, program.name, out_dir)
     return texts
 
+
+
+def check_compile_stages(stages: Sequence[str]) -> None:
+    """E1010 for a ``--dump`` stage that is neither in ``STAGES`` nor ``COMPILED`` (before compiling)."""
+    bad = [s for s in stages if s not in STAGES and s not in COMPILED]
+    if bad:
+        raise KumikoError("E1010", at="compile --dump", why=f"unknown stage{'s' * (len(bad) > 1)} "
+                          f"{', '.join(map(repr, bad))}", suggestion=f"stages: {', '.join([*STAGES, *COMPILED])}")
+
+
+def compiled_dumps(program: Graph | TinyGraph, built, target: str, stages: Sequence[str]) -> dict[tuple, str | bytes]:
+    """The files ``kumiko compile --dump STAGES`` writes and ``KUMIKO_DUMP`` writes, as name parts after the
+    graph's name -> content, all made before any is written. ``built`` is what the target's factory made:
+    the region stage is its program when it formed one (the JSON ``STAGES`` would form again), plan and c
+    are its plans and source, absent for a target without them (``eval``)."""
+    out: dict[tuple, str | bytes] = {}
+    for s in stages:
+        if s == "plan" and hasattr(built, "plans"):
+            out["plan", "json"] = json.dumps({n: p.to_json() for n, p in built.plans.items()}, indent=2) + "\n"
+        elif s == "c" and hasattr(built, "source"):
+            out[("cu" if target in ("cuda", "cuda-emu") else "c",)] = built.source
+            cubin = getattr(built, "cubin", None)
+            if cubin is not None:
+                out[cubin.arch, "cubin"] = cubin.data
+        elif s == "region" and hasattr(built, "program"):
+            out["region", "json"] = dumps(program_json(built.program))
+        elif s not in COMPILED:
+            out[s, "json"] = dumps(stage_json(program, s))
+    return out
+
+
+def report_compile(program: Graph | TinyGraph, built, target: str) -> None:
+    """What every ``kumiko.compile`` shows on stderr (``KUMIKO_DEBUG`` 2 to 5; level 1's stage times come
+    from the targets) and writes into ``KUMIKO_DUMP``; the levels are ``knobs.py``'s. Nothing is made for
+    a level that is off or without a dump directory."""
+    name = program.name
+    if enabled(2):
+        for ln in getattr(built, "launches", ()):
+            log(2, f"kernel {ln.kernel}: region {ln.region}, block {ln.block}, dynamic smem {ln.smem} B")
+        for st in getattr(getattr(built, "runner", None), "steps", ()):
+            log(2, f"kernel {st.fn}: region{'s' * (len(st.regions) > 1)} {' + '.join(st.regions)}")
+    if enabled(3) and hasattr(built, "plans"):
+        from kumiko.plan.gpu import describe_plan
+        for region, p in built.plans.items():
+            log(3, f"plan {region}: {describe_plan(p)}")
+    out_dir = knobs.dump_dir()
+    stages = [s for s in COMPILE_DUMPS if (s != "frontend" or isinstance(program, Graph))
+              and (s in ("frontend", "tiny") or hasattr(built, "program"))]
+    if out_dir is None:
+        stages = [s for s in stages if (s == "c" and enabled(4)) or (s in _IRS and enabled(5))]
+    files = compiled_dumps(program, built, target, stages)
+    for parts, data in files.items():
+        if parts[0] in ("c", "cu") and enabled(4):
+            log(4, f"generated source of {name} ({target}):\n{data}")
+        elif parts[0] in _IRS and enabled(5):
+            log(5, f"{parts[0]} IR of {name}:\n{data}")
+    if out_dir is not None:
+        paths = write_files(files, name, out_dir)
+        log(1, f"KUMIKO_DUMP: wrote {len(paths)} file(s) for {name} into {out_dir}")

@@ -253,6 +253,37 @@ class Graph:
         from kumiko.util import atomic_write
         atomic_write(Path(path), json.dumps(self.to_json(), indent=2) + "\n")
 
+    # text -----------------------------------------------------------------------------------------
+    #: a graph with more ops than this prints its first and last ``STR_ENDS`` ops and a count between
+    STR_MAX_OPS = 24
+    STR_ENDS = 8
+
+    def __str__(self) -> str:
+        """The graph for reading (``print(graph)``, the REPL): name and signature, default sizes, then one
+        op per line with its output types; the dataclass's one-line repr of every field was unreadable."""
+        def sig(t: str) -> str:
+            role = next((i.role for i in self.inputs if i.tensor == t), "data")
+            return f"{t}: {self.tensors[t]}" + (f" ({role})" if role != "data" else "")
+
+        lines = [f"Graph {self.name}({', '.join(sig(i.tensor) for i in self.inputs)}) -> "
+                 f"({', '.join(sig(o) for o in self.outputs)})"]
+        if self.symbols:
+            lines.append(f"  symbols: {', '.join(f'{k}={v}' for k, v in self.symbols.items())}")
+        nodes = self.nodes
+        if len(nodes) > self.STR_MAX_OPS:
+            nodes = (*nodes[:self.STR_ENDS], None, *nodes[-self.STR_ENDS:])
+        for n in nodes:
+            if n is None:
+                lines.append(f"  ... {len(self.nodes) - 2 * self.STR_ENDS} more ops ...")
+                continue
+            ins = ", ".join(str(x) for x in n.inputs)
+            outs = ", ".join(f"{o}: {self.tensors[o]}" if o in self.tensors else o for o in n.outputs)
+            lines.append(f"  {n.name} = {n.op}{'.' + n.fn if n.fn else ''}({ins}) -> {outs}")
+        lines.append(f"  ({len(self.nodes)} op{'s' * (len(self.nodes) != 1)})")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
 
 #: how deeply a graph file's JSON may nest (a frontend graph needs about 6 levels, a Tiny IR dump
 #: about 8); checked before parsing, because Python's json recurses once per level (RecursionError)

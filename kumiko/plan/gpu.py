@@ -175,6 +175,16 @@ def describe_gpu_plan(plan: Plan) -> str:
     return out + (f", then SIMT: a {rest} per point" if rest else "")
 
 
+def describe_plan(plan: Plan) -> str:
+    """One line for any plan, CPU or GPU (``kumiko compile``'s report, ``KUMIKO_DEBUG=3``): algo, arch and
+    vector width, then a packed CPU contraction's micro-tile and cache blocks or ``describe_gpu_plan``. It
+    lives here, not in ``plan.py``, because the GPU half needs this module."""
+    extra = f" micro {plan.micro[0]}x{plan.micro[1]} blocks {list(plan.tile)}" if plan.algo == "packed" else ""
+    if plan.arch in GPU_ARCHS:
+        extra = " " + describe_gpu_plan(plan)
+    return f"{plan.algo} ({plan.arch}, vector width {plan.vector_width}){extra}"
+
+
 #: the ring schedule to step down to when ptxas rejects one: fewer values live across the K loop each time
 RELEASE_FALLBACK = {"registers": "merged", "merged": "trailing"}
 

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,10 +28,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from kumiko import knobs
 from kumiko.diagnostics import KumikoError
 from kumiko.runtime.files import cache_root, clear_path, file_error, forget_roots, publish_entry, safe_stem
 from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
+from kumiko.util.log import log
 
 CC = "gcc"
 INCLUDE_DIR = Path(__file__).resolve().parents[1] / "include"
@@ -208,11 +207,7 @@ def build_c(source: str, *, flags: Sequence[str] | None = None, extra_flags: Seq
         STATS["disk_hits"] += 1
     mod = CModule(so, key, lib, cached=cached, compile_s=compile_s)
     _LOADED[(str(root), key)] = mod
-    if knobs.debug() >= 2:
-        what = "cache hit" if cached else f"compiled in {compile_s * 1e3:.0f} ms"
-        print(f"kumiko: build_c {name}: {what}: {so}", file=sys.stderr)
-    if knobs.debug() >= 4 and not cached:
-        print(source, file=sys.stderr)
+    log(2, f"build_c {name}: {'cache hit' if cached else f'compiled in {compile_s * 1e3:.0f} ms'}: {so}")
     return mod
 
 

@@ -26,19 +26,18 @@ import functools
 import hashlib
 import json
 import re
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from kumiko import knobs
 from kumiko.diagnostics import KumikoError
 from kumiko.runtime.cpu import header_digest
 from kumiko.runtime.files import cache_root, clear_path, publish_entry, safe_stem
 from kumiko.runtime.ptxas import INCLUDE_DIR, KernelResources, nvcc_path, parse_ptxas_report
 from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
+from kumiko.util.log import log
 
 #: flags of every cubin build (``-std`` as the nvcc compile checks use). No ``-lineinfo`` by default: it
 #: records the build directory, so the same source would give different bytes; pass it in ``extra_flags``
@@ -194,5 +193,4 @@ def _first_errors(log: str, n: int = 12) -> str:
 
 
 def _debug(name: str, arch: str, what: str) -> None:
-    if knobs.debug() >= 2:
-        print(f"kumiko: cubin {name} ({arch}): {what}", file=sys.stderr)
+    log(2, f"cubin {name} ({arch}): {what}")

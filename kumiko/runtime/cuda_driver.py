@@ -1,9 +1,9 @@
 """The CUDA driver API through cuda-bindings, as the ``cuda`` target uses it: one device, its primary
 context, device memory, modules, launches, events, and every error mapped to a kumiko diagnostic.
 
-cuda-bindings (``pip install 'kumiko[cuda]'``) is imported only when a device is opened, so kumiko
-imports and the other targets work without it. Its calls return tuples ``(CUresult, value...)``;
-``_ok`` turns a non-success result into a ``KumikoError``:
+cuda-bindings (the ``cuda`` extra: ``pip install -e '.[cuda]'`` in a checkout) is imported only when a
+device is opened, so kumiko imports and the other targets work without it. Its calls return tuples
+``(CUresult, value...)``; ``_ok`` turns a non-success result into a ``KumikoError``:
 
 - no driver, no device, a driver too old: E1501 TargetUnavailable (the target cannot run here);
 - ILLEGAL_ADDRESS, LAUNCH_FAILED, MISALIGNED_ADDRESS, ILLEGAL_INSTRUCTION, ASSERT...: E1704 KernelFailed with
@@ -51,8 +51,9 @@ def driver_module():
         from cuda.bindings import driver
     except ImportError as e:
         raise KumikoError("E1501", at="target cuda", why=f"cuda-bindings is not installed ({e})",
-                          suggestion="pip install 'kumiko[cuda]' (cuda-bindings >= 12) on a machine with an NVIDIA "
-                                     f"GPU and driver, {_EMU_HINT}.") from None
+                          suggestion="install the cuda extra from the kumiko checkout: pip install -e '.[cuda]' "
+                                     "(cuda-bindings >= 12), on a machine with an NVIDIA GPU and driver, "
+                                     f"{_EMU_HINT}.") from None
     return driver
 
 

@@ -38,6 +38,7 @@ from kumiko.diagnostics import KumikoError
 from kumiko.runtime import emu_worker
 from kumiko.runtime.files import cache_root, clear_path, file_error, write_file
 from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
+from kumiko.util.log import log
 
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"
 _HEADERS = ("cuda_emu.h", "kumiko_cuda.cuh")
@@ -228,9 +229,13 @@ def build(source: str, config: EmuConfig | None = None, *, name: str = "kernel",
     root = cache_root("emu")           # KUMIKO_CACHE=0 or an unwritable cache: this process's temporary one
     lib = root / f"{key}.so"
     srcdir = root / key
+    what = "cache hit"
     if not lib.is_file():
         clear_path(lib)                # a directory squatting the library's name
+        t0 = time.perf_counter()
         _compile(cxx, flags, source, dyn, name, srcdir, lib)
+        what = f"compiled in {(time.perf_counter() - t0) * 1e3:.0f} ms"
+    log(2, f"build_emu {name} ({config.label}): {what}: {lib}")
     return EmuModule(lib, config, name=name, source_path=srcdir / f"{name}.cu", kernels=entry_names(source))
 
 

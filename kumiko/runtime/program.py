@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
+import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Iterator, Mapping
@@ -46,6 +47,7 @@ from kumiko.region.ssa import MemRef, Program
 from kumiko.runtime.arena import ALIGN, ArenaPlan, plan_arena
 from kumiko.runtime.cpu import CModule
 from kumiko.symbolic import dim_eval
+from kumiko.util.log import enabled, log
 
 
 def _nbytes(shape, dt: np.dtype) -> int:
@@ -316,8 +318,12 @@ class CpuProgram:
         syms = self.syms(env)
         with self.call_state() as state:
             bufs = self.buffers(inputs, env, state)
+            timed = enabled(2)
             for step, fn in self.kernels:
+                t0 = time.perf_counter()
                 self._run_step(step, fn, bufs, syms, env)
+                if timed:
+                    log(2, f"cpu {step.fn}: {(time.perf_counter() - t0) * 1e3:.3f} ms")
         return {n: bufs[n] for n, _ in self.program.outputs}
 
     def _run_step(self, step: Step, fn, bufs: Mapping[str, np.ndarray], syms: list[int],

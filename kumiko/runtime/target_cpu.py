@@ -25,6 +25,7 @@ from kumiko.runtime.program import CpuProgram, program_symbols
 from kumiko.tiny.evaluate import bind_symbols
 from kumiko.tiny.inputs import random_inputs
 from kumiko.tiny.ir import TinyGraph
+from kumiko.util.log import stage
 
 
 @dataclass
@@ -51,8 +52,17 @@ def compile_cpu(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, featur
 
     ``tune=True`` times the candidate plans of each region on random inputs at the graph's sizes
     (its ``symbols`` defaults, overridden by ``shapes``) and caches the winners."""
-    program = form_regions(tiny)
-    feats = features or cpu_features()
+    with stage("regions"):
+        program = form_regions(tiny)
+    with stage("plans"):
+        chosen = _plans(tiny, program, plans, features or cpu_features(), tune, shapes)
+    with stage("build (C, gcc)"):
+        return _build(tiny, program, chosen)
+
+
+def _plans(tiny: TinyGraph, program: Program, plans: Mapping[str, Plan] | None, feats: dict, tune: bool,
+           shapes: Mapping[str, int] | None) -> dict[str, Plan]:
+    """``compile_cpu``'s plan of each region: the chooser's, a cached tuned winner, the caller's, or tuned."""
     chosen = dict(choose_plans(program, program_symbols(program), feats))
     env = {**tiny.symbols, **(shapes or {})}
     compiler = compiler_version()
@@ -78,7 +88,7 @@ def compile_cpu(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, featur
             bound = bind_symbols(tiny, ins, shapes)
             return median_time(lambda: built(ins, bound))
         chosen = tune_plans(program, chosen, env, feats, compiler, time_plans)
-    return _build(tiny, program, chosen)
+    return chosen
 
 
 def cpu_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, tune: bool = False,

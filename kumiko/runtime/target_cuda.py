@@ -11,6 +11,7 @@ two-kernel regions) are allocated per run, NaN-poisoned.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -33,6 +34,7 @@ from kumiko.runtime.files import safe_stem
 from kumiko.runtime.program import CpuProgram, program_symbols, region_steps
 from kumiko.symbolic import dim_eval, prod
 from kumiko.tiny.ir import TinyGraph
+from kumiko.util.log import enabled, log, stage
 
 #: ``emu=`` option -> emulator configuration
 EMU_CONFIGS = {"deferred": CONFIGS["deferred+round_robin"], "eager": CONFIGS["eager+run_ahead"],
@@ -164,17 +166,21 @@ def compile_cuda(tiny: TinyGraph, arch: str = "sm80", plans: Mapping[str, Plan] 
     if emu not in EMU_CONFIGS:
         raise KumikoError("E1501", at="cuda-emu", why=f"unknown emulator configuration {emu!r}",
                           suggestion=f"use one of {sorted(EMU_CONFIGS)}")
-    program = form_regions(tiny)
-    syms = program_symbols(program)
-    chosen = {r.name: choose_gpu_plan(r, arch, syms) for r in program.regions}
-    for name, p in (plans or {}).items():
-        region = next((r for r in program.regions if r.name == name), None)
-        if region is None:
-            raise KumikoError("E1801", at=f"plan of {name}", why=f"the program has no region {name!r}",
-                              suggestion=f"regions: {[r.name for r in program.regions]}")
-        chosen[name] = validate_gpu_plan(p, region, syms)
-    kernels, launches = lower_program(program, chosen)
-    return CompiledCuda(program, chosen, kernels, render_cuda(kernels), launches, arch, emu)
+    with stage("regions"):
+        program = form_regions(tiny)
+    with stage("plans"):
+        syms = program_symbols(program)
+        chosen = {r.name: choose_gpu_plan(r, arch, syms) for r in program.regions}
+        for name, p in (plans or {}).items():
+            region = next((r for r in program.regions if r.name == name), None)
+            if region is None:
+                raise KumikoError("E1801", at=f"plan of {name}", why=f"the program has no region {name!r}",
+                                  suggestion=f"regions: {[r.name for r in program.regions]}")
+            chosen[name] = validate_gpu_plan(p, region, syms)
+    with stage("kernels (GPU IR, CUDA C)"):     # the emulator builds on the first call, the cuda target now
+        kernels, launches = lower_program(program, chosen)
+        source = render_cuda(kernels)
+    return CompiledCuda(program, chosen, kernels, source, launches, arch, emu)
 
 
 def nvcc_check(compiled: CompiledCuda, arch: str = "sm_80") -> dict:
@@ -211,6 +217,7 @@ class GpuRunner(CpuProgram):
             # region names its own ``a_out`` (one array shared across regions overflowed in the larger one)
             scratch: dict[tuple[str, str], np.ndarray] = {}
             status = np.zeros(1, np.int32)       # set by a kernel that met an out-of-range gather index
+            timed = enabled(2)
             for ln in self.launches:
                 for var, sizes in ln.scratch:
                     if (ln.region, var) not in scratch:
@@ -229,7 +236,11 @@ class GpuRunner(CpuProgram):
                         args.append(status)
                     else:
                         args.append(np.int64(syms[name]))
+                t0 = time.perf_counter()
                 self.module.launch(ln.kernel, grid, ln.block, ln.smem, args)
+                if timed:
+                    log(2, f"cuda-emu {ln.kernel} grid {list(grid)} block {ln.block} smem {ln.smem}: "
+                        f"{(time.perf_counter() - t0) * 1e3:.3f} ms")
             check_status(int(status[0]), self.program.name, env)
         return {n: bufs[n] for n, _ in self.program.outputs}
 

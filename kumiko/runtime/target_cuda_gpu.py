@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -45,6 +44,7 @@ from kumiko.runtime.program import program_symbols
 from kumiko.runtime.target_cuda import CompiledCuda, Launch, check_status, compile_cuda, safe_name
 from kumiko.symbolic import dim_eval
 from kumiko.tiny.ir import TinyGraph
+from kumiko.util.log import enabled, log, stage
 
 POISON_BYTE = 0xFF
 #: the launch limits every sm_80+ GPU has (cuLaunchKernel refuses more)
@@ -336,7 +336,7 @@ class CudaProgram:
         With ``graph`` the launches are captured once per bound sizes (the first enqueue) and every enqueue
         replays the CUDA Graph: one driver call for the whole program. ``sync_each`` and ``KUMIKO_DEBUG>=2``
         (per-launch times) launch one by one instead."""
-        timed = knobs.debug() >= 2
+        timed = enabled(2)
         if self.graph and b.launches and not (self.sync_each or timed):
             what = f"program {self.program.name}"
             if b.graph is None:
@@ -352,8 +352,8 @@ class CudaProgram:
             if sync:
                 self.backend.sync(f"kernel {ln.kernel}", grid=list(ln.grid), block=list(ln.block), sizes=b.env)
             if timed:
-                print(f"kumiko: cuda {ln.kernel} grid {list(ln.grid)} block {ln.block[0]} smem {ln.smem}: "
-                      f"{(time.perf_counter() - t0) * 1e3:.3f} ms", file=sys.stderr)
+                log(2, f"cuda {ln.kernel} grid {list(ln.grid)} block {ln.block[0]} smem {ln.smem}: "
+                    f"{(time.perf_counter() - t0) * 1e3:.3f} ms")
 
     def wait(self, b: Bound) -> None:
         kernels = [ln.kernel for ln in b.launches]
@@ -485,7 +485,9 @@ def compile_cuda_gpu(tiny: TinyGraph, *, plans: Mapping[str, Plan] | None = None
     given, chosen = set(plans or {}), dict(plans or {})
     while True:
         compiled = compile_cuda(tiny, plan_arch or "sm80", chosen)
-        cubin = build_cubin(compiled.source, gpu_arch, name=safe_name(compiled.program.name), extra_flags=extra_flags)
+        with stage(f"build ({gpu_arch} cubin, nvcc)"):
+            cubin = build_cubin(compiled.source, gpu_arch, name=safe_name(compiled.program.name),
+                                extra_flags=extra_flags)
         try:
             check_cubin(compiled, cubin, dev.smem_optin if dev is not None else None)
             break
