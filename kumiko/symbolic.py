@@ -435,14 +435,6 @@ def prod(xs) -> int | Expr:
     return out
 
 
-def dim_symbols(shape) -> frozenset[str]:
-    out: set[str] = set()
-    for d in shape:
-        if isinstance(d, Expr):
-            out |= d.symbols()
-    return frozenset(out)
-
-
 # ------------------------------------------------------------------------------------------------
 # parser: "2*h + kh - 1", "floor((H + 1)/2)", "(H+1)//2", "E % 4", "M*K"
 

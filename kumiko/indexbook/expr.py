@@ -24,7 +24,7 @@ from typing import Iterable, Mapping
 
 import islpy as isl
 
-from kumiko.symbolic import Expr, FloorDiv, Sym
+from kumiko.symbolic import Expr, FloorDiv
 
 _INDEX = re.compile(r"[ir]\d+")
 
@@ -307,7 +307,3 @@ def pw_aff_to_expr(pa: isl.PwAff, context: isl.Set | None = None) -> Expr | None
     if len(exprs) != 1:
         return None
     return next(iter(exprs))
-
-
-def sym_expr(name: str) -> Expr:
-    return Expr({(Sym(name),): 1})

@@ -494,8 +494,6 @@ def reused_reduce_axes(e: RExpr, iters: set) -> set:
     return out
 
 
-
-
 def _loop_order(iters: list, lets: tuple, types: dict) -> list:
     """Loop order: an axis that a let reduces over runs inside that let's own axes, so the reduction
     sees the whole axis (a softmax over axis 0 iterates columns outermost). Stable otherwise; when the
@@ -557,8 +555,3 @@ def parallelize(s: Stmt) -> Stmt:
     if not found:
         return dataclasses.replace(s, parallel=True, collapse=depth)
     return Parallel(tuple(found) + (dataclasses.replace(s, workshare=True, collapse=depth),))
-
-
-def lower_region(region: Region, syms: tuple, name: str) -> Kernel:
-    return CpuLowering(region, syms, name).lower()
-

@@ -28,7 +28,7 @@ from kumiko.kernel.gpu_simt import simt_binding
 from kumiko.kernel.gpu_verify import MAX_REGISTERS, SMEM_LIMIT
 from kumiko.plan.plan import Plan, make_plan
 from kumiko.region.srnf import epilogue
-from kumiko.region.ssa import Program, Region
+from kumiko.region.ssa import Region
 from kumiko.runtime.ptxas import KernelResources
 from kumiko.symbolic import prod
 
@@ -226,7 +226,3 @@ def check_resources(plan: Plan, kernel: str, res: KernelResources, dynamic_smem:
         raise KumikoError("E1801", at=at, why=f"{res.smem} bytes static + {dynamic_smem} dynamic shared memory exceed "
                           f"{plan.arch}'s {limit}", suggestion="use fewer stages or a smaller tile", hazard="smem",
                           region=region)
-
-
-def choose_gpu_plans(program: Program, arch: str, syms: tuple) -> dict[str, Plan]:
-    return {r.name: choose_gpu_plan(r, arch, syms) for r in program.regions}

@@ -197,7 +197,3 @@ def program_from_json(d: Mapping) -> Program:
                    tuple((i["name"], _memref(i["memref"])) for i in d["outputs"]),
                    tuple((i["name"], _memref(i["memref"])) for i in d.get("buffers", ())),
                    dict(d.get("symbols") or {}))
-
-
-def shape_json(shape) -> list:
-    return [dim_json(x) for x in shape]

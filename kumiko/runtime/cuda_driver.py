@@ -311,10 +311,6 @@ class CudaDevice:
         return f"CudaDevice({self.ordinal}: {self.name}, sm_{self.cc[0]}{self.cc[1]})"
 
 
-def open_device(ordinal: int = 0) -> CudaDevice:
-    return CudaDevice.get(ordinal)
-
-
 def device_available(ordinal: int = 0) -> tuple[bool, str]:
     """(True, description) when the cuda target can run here, else (False, the diagnostic's reason)."""
     try:

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -542,8 +542,3 @@ def _asan_runtime() -> str:
                               suggestion="Install libasan and libstdc++ for your g++ (e.g. libgcc-12-dev).")
         libs.append(str(Path(out).resolve()))
     return ":".join(libs)
-
-
-def config_dict(config: EmuConfig) -> dict[str, Any]:
-    """The config as plain data (for dumps and reports)."""
-    return asdict(config)

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Mapping
 
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
-from kumiko.symbolic import Expr, dim, dims
+from kumiko.symbolic import dim, dims
 from kumiko.tiny.ir import Node, TinyGraph, arg_from_json, imm_load, infer, is_ref
 
 
@@ -217,7 +217,3 @@ def _topo(srcs: Mapping[str, list]) -> list[str]:
         stuck = sorted(set(srcs) - set(order), key=pos.__getitem__)
         raise KumikoError("E1008", at=f"tiny:{stuck[0]}", why=f"nodes {stuck} depend on each other in a cycle")
     return order
-
-
-def expr_env_axes(n: int) -> list[Expr]:
-    return [Expr.sym(f"i{k}") for k in range(n)]

@@ -103,10 +103,6 @@ def render_dot(d: Drawing) -> str:
     return "\n".join(out) + "\n"
 
 
-def dot_available() -> bool:
-    return shutil.which("dot") is not None
-
-
 INSTALL_HINT = ("install graphviz (Debian/Ubuntu: apt-get install graphviz; Fedora: dnf install graphviz; "
                 "macOS: brew install graphviz; conda: conda install graphviz), or use --format dot and render "
                 "the file elsewhere")
