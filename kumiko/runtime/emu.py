@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from kumiko.diagnostics import KumikoError
+from kumiko.kernel.gpu_verify import SMEM_LIMIT  # the shared memory of the GPU the emulation stands in for
 from kumiko.runtime import emu_worker
 from kumiko.runtime.files import cache_root, clear_path, file_error, write_file
 from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
@@ -42,8 +43,6 @@ from kumiko.util.log import log
 
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"
 _HEADERS = ("cuda_emu.h", "kumiko_cuda.cuh")
-#: per-block shared memory limits of the GPU the emulation stands in for
-SMEM_LIMIT = {"sm80": 166912, "sm90": 232448}
 _ASAN_OPTIONS = "detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=86:allocator_may_return_null=1"
 _WORKER_TIMEOUT_S = 600
 
