@@ -94,9 +94,9 @@ def conv_dropout(imp: Importer, node: OnnxNode) -> list:
     ratio draws random numbers, which kumiko does not do (E1010); training with ratio 0 is the identity
     too. ``seed`` only seeds that draw, so it changes nothing here."""
     x = imp.tensor(node.input(0))
-    training = bool(imp.const(node.input(2), "training_mode").reshape(-1)[0]) if node.input(2) else False
+    training = bool(imp.const(node.input(2), "training_mode", "E1010").reshape(-1)[0]) if node.input(2) else False
     if training:
-        ratio = float(imp.const(node.input(1), "ratio").reshape(-1)[0]) if node.input(1) else 0.5
+        ratio = float(imp.const(node.input(1), "ratio", "E1010").reshape(-1)[0]) if node.input(1) else 0.5
         if ratio != 0.0:
             raise node.err("E1010", f"Dropout in training mode (ratio {ratio}) draws random numbers; kumiko "
                            "imports inference graphs", suggestion="export the model in eval mode")

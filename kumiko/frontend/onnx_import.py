@@ -12,7 +12,11 @@ Rules (docs/onnx.md has the user-facing version):
 * Models older than opset 13 are converted with onnx's version converter first.
 * Everything kumiko needs to know statically -- Reshape's shape, Slice's starts/ends, Reduce axes,
   Pad pads, Expand shape, Unsqueeze axes, Clip bounds, ... -- must be known at import: constants,
-  initializers, ``Shape`` of a static shape and constant subgraphs over them are folded with numpy.
+  initializers, ``Shape`` and constant subgraphs over them are folded with numpy. ``Shape`` of a
+  symbolic (``dim_param``) size is a *shape value*: an object array of ints and ``Expr``s (see
+  ``shape_value``), so ``B, T, D = x.shape`` arithmetic folds to symbolic sizes that Reshape, Expand,
+  Slice, ConstantOfShape and Range take as they are; a shape value used as run-time data is computed
+  from the bound sizes (``Importer._shape_tensor``).
   ``static_inputs`` gives values for graph inputs that must be folded the same way (the node tests
   feed Reshape's shape as a graph input); such an input leaves the signature if nothing at run
   time still reads it.
@@ -34,7 +38,7 @@ import numpy as np
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph, OpNode, SigInput, TensorType
-from kumiko.symbolic import Expr
+from kumiko.symbolic import Expr, dim
 from kumiko.tiny.build import TinyBuilder
 from kumiko.tiny.ir import FrozenDict
 
@@ -161,6 +165,36 @@ def tensor_array(t, where: str) -> np.ndarray:
     return arr
 
 
+class SymbolicValue(ValueError):
+    """A folder met a shape value it cannot evaluate at import (a comparison the sizes do not decide, a
+    float cast, a symbolic index or bound): the node is then converted instead, its symbolic operands
+    computed at run time, or -- for ops kumiko only folds -- refused naming the reason."""
+
+
+def shape_value(arr) -> np.ndarray:
+    """The canonical form of a value shape arithmetic produced: int64 when every element is an int (so
+    all-static shape subgraphs stay plain numpy), else an object array of ints and ``Expr``s, constant
+    expressions collapsed to ints. Keeping one array type lets the numpy folders (Gather, Concat,
+    Reshape, Slice, Where, ...) move symbolic sizes around unchanged."""
+    arr = np.asarray(arr)
+    if arr.dtype != object:
+        return arr
+    flat = [dim(x) if isinstance(x, Expr) else x for x in arr.reshape(-1)]
+    if flat and all(isinstance(x, (bool, np.bool_)) for x in flat):
+        return arr.astype(bool)
+    if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in flat):
+        return np.asarray(flat, dtype=np.int64).reshape(arr.shape)
+    if any(not isinstance(x, (int, np.integer, Expr)) or isinstance(x, bool) for x in flat):
+        raise SymbolicValue("a shape value mixes sizes with non-integers")
+    out = np.empty(len(flat), dtype=object)
+    out[:] = [x if isinstance(x, Expr) else int(x) for x in flat]
+    return out.reshape(arr.shape)
+
+
+def is_symbolic(arr) -> bool:
+    return isinstance(arr, np.ndarray) and arr.dtype == object
+
+
 def _symbol(name: str) -> Expr:
     """An ONNX ``dim_param`` as a kumiko size symbol (non-identifier characters become '_')."""
     s = re.sub(r"\W", "_", name)
@@ -218,16 +252,48 @@ class Importer:
             {t.name for t in self.graph.initializer}
         self.input_types: dict[str, Any] = {}
         self.fp64_inputs: set[str] = set()          # DOUBLE graph inputs (declared fp32)
+        self.fold_why = ""                          # why the last fold of a shape value failed
+        self.unfolded: dict[str, str] = {}          # outputs whose shape-value fold failed -> why
 
     # values ---------------------------------------------------------------------------------------
-    def const(self, name: str, what: str) -> np.ndarray:
-        """The value of an ONNX tensor that must be known at import, folding its producers if need be."""
+    def const(self, name: str, what: str, code: str = "E1011") -> np.ndarray:
+        """The value of an ONNX tensor that must be known at import, folding its producers if need be.
+        ``code`` is E1011 (shapes) where the value decides a shape -- a Reshape target, pads, axes: from
+        tensor data that shape would be data-dependent -- and E1010 where it is a fixed setting of the op
+        (Dropout's training_mode, Pad's value, Trilu's k) that kumiko cannot take at run time."""
         v = self._try_const(name, set())[0] if name else None
-        if v is None:
-            raise self.err("E1010", f"{what} ({name!r}) must be known at import time: kumiko needs it static, "
-                           "but it is computed at run time",
+        cause = self._unfolded_cause(name) if v is None and name else None
+        if cause:
+            raise self.err("E1011", f"{what} ({name!r}) must be known at import time, but it rests on a value "
+                           f"kumiko computes at run time: {cause}",
+                           suggestion="give these axes fixed sizes (dim_value), or build the value from sizes with "
+                                      "ops kumiko folds symbolically (docs/onnx.md, Folding)")
+        if v is None and code != "E1011":
+            raise self.err(code, f"{what} ({name!r}) must be known at import time: kumiko takes it as a fixed "
+                           "setting of the op, but it is computed at run time",
                            suggestion="make it an initializer or a Constant (or pass its value with static_inputs)")
+        if v is None:
+            raise self.err("E1011", f"{what} ({name!r}) must be known at import time, but it is computed at run "
+                           "time from tensor data (kumiko's shapes may be symbolic in the input sizes, not "
+                           "data-dependent)",
+                           suggestion="make it an initializer or a Constant, derive it from Shape, or pass its "
+                                      "value with static_inputs")
         return v
+
+    def _unfolded_cause(self, name: str) -> str | None:
+        """Why a value upstream of ``name`` stayed a run-time value although it came from sizes (so the
+        diagnostic names the comparison or cast that could not be folded, not "tensor data")."""
+        seen, stack = set(), [name]
+        while stack:
+            t = stack.pop()
+            if t in self.unfolded:
+                return self.unfolded[t]
+            if t in seen:
+                continue
+            seen.add(t)
+            p = self.producer.get(t)
+            stack.extend(i for i in (p.inputs if p else ()) if i)
+        return None
 
     def _try_const(self, name: str, seen: set) -> tuple[np.ndarray | None, bool]:
         """(value or None, whether it rests on static_inputs). Only values that rest on true constants
@@ -248,12 +314,30 @@ class Importer:
                 return None, False
             vals.append(v)
             static |= st
-        outs = dict(zip(p.outputs, (np.asarray(v) for v in FOLDERS[p.op_type](p, vals))))
+        folded = self._fold(p, vals)
+        if folded is None:
+            return None, False
+        outs = dict(zip(p.outputs, folded))
         if not static:
             for o, v in outs.items():
                 if o:
                     self.consts.setdefault(o, v)
         return outs.get(name), static
+
+    def _fold(self, node: OnnxNode, vals: list) -> list[np.ndarray] | None:
+        """The node's outputs evaluated at import, or None when a shape value defeats its folder (the
+        reason kept in ``fold_why``). A folder meeting an ``Expr`` where numpy needs a number fails
+        with whatever numpy raises; with symbolic inputs that means "not foldable", not a bad model."""
+        symbolic = any(is_symbolic(v) for v in vals)
+        try:
+            return [shape_value(v) for v in FOLDERS[node.op_type](node, vals)]
+        except SymbolicValue as e:
+            self.fold_why = str(e)
+        except (TypeError, ValueError, ArithmeticError) as e:
+            if not symbolic:
+                raise
+            self.fold_why = f"{type(e).__name__}: {e}"
+        return None
 
     def tensor(self, name: str) -> str:
         """The kumiko tensor holding an ONNX tensor at run time (constants become params)."""
@@ -280,6 +364,8 @@ class Importer:
         return self.tensor(name)
 
     def _param(self, name: str, arr: np.ndarray) -> str:
+        if is_symbolic(arr):
+            return self._shape_tensor(name, arr)
         dt = NP_KUMIKO.get(arr.dtype)
         where = self.cur.where() if self.cur else f"onnx initializer {name!r}"
         if dt is None:
@@ -295,6 +381,26 @@ class Importer:
         self.params[k] = np.array(arr, dtype=dt.np, order="C")   # (ascontiguousarray makes 0-d 1-d)
         self.kt[name] = k
         return self._input(k, TensorType(dt, tuple(int(d) for d in arr.shape)), "param", "const_pool")
+
+    def _shape_tensor(self, name: str, arr: np.ndarray) -> str:
+        """A shape value read as run-time data (``x * T``, ``Cast(T, float)``, Range(T, 2T)): an i32 tensor
+        whose symbolic elements are each the sum of ``e`` ones (a Reduce over an Expand to ``[e]``), so
+        the value comes from the sizes the executable binds and the graph stays free of data-dependent
+        shapes. A negative ``e`` at run time is a size error when the sizes are bound."""
+        one = None
+        parts = []
+        for e in arr.reshape(-1):
+            if isinstance(e, Expr):
+                if one is None:
+                    one = self._param(f"{name}::one", np.ones((1,), np.int32))
+                ones = self.emit("Expand", [one], shape=[e])
+                parts.append(self.emit("Reduce", [ones], fn="sum", axes=[0], keepdim=True))
+            else:
+                parts.append(self._param(f"{name}::{len(parts)}", np.array([e], np.int32)))
+        y = parts[0] if len(parts) == 1 else self.emit("Concat", parts, axis=0)
+        y = self.reshape(y, arr.shape)
+        self.kt[name] = y
+        return y
 
     def _declare(self, name: str, tt: TensorType) -> str:
         self.kt[name] = name
@@ -322,12 +428,6 @@ class Importer:
 
     def dtype(self, k: str) -> dtypes.DType:
         return self.b.dtype(self.env[k])
-
-    def static_shape(self, k: str, what: str) -> tuple[int, ...]:
-        s = self.shape(k)
-        if not all(isinstance(d, int) for d in s):
-            raise self.err("E1010", f"{what} needs a static shape, got {[str(d) for d in s]}")
-        return s
 
     # emitting -------------------------------------------------------------------------------------
     def emit(self, op: str, inputs: list, **attrs: Any) -> str:
@@ -430,14 +530,21 @@ class Importer:
         known = [i for i in node.inputs if i]
         try:
             if node.op_type in FOLDERS and all(i in self.consts for i in known):
-                outs = FOLDERS[node.op_type](node, [self.consts[i] if i else None for i in node.inputs])
-                for o, v in zip(node.outputs, outs):
-                    if o:
-                        self.consts[o] = np.asarray(v)
-                return
+                outs = self._fold(node, [self.consts[i] if i else None for i in node.inputs])
+                if outs is not None:
+                    for o, v in zip(node.outputs, outs):
+                        if o:
+                            self.consts[o] = v
+                    return
+                self.unfolded.update({o: f"{node.where()}: {self.fold_why}" for o in node.outputs if o})
             res = CONVERTERS[node.op_type](self, node)
         except KumikoError:
             raise
+        except SymbolicValue as e:
+            raise node.err("E1011", f"{node.op_type} cannot be evaluated over symbolic sizes at import: {e}",
+                           suggestion="give these axes fixed sizes (dim_value), or compute the value from "
+                                      "sizes with Shape arithmetic kumiko folds (Gather, Concat, Add/Sub/Mul, Div "
+                                      "by a constant)") from None
         except (IndexError, KeyError, ValueError, TypeError, ArithmeticError) as e:
             # a model the checks above let through but a converter cannot read (an input list or attribute of
             # a shape ONNX does not allow): the user's file is malformed, so a diagnostic, not a traceback
@@ -449,7 +556,7 @@ class Importer:
             if not o or r is None:
                 continue
             if isinstance(r, np.ndarray):
-                self.consts[o] = r
+                self.consts[o] = shape_value(r)
             else:
                 self.kt[o] = self._rename(r, o)
         for k, o in enumerate(node.outputs):

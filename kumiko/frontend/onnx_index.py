@@ -111,7 +111,7 @@ def fold_split(node: OnnxNode, v: list) -> list:
 def _trilu_k(imp: Importer, node: OnnxNode) -> int:
     if not node.input(1):
         return 0
-    k = _ints(imp.const(node.input(1), "k"))
+    k = _ints(imp.const(node.input(1), "k", "E1010"))
     if len(k) != 1:
         raise node.err("E1010", f"Trilu's k must be one value, got {k}")
     return k[0]

@@ -11,9 +11,20 @@ from __future__ import annotations
 import numpy as np
 
 from kumiko import dtypes
-from kumiko.frontend.onnx_import import ATTRS, CONVERTERS, FOLDERS, NP_KUMIKO, Importer, OnnxNode, kumiko_dtype
+from kumiko.frontend.onnx_import import (
+    ATTRS,
+    CONVERTERS,
+    FOLDERS,
+    NP_KUMIKO,
+    Importer,
+    OnnxNode,
+    SymbolicValue,
+    is_symbolic,
+    kumiko_dtype,
+    shape_value,
+)
 from kumiko.frontend.onnx_import import onnx_dtype_name as dtype_name
-from kumiko.symbolic import prod
+from kumiko.symbolic import Expr, bounds, dim, prod
 
 
 def converter(*names: str, attrs: str = ""):
@@ -36,7 +47,25 @@ def folder(*names: str):
 
 
 def _ints(v) -> list[int]:
-    return [int(x) for x in np.asarray(v).reshape(-1)]
+    """Integers an op needs as numbers (axes, steps, indices); a symbolic size here cannot be folded."""
+    out = []
+    for x in np.asarray(v).reshape(-1):
+        if isinstance(x, Expr):
+            raise SymbolicValue(f"it needs a number here, got the symbolic size {x}")
+        out.append(int(x))
+    return out
+
+
+def _dims(v) -> list:
+    """Sizes an op takes as they are, ints or symbolic (Reshape's shape, Expand's, Slice's starts/ends)."""
+    return [dim(x) if isinstance(x, Expr) else int(x) for x in np.asarray(v).reshape(-1)]
+
+
+def _sizes_array(xs, shape=None) -> np.ndarray:
+    """A shape value from a list of ints and Exprs (numpy would otherwise try to make numbers of them)."""
+    out = np.empty(len(xs), dtype=object)
+    out[:] = list(xs)
+    return shape_value(out.reshape(shape if shape is not None else (len(xs),)))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -52,6 +81,8 @@ def _in_dtype(imp: Importer, name: str) -> dtypes.DType:
     c = imp.consts.get(name)
     if c is None:
         return imp.dtype(imp.tensor(name))
+    if is_symbolic(c):          # a shape value: int64, narrowed to i32 like every int64
+        return dtypes.i32
     if c.dtype not in NP_KUMIKO:
         raise imp.err("E1012", f"constant {name!r} has dtype {c.dtype}, which kumiko does not support")
     return NP_KUMIKO[c.dtype]
@@ -147,7 +178,7 @@ def conv_clip(imp: Importer, node: OnnxNode) -> str:
         if not b:
             continue
         c = imp.consts.get(b)
-        if c is not None and c.size == 1:
+        if c is not None and c.size == 1 and not is_symbolic(c):
             x = imp.ew(fn, x, c.reshape(()).item())
         else:
             x = imp.ew(fn, x, imp.tensor(b))
@@ -243,7 +274,7 @@ def conv_softmax(imp: Importer, node: OnnxNode) -> str:
 
 @converter("CumSum", attrs="exclusive reverse")
 def conv_cumsum(imp: Importer, node: OnnxNode) -> str:
-    axis = _ints(imp.const(node.input(1), "axis"))
+    axis = _ints(imp.const(node.input(1), "axis", "E1010"))
     if len(axis) != 1:
         raise node.err("E1010", f"CumSum's axis must be one value, got {axis}")
     return imp.emit("CumSum", [imp.tensor(node.input(0))], axis=axis[0], exclusive=bool(node.attr("exclusive", 0)),
@@ -295,7 +326,7 @@ def _reshape_target(src: tuple, shape: list[int], allowzero: bool) -> list:
 @converter("Reshape", attrs="allowzero")
 def conv_reshape(imp: Importer, node: OnnxNode) -> str:
     x = imp.tensor(node.input(0))
-    shape = _reshape_target(imp.shape(x), _ints(imp.const(node.input(1), "shape")), bool(node.attr("allowzero", 0)))
+    shape = _reshape_target(imp.shape(x), _dims(imp.const(node.input(1), "shape")), bool(node.attr("allowzero", 0)))
     return imp.emit("Reshape", [x], shape=shape)
 
 
@@ -346,8 +377,8 @@ def _unsqueezed(s: tuple, axes: list[int]) -> list:
 @converter("Slice")
 def conv_slice(imp: Importer, node: OnnxNode) -> str:
     x = imp.tensor(node.input(0))
-    starts = _ints(imp.const(node.input(1), "starts"))
-    ends = _ints(imp.const(node.input(2), "ends"))
+    starts = _dims(imp.const(node.input(1), "starts"))      # symbolic bounds (x[:, :T]) are Slice's own
+    ends = _dims(imp.const(node.input(2), "ends"))
     axes = _ints(imp.const(node.input(3), "axes")) if node.input(3) else list(range(len(starts)))
     steps = _ints(imp.const(node.input(4), "steps")) if node.input(4) else [1] * len(starts)
     return imp.emit("Slice", [x], starts=starts, ends=ends, axes=axes, steps=steps)
@@ -358,14 +389,14 @@ def conv_expand(imp: Importer, node: OnnxNode) -> str:
     """ONNX Expand broadcasts both ways (the shape may hold 1s and be shorter than the input)."""
     x = imp.tensor(node.input(0))
     src = imp.shape(x)
-    want = _ints(imp.const(node.input(1), "shape"))
+    want = _dims(imp.const(node.input(1), "shape"))
     r = max(len(src), len(want))
     a = (1,) * (r - len(src)) + tuple(src)
     b = (1,) * (r - len(want)) + tuple(want)
     out = []
     for p, q in zip(a, b):
         if p != q and p != 1 and q != 1:
-            raise node.err("E1001", f"cannot expand {[str(d) for d in src]} to {want}")
+            raise node.err("E1001", f"cannot expand {[str(d) for d in src]} to {[str(d) for d in want]}")
         out.append(q if p == 1 else p)
     return imp.emit("Expand", [x], shape=out)
 
@@ -384,13 +415,13 @@ def conv_gather(imp: Importer, node: OnnxNode) -> str:
 
 @converter("Shape", attrs="start end")
 def conv_shape(imp: Importer, node: OnnxNode) -> np.ndarray:
-    s = imp.static_shape(imp.tensor(node.input(0)), "Shape")
-    return _shape_slice(node, s)
+    """The run-time tensor's sizes as a shape value: ints, and Exprs for symbolic (dim_param) sizes."""
+    return _shape_slice(node, imp.shape(imp.tensor(node.input(0))))
 
 
 @converter("Size")
 def conv_size(imp: Importer, node: OnnxNode) -> np.ndarray:
-    return np.asarray(np.prod(imp.static_shape(imp.tensor(node.input(0)), "Size")), dtype=np.int64)
+    return _sizes_array([prod(imp.shape(imp.tensor(node.input(0))))], ())
 
 
 def _shape_slice(node: OnnxNode, s) -> np.ndarray:
@@ -398,17 +429,54 @@ def _shape_slice(node: OnnxNode, s) -> np.ndarray:
     start, end = int(node.attr("start", 0)), node.attr("end")
     end = r if end is None else int(end)
     start, end = (min(max(v + r if v < 0 else v, 0), r) for v in (start, end))
-    return np.asarray(list(s)[start:end], dtype=np.int64)
+    return _sizes_array(list(s)[start:end])
 
 
 @converter("ConstantOfShape", attrs="value")
+def conv_constant_of_shape(imp: Importer, node: OnnxNode) -> np.ndarray | str:
+    """Folded for a static shape; for a symbolic one (a [T, T] causal mask) the value expanded to it."""
+    shape = imp.const(node.input(0), "shape")
+    if not is_symbolic(shape):
+        return fold_constant_of_shape(node, [shape])[0]
+    value = _constant_of_shape_value(node)
+    v = imp._param(f"{node.outputs[0]}::value", value.reshape(1))
+    return imp.emit("Expand", [v], shape=_dims(shape))
+
+
 @converter("Range")
+def conv_range(imp: Importer, node: OnnxNode) -> np.ndarray | str:
+    """Folded when start, limit and delta are numbers. With a symbolic bound (``Range(0, T)`` of position
+    ids) it is ``start + delta * iota(n)``, n = ceil((limit - start) / delta) as a size expression, the
+    iota an exclusive CumSum of ones (``onnx_index._iota``); delta must then be a constant."""
+    vals = [imp.const(n, f"input {k}") for k, n in enumerate(node.inputs)]
+    if not any(is_symbolic(v) for v in vals):
+        return fold_range(node, vals)[0]
+    from kumiko.frontend.onnx_index import _iota
+    start, limit, delta = (v.reshape(()).item() for v in vals)
+    if not isinstance(delta, int) or delta == 0:
+        raise SymbolicValue(f"Range over symbolic sizes needs a constant non-zero integer delta, got {delta}")
+    n = (Expr.lift(limit) - start + delta - 1).floordiv(delta) if delta > 0 else \
+        (Expr.lift(start) - limit - delta - 1).floordiv(-delta)
+    y = _iota(imp, dim(n), 1, 0)
+    if delta != 1:
+        y = imp.ew("mul", y, delta)
+    if isinstance(start, Expr):
+        y = imp.ew("add", y, imp.tensor(node.input(0)))
+    elif start:
+        y = imp.ew("add", y, start)
+    return imp.cast(y, NP_KUMIKO[vals[0].dtype]) if not is_symbolic(vals[0]) else y
+
+
 @converter("ReduceProd", attrs="axes keepdims noop_with_empty_axes")
 @converter("Mod", attrs="fmod")
 def conv_fold_only(imp: Importer, node: OnnxNode) -> np.ndarray:
-    """Ops kumiko only folds: their inputs must be known at import."""
-    vals = [imp.const(n, f"input {k}") if n else None for k, n in enumerate(node.inputs)]
-    return FOLDERS[node.op_type](node, vals)[0]
+    """Ops kumiko only folds: their inputs must be known at import (shape values included, where the
+    folder can evaluate them)."""
+    vals = [imp.const(n, f"input {k}", "E1010") if n else None for k, n in enumerate(node.inputs)]
+    out = imp._fold(node, vals)
+    if out is None:
+        raise SymbolicValue(imp.fold_why)
+    return out[0]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -419,11 +487,42 @@ _NP_BINARY = {"Add": np.add, "Sum": np.add, "Sub": np.subtract, "Mul": np.multip
               "Greater": np.greater, "GreaterOrEqual": np.greater_equal}
 
 
+#: on shape values: (op, lo, hi) -> result, from the bounds lo <= a - b <= hi that the sizes allow; None when
+#: the bounds do not decide it
+_SYM_COMPARE = {
+    "Equal": lambda a, b, lo, hi: True if lo == hi == 0 else False if lo > 0 or hi < 0 else None,
+    "Less": lambda a, b, lo, hi: True if hi < 0 else False if lo >= 0 else None,
+    "LessOrEqual": lambda a, b, lo, hi: True if hi <= 0 else False if lo > 0 else None,
+    "Greater": lambda a, b, lo, hi: True if lo > 0 else False if hi <= 0 else None,
+    "GreaterOrEqual": lambda a, b, lo, hi: True if lo >= 0 else False if hi < 0 else None,
+    "Max": lambda a, b, lo, hi: a if lo >= 0 else b if hi <= 0 else None,
+    "Min": lambda a, b, lo, hi: b if lo >= 0 else a if hi <= 0 else None,
+}
+
+
+def _sym_compare(op: str, a, b):
+    """A comparison (or Max/Min) of sizes, decided by bounding ``a - b`` with every size symbol >= 0: Equal(T,
+    -1) is false for any T, Max(T, 0) is T; Equal(T, 1) depends on T and is left to run time."""
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        return {"Max": max, "Min": min}[op](a, b) if op in ("Max", "Min") else _NP_BINARY[op](a, b)
+    d = Expr.lift(a) - Expr.lift(b)
+    lo, hi = bounds(d, {s: (0, float("inf")) for s in d.symbols()})
+    out = _SYM_COMPARE[op](a, b, lo, hi)
+    if out is None:
+        raise SymbolicValue(f"{op}({a}, {b}) depends on the sizes' values")
+    return out
+
+
 @folder(*_NP_BINARY)
 def fold_binary(node: OnnxNode, v: list) -> list:
+    """numpy's own ufuncs, which apply Expr's + - * elementwise to shape values; comparisons and Max/Min of
+    sizes go through ``_sym_compare``."""
     out = v[0]
     for w in v[1:]:
-        out = _NP_BINARY[node.op_type](out, w)
+        if node.op_type in _SYM_COMPARE and (is_symbolic(out) or is_symbolic(w)):
+            out = np.frompyfunc(lambda a, b: _sym_compare(node.op_type, a, b), 2, 1)(out, w)
+        else:
+            out = _NP_BINARY[node.op_type](out, w)
     return [np.asarray(out)]
 
 
@@ -433,9 +532,31 @@ def fold_logical(node: OnnxNode, v: list) -> list:
     return [np.logical_not(v[0]) if f is None else f(v[0], v[1])]
 
 
+def _sym_div(a, b, what: str):
+    """Integer Div/Mod with a symbolic operand: floor(a / q) (Expr floor division) for a positive constant q,
+    truncating as ONNX does for a negative one; sizes are non-negative, where floor and truncation agree.
+    A symbolic divisor divides only exactly (B*T / T = B)."""
+    if isinstance(b, Expr):
+        q = Expr.lift(a).exact_div(b) if what == "Div" else None
+        if q is None:
+            raise SymbolicValue(f"{what}({a}, {b}) divides by a symbolic size")
+        return q
+    b = int(b)
+    if b == 0:
+        raise SymbolicValue(f"{what}({a}, 0) divides by zero")
+    if what == "Mod":
+        if b < 0:
+            raise SymbolicValue(f"Mod({a}, {b}) by a negative divisor")
+        return Expr.lift(a) % b
+    q = Expr.lift(a).floordiv(abs(b))
+    return q if b > 0 else -q
+
+
 @folder("Mod")
 def fold_mod(node: OnnxNode, v: list) -> list:
     a, b = v
+    if is_symbolic(a) or is_symbolic(b):
+        return [np.frompyfunc(lambda x, y: _sym_div(x, y, "Mod"), 2, 1)(a, b)]
     if node.attr("fmod", 0):
         return [np.fmod(a, b)]
     return [np.mod(a, b)]
@@ -444,6 +565,8 @@ def fold_mod(node: OnnxNode, v: list) -> list:
 @folder("Div")
 def fold_div(node: OnnxNode, v: list) -> list:
     a, b = v
+    if is_symbolic(a) or is_symbolic(b):
+        return [np.frompyfunc(lambda x, y: _sym_div(x, y, "Div"), 2, 1)(a, b)]
     if a.dtype.kind in "iu":
         return [np.trunc(a.astype(np.float64) / b).astype(a.dtype)]
     return [(a / b).astype(a.dtype)]
@@ -466,6 +589,10 @@ def fold_identity(node: OnnxNode, v: list) -> list:
 def fold_cast(node: OnnxNode, v: list) -> list:
     from onnx import helper
     to = int(node.attr("to"))
+    if is_symbolic(v[0]):
+        if to not in (6, 7):        # INT32, INT64: sizes stay sizes; anything else is computed at run time
+            raise SymbolicValue(f"a Cast of symbolic sizes to {dtype_name(to)} is computed at run time")
+        return [v[0]]
     try:
         return [v[0].astype(helper.tensor_dtype_to_np_dtype(to))]
     except (KeyError, TypeError, ValueError):
@@ -560,10 +687,14 @@ def fold_expand(node: OnnxNode, v: list) -> list:
     return [v[0] * np.ones(_ints(v[1]), dtype=v[0].dtype)]
 
 
+def _constant_of_shape_value(node: OnnxNode) -> np.ndarray:
+    value = node.attr("value")
+    return np.zeros((1,), np.float32) if value is None else np.asarray(value)
+
+
 @folder("ConstantOfShape")
 def fold_constant_of_shape(node: OnnxNode, v: list) -> list:
-    value = node.attr("value")
-    value = np.zeros((1,), np.float32) if value is None else np.asarray(value)
+    value = _constant_of_shape_value(node)
     return [np.full(_ints(v[0]), value.reshape(-1)[0], dtype=value.dtype)]
 
 

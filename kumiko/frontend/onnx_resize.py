@@ -126,7 +126,7 @@ def conv_pad(imp: Importer, node: OnnxNode) -> str:
     for k, a in enumerate(axes):
         pairs[_axis(node, a, r)] = [pads[k], pads[k + len(axes)]]
     if mode == "constant":
-        value = imp.const(node.input(2), "constant_value").reshape(()).item() if node.input(2) else 0
+        value = imp.const(node.input(2), "constant_value", "E1010").reshape(()).item() if node.input(2) else 0
         return imp.emit("Pad", [x], pads=pairs, value=value)
     for a, (lo, hi) in enumerate(pairs):
         if lo or hi:
