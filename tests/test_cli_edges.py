@@ -53,8 +53,9 @@ def test_debug_levels(level, monkeypatch, capsys):
         assert err == ""
 
 
-def test_debug_cpu_stages_builds_and_kernel_times(monkeypatch, capsys):
+def test_debug_cpu_stages_builds_and_kernel_times(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("KUMIKO_DEBUG", "2")
+    monkeypatch.setenv("KUMIKO_CACHE", str(tmp_path))    # a build of its own (not a module this process loaded)
     assert main(["run", GEMM, *SMALL]) == 0
     err = capsys.readouterr().err
     assert "kumiko: stage build (C, gcc): " in err and "kumiko: build_c gemm_bias_relu: " in err
@@ -63,8 +64,9 @@ def test_debug_cpu_stages_builds_and_kernel_times(monkeypatch, capsys):
     assert "kumiko: plan " not in err
 
 
-def test_debug_emulator_build_and_launch_times(monkeypatch, capsys):
+def test_debug_emulator_build_and_launch_times(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("KUMIKO_DEBUG", "2")
+    monkeypatch.setenv("KUMIKO_CACHE", str(tmp_path))
     assert main(["run", GEMM, *SMALL, "--target", "cuda-emu"]) == 0
     err = capsys.readouterr().err
     assert "kumiko: build_emu gemm_bias_relu (deferred+round_robin): " in err
