@@ -93,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.out:
         import io
 
-        from kumiko.runtime.files import write_file
+        from kumiko.util.files import write_file
         buf = io.BytesIO()
         np.savez(buf, **outputs)
         write_file(Path(args.out), buf.getvalue(), "the outputs")

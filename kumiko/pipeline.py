@@ -31,10 +31,10 @@ from kumiko.poly import report as poly_report
 from kumiko.region import form_regions
 from kumiko.region.draw import draw_program
 from kumiko.region.serial import program_json
-from kumiko.runtime.files import safe_stem, write_file
 from kumiko.tiny import ir as tiny_ir
 from kumiko.tiny.ir import TinyGraph
 from kumiko.util.drawing import Cluster, Drawing, render_dot, to_svg
+from kumiko.util.files import safe_stem, write_file
 from kumiko.util.log import enabled, log
 
 

@@ -216,3 +216,22 @@ def test_big_graph_prints_its_ends_and_a_count():
     assert len(lines) == 1 + 2 * ends + 1 + 1
     assert lines[1 + ends] == f"  ... {len(g.nodes) - 2 * ends} more ops ..."
     assert lines[-2].endswith("-> y: fp32[M, 4]") and lines[-1] == f"  ({len(g.nodes)} ops)"
+
+
+def test_an_option_a_target_does_not_take_is_a_diagnostic():
+    """Target factories no longer swallow unknown options (``**_``): a typo is E1010 naming the options."""
+    g = kumiko.load(GEMM)
+    with pytest.raises(KumikoError) as e:
+        kumiko.compile(g, "cpu", tunee=True)
+    assert e.value.code == "E1010" and "tunee" in e.value.why and "tune" in e.value.suggestion
+    with pytest.raises(KumikoError) as e:
+        kumiko.compile(g, "eval", shapes={"M": 4})
+    assert e.value.code == "E1010"
+    with pytest.raises(KumikoError) as e:
+        kumiko.compile(g, "nowhere")
+    assert e.value.code == "E1501"
+
+
+def test_tune_on_a_gpu_target_is_refused_not_ignored(capsys):
+    assert main(["compile", GEMM, "--target", "cuda-emu", "--tune"]) == 2
+    assert "E1010" in capsys.readouterr().err

@@ -13,7 +13,7 @@ import pytest
 from kumiko.cli import main
 from kumiko.pipeline import dump_path
 from kumiko.runtime.cpu import forget_loaded
-from kumiko.runtime.files import safe_stem
+from kumiko.util.files import safe_stem
 
 GEMM = str(Path(__file__).parents[1] / "examples" / "gemm_bias_relu.json")
 SMALL = ["--shapes", "M=8,N=8,K=8"]

@@ -22,6 +22,9 @@ the ``cuda`` target then builds ``fallback_gpu_plan``'s next plan down instead.
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.gpu_mma import RELEASES, mma_operand_dtype, probe, ring_release
 from kumiko.kernel.gpu_simt import simt_binding
@@ -29,11 +32,29 @@ from kumiko.kernel.gpu_verify import MAX_REGISTERS, SMEM_LIMIT
 from kumiko.plan.plan import Plan, make_plan
 from kumiko.region.srnf import epilogue
 from kumiko.region.ssa import Region
-from kumiko.runtime.ptxas import KernelResources
 from kumiko.symbolic import prod
 
 GPU_ARCHS = ("sm80", "sm90")
 SIMT_BINDINGS = ("thread", "warp")
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What ptxas reports for one function (entry kernels and device functions alike)."""
+
+    name: str
+    arch: str = ""
+    entry: bool = False
+    registers: int = 0
+    barriers: int = 0
+    smem: int = 0                 # static shared memory bytes (dynamic smem is a launch parameter)
+    stack_frame: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    cmem: dict[int, int] = field(default_factory=dict)  # constant bank -> bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def mma_threads(tile: tuple, warp_tile: str) -> int:

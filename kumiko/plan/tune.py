@@ -21,7 +21,7 @@ from kumiko.plan.cost import Machine, candidates, estimate, machine_from_feature
 from kumiko.plan.plan import Plan
 from kumiko.region.serial import region_json
 from kumiko.region.ssa import Program, Region
-from kumiko.runtime.files import cache_root, publish_entry
+from kumiko.util.files import cache_root, publish_entry
 
 
 def shape_cluster(env: Mapping[str, int]) -> str:

@@ -29,8 +29,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kumiko.diagnostics import KumikoError
-from kumiko.runtime.files import cache_root, clear_path, file_error, forget_roots, publish_entry, safe_stem
 from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
+from kumiko.util.files import cache_root, clear_path, file_error, forget_roots, publish_entry, safe_stem
 from kumiko.util.log import log
 
 CC = "gcc"

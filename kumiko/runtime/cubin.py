@@ -34,9 +34,9 @@ from typing import Sequence
 
 from kumiko.diagnostics import KumikoError
 from kumiko.runtime.cpu import header_digest
-from kumiko.runtime.files import cache_root, clear_path, publish_entry, safe_stem
 from kumiko.runtime.ptxas import INCLUDE_DIR, KernelResources, nvcc_path, parse_ptxas_report
 from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
+from kumiko.util.files import cache_root, clear_path, publish_entry, safe_stem
 from kumiko.util.log import log
 
 #: flags of every cubin build (``-std`` as the nvcc compile checks use). No ``-lineinfo`` by default: it

@@ -37,8 +37,8 @@ import numpy as np
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.gpu_verify import SMEM_LIMIT  # the shared memory of the GPU the emulation stands in for
 from kumiko.runtime import emu_worker
-from kumiko.runtime.files import cache_root, clear_path, file_error, write_file
 from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
+from kumiko.util.files import cache_root, clear_path, file_error, write_file
 from kumiko.util.log import log
 
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"

@@ -16,34 +16,16 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kumiko.diagnostics import KumikoError
-from kumiko.runtime.files import safe_stem
+from kumiko.plan.gpu import KernelResources  # noqa: F401  (the report record; re-exported)
 from kumiko.runtime.toolchain import build_dir, run_tool
+from kumiko.util.files import safe_stem
 
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"
-
-
-@dataclass(frozen=True)
-class KernelResources:
-    """What ptxas reports for one function (entry kernels and device functions alike)."""
-
-    name: str
-    arch: str = ""
-    entry: bool = False
-    registers: int = 0
-    barriers: int = 0
-    smem: int = 0                 # static shared memory bytes (dynamic smem is a launch parameter)
-    stack_frame: int = 0
-    spill_stores: int = 0
-    spill_loads: int = 0
-    cmem: dict[int, int] = field(default_factory=dict)  # constant bank -> bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 _COMPILING = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")

@@ -30,10 +30,10 @@ from kumiko.region.ssa import Program
 from kumiko.render.cuda import render_cuda
 from kumiko.runtime.arena import ALIGN
 from kumiko.runtime.emu import CONFIGS, EmuConfig, EmuModule, build
-from kumiko.runtime.files import safe_stem
 from kumiko.runtime.program import CpuProgram, program_symbols, region_steps
 from kumiko.symbolic import dim_eval, prod
 from kumiko.tiny.ir import TinyGraph
+from kumiko.util.files import safe_stem
 from kumiko.util.log import enabled, log, stage
 
 #: ``emu=`` option -> emulator configuration

@@ -70,3 +70,22 @@ def test_a_run_time_gather_builds_and_reports_a_bad_index(tmp_path, gpu_cache):
         prog({"table": table, "ids": bad}, {})
     assert e.value.code == "E1015"
     np.testing.assert_array_equal(prog({"table": table, "ids": good}, {})["y"], table[[3, 1]])  # reset per run
+
+
+def test_emulated_modules_give_their_thread_stacks_back():
+    """Fiber stacks stayed mapped per loaded module (two mappings per thread of its largest block): a few
+    hundred emulated programs in one process hit the mapping limit. Now a module keeps a handful."""
+    def mappings() -> int:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+
+    from kumiko import Tensor
+    before = None
+    for k in range(3):
+        x = Tensor.input("x", (300, 5 + k))                 # 256-thread blocks: 512 mappings of stacks each
+        exe = kumiko.compile((x.relu() * (k + 2)).sum(1).graph("y"), "cuda-emu")
+        xv = np.random.default_rng(k).standard_normal((300, 5 + k), dtype=np.float32)
+        np.testing.assert_allclose(exe(x=xv)["y"], np.maximum(xv, 0).sum(1) * (k + 2), rtol=1e-5)
+        if before is None:
+            before = mappings()
+    assert mappings() - before < 100
