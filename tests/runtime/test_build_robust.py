@@ -18,9 +18,10 @@ from kumiko.plan import tune as tuning
 from kumiko.plan.choose import choose_plans
 from kumiko.plan.cost import Machine, candidates
 from kumiko.region import form_regions
+from kumiko.runtime import toolchain
 from kumiko.runtime.cpu import DEFAULT_FLAGS, build_c, cache_key, compiler_version, cpu_features, forget_loaded
 from kumiko.runtime.program import program_symbols
-from kumiko.util import files, toolchain
+from kumiko.util import files
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 ANSWER = "KUMIKO_KERNEL answer(void** bufs, const long long* syms) { (void)bufs; (void)syms; return %d; }\n"
