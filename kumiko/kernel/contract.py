@@ -132,7 +132,9 @@ def find_contraction(lo: CpuLowering) -> Contraction | None:
             continue
         others = [x2 for x2 in r.lets if x2.name != let.name]
         full = len(lo.iters)
-        pointwise = lo.types[let.name].axes == tuple(a.name for a in r.iters) and all(
+        unit = {a.name for a in r.iters if lo.sizes.get(a.name) == 1}     # points compare modulo size-1 axes
+        pointwise = tuple(a for a in lo.types[let.name].axes if a not in unit) == tuple(
+            a.name for a in r.iters if a.name not in unit) and all(
             lo.level(o.name) == full and not _has(o.expr, (Reduce,)) and all(
                 not red for _, red in let_refs(o.expr)) for o in others) and r.lets.index(let) == 0
         if outer is not None and not pointwise:
@@ -278,6 +280,9 @@ class ContractionLowering(PanelPacking):
                    Decl("const long long", "kk_N", self.size(B.rows)),
                    Decl("const long long", "kk_K", self.size(k_axes)),
                    Decl("const long long", "kk_Mp", f"(kk_M + {mr - 1}) / {mr} * {mr}")]
+        # a size-1 iter that no operand reads is none of batch, M or N: it is 0 wherever the epilogue uses it
+        s += [Decl("const long long", a.name, "0") for a in lo.r.iters
+              if lo.sizes.get(a.name) == 1 and a.name not in c.batch + A.rows + B.rows]
         if win:       # N blocks and thread ranges hold whole window groups (the N axes from the first window axis in)
             first = min(B.rows.index(a.name) for a in c.outer.axes)
             s += [Decl("const long long", "kk_G", f"{self.size(B.rows[first:])} > 0 ? {self.size(B.rows[first:])} : 1"),
