@@ -357,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="compile a graph and run it on inputs (random ones when none are given)",
                        description="Compile FILE for a target and run it. Without --inputs, fresh random inputs "
                        "are made from the signature (sizes from --shapes, else the file's 'symbols').")
-    r.add_argument("file", help="graph file (.json frontend graph, Tiny IR dump, or .kumiko DSL)")
+    r.add_argument("file", help="graph file (.json frontend graph, Tiny IR dump, .kumiko DSL or .onnx model)")
     r.add_argument("--target", default=DEFAULT_TARGET, help=f"where to run (default {DEFAULT_TARGET}; {targets})")
     r.add_argument("--inputs", help=".npz with one array per signature input name")
     r.add_argument("--shapes", help="sizes for symbolic dims, e.g. M=128,N=64 (overrides the file's defaults)")

@@ -64,15 +64,27 @@ def _check_options(target: str, factory: Callable, options: Mapping[str, object]
 
 
 def load(path: str | Path) -> Graph | TinyGraph:
-    """Load a graph file: frontend JSON (seed 001 §2.2) or a dumped Tiny IR (``{"uops": ...}``)."""
+    """Load a graph file: frontend JSON (seed 001 §2.2), a dumped Tiny IR (``{"uops": ...}``), a ``.kumiko``
+    program or an ONNX model (``.onnx``; its initializers become the Graph's ``params``)."""
     p = Path(path)
+    if p.suffix == ".onnx":
+        try:
+            import onnx  # noqa: F401
+
+            from kumiko.frontend.onnx_import import from_onnx
+        except ImportError:
+            raise KumikoError("E1501", at=str(p), why="importing an ONNX model needs the onnx package",
+                              suggestion="pip install onnx") from None
+        with stage(f"load {p.name} (import the ONNX model, lower to Tiny IR)"):
+            return from_onnx(p)
     try:
         text = p.read_text()
     except OSError as e:
         raise KumikoError("E1502", at=str(p), why=f"cannot read the file: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise KumikoError("E1009", at=str(p), why=f"not a UTF-8 text file ({e.reason} at byte {e.start})",
-                          suggestion="Give a JSON graph file, a Tiny IR dump or a .kumiko program.") from None
+                          suggestion="Give a JSON graph file, a Tiny IR dump, a .kumiko program or an .onnx "
+                          "model.") from None
     with stage(f"load {p.name} (parse, check, lower to Tiny IR)"):
         if p.suffix == ".kumiko":
             try:

@@ -134,3 +134,26 @@ def test_dtype_retypes_dumps(capsys):
     assert main(["dump", GEMM, "--stage", "frontend", "--dtype", "fp16"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert {t["dtype"] for t in d["tensors"].values()} == {"fp16"}
+
+
+def test_run_and_compile_take_an_onnx_model(tmp_path, capsys):
+    """``kumiko run/compile model.onnx``: the initializers are the weights (was E1009, not a UTF-8 file)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"]), h.make_node("Relu", ["y"], ["z"])], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [2, 4])],
+                     [h.make_tensor_value_info("z", TP.FLOAT, [2, 3])], [nh.from_array(w, "w")])
+    model = tmp_path / "m.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), model)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    ins, out = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(ins, x=x)
+    assert main(["run", str(model), "--inputs", str(ins), "--out", str(out), "--check"]) == 0
+    with np.load(out) as z:
+        np.testing.assert_allclose(z["z"], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-6)
+    assert main(["compile", str(model), "--dump", "region", "--out", str(tmp_path / "d")]) == 0
+    assert list((tmp_path / "d").glob("*.region.json"))
