@@ -26,6 +26,14 @@ class DType:
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
 
+    def __reduce__(self):
+        # the dtypes are singletons (compared with ``is``): pickling and deep copies give the same object back
+        return (_by_name, (self.name,))
+
+
+def _by_name(name: str) -> "DType":
+    return ALL[name]
+
 
 fp16 = DType("fp16", np.dtype(np.float16), 2, True, False, "half")
 bf16 = DType("bf16", np.dtype(ml_dtypes.bfloat16), 2, True, False, "bfloat16")

@@ -486,7 +486,7 @@ def build_graph(outputs: Mapping[str, Tensor], name: str = "main", symbols: Mapp
             stack.extend((s, False) for s in reversed(t.srcs) if isinstance(s, Tensor) and id(s) not in state)
     out_name = {id(t): n for n, t in outputs.items()}
     names: dict[int, str] = {}
-    inputs, tensors, nodes = [], {}, []
+    inputs, tensors, nodes, params = [], {}, [], {}
     used: set[str] = set()
     for t in order:
         nm = out_name.get(id(t), t.name)
@@ -497,11 +497,13 @@ def build_graph(outputs: Mapping[str, Tensor], name: str = "main", symbols: Mapp
         if t.op is None:
             inputs.append(SigInput(nm, t.role, "immutable", t.storage))
             tensors[nm] = t.type
+            if t.role == "param" and t.data is not None:     # bound by compile, like ONNX initializers
+                params[nm] = t.data
         else:
             nodes.append(OpNode(t.op, f"{t.op.lower()}_{len(nodes)}",
                                 tuple(names[id(s)] if isinstance(s, Tensor) else s for s in t.srcs), (nm,),
                                 FrozenDict({k: _freeze(v) for k, v in t.attrs.items()})))
-    return Graph.make(inputs, list(outputs), tensors, nodes, symbols, name)
+    return Graph.make(inputs, list(outputs), tensors, nodes, symbols, name, params=params)
 
 
 def _freeze(v: Any) -> Any:

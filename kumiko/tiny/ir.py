@@ -48,6 +48,10 @@ class FrozenDict(dict):
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(tuple(sorted((k, _hashable(v)) for k, v in self.items())))
 
+    def __reduce__(self):
+        # rebuilt from its items (pickle's default fills an empty dict item by item, which mutation refuses)
+        return (type(self), (dict(self),))
+
 
 def _hashable(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
