@@ -55,12 +55,12 @@ def target_factory(name: str) -> Callable[..., Callable]:
 
 def _check_options(target: str, factory: Callable, options: Mapping[str, object]) -> None:
     """An option the target does not take is a diagnostic, never silently ignored."""
-    params = inspect.signature(factory).parameters
-    unknown = sorted(set(options) - set(list(params)[1:]))
+    params = [p for p in inspect.signature(factory).parameters if p != "constants"]   # compile binds those
+    unknown = sorted(set(options) - set(params[1:]))
     if unknown:
         raise KumikoError("E1010", at=f"compile (target {target})", why=f"target {target!r} has no option"
                           f"{'s' * (len(unknown) > 1)} {', '.join(unknown)}",
-                          suggestion=f"its options: {', '.join(list(params)[1:]) or 'none'}")
+                          suggestion=f"its options: {', '.join(params[1:]) or 'none'}")
 
 
 def load(path: str | Path) -> Graph | TinyGraph:
@@ -113,14 +113,20 @@ class Executable:
         factory = target_factory(target)
         _check_options(target, factory, options)
         self.tiny = to_tiny(program)
-        #: values for param inputs the caller may leave out (a Graph's ``params``, e.g. ONNX initializers)
-        self.params = dict(program.params) if isinstance(program, Graph) else {}
         #: fp32 inputs that also take float64 arrays (an imported ONNX model's DOUBLE inputs)
         self.fp64_inputs = program.fp64_inputs if isinstance(program, Graph) else frozenset()
         self._in_dtypes = {t: self.tiny.nodes[nid].dtype for t, nid in self.tiny.inputs}
+        #: the constant pool: values for param inputs the caller may leave out (a Graph's ``params``, e.g. ONNX
+        #: initializers), bound once. Each is the Executable's own read-only C-contiguous copy in the input's
+        #: dtype, so a target may prepare it once (the cpu target packs weights into its micro-kernel's panels)
+        #: and trust it for every call that does not pass another array in its place.
+        self.params = {k: self._constant(k, v) for k, v in
+                       (program.params.items() if isinstance(program, Graph) else ())}
         self.target = target
         if isinstance(program, Graph):   # a Graph lowers as it is made: its time is in load's (or the caller's)
             log(1, f"stage frontend->tiny: done when the Graph was made ({len(self.tiny.nodes)} Tiny IR nodes)")
+        if "constants" in inspect.signature(factory).parameters:
+            options = {**options, "constants": self.params}
         with stage(f"compile {self.tiny.name} for {target}"):
             self._run = factory(self.tiny, **options)
         report_compile(program, self._run, target)     # KUMIKO_DEBUG's kernels, plans, source, IRs; KUMIKO_DUMP
@@ -153,6 +159,12 @@ class Executable:
         out = self._run(inputs, env)
         # an output that is an input of the same name is not computed by any kernel: return a copy
         return {name: out[name] if name in out else np.array(inputs[name], copy=True) for name in self.output_names}
+
+    def _constant(self, name: str, value) -> np.ndarray:
+        arr = self._narrow(name, np.array(value, copy=True, order="C"))
+        arr = arr if arr.flags.c_contiguous and arr.flags.owndata else np.ascontiguousarray(arr).copy()
+        arr.setflags(write=False)
+        return arr
 
     def _narrow(self, name: str, arr: np.ndarray) -> np.ndarray:
         """The one place a call's arrays are narrowed to kumiko's dtypes: int64 (numpy's default integer,
