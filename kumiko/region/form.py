@@ -24,7 +24,10 @@ stated, deterministic rules (each recorded in the region's notes for ``kumiko ex
 - R-gather   the data operand of a GATHER is read through a data-dependent index (non-SCoP): it must
              be a MemRef.
 - R-fanout   a value that several regions need is recomputed in each when it is cheap (no reduction,
-             no gather below it), else materialised once. Inside one region a value is never
+             no gather below it) and narrow (it reads at most ``MAX_RECOMPUTE_READS`` tensors of
+             comparable size), else materialised once. Without the width bound a transformer's residual
+             stream, an add chain through every layer, was recomputed from all of its terms in every
+             LayerNorm: quadratic in the depth. Inside one region a value is never
              recomputed: the same (value, index) is one shared let (seed 001 §6.7.6).
 - R-reshape  a reshape that merges symbolic axes has no affine inverse: its source is materialised and
              read through its flat row-major offset.
@@ -46,6 +49,8 @@ body a top-level let (the seed 001 §6.8.3 form), instead of materialising the b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from kumiko import dtypes
 from kumiko.region.index import injective, move_index
@@ -79,6 +84,9 @@ _BINARY = {"ADD": "add", "SUB": "sub", "MUL": "mul", "FDIV": "div", "MAX": "max"
            "CMPLT": "lt", "CMPLE": "le", "CMPEQ": "eq", "CMPNE": "ne"}
 
 
+#: the most tensors of comparable size (at least 1/8 of the value's elements) a value recomputed in several
+#: regions may read (R-fanout)
+MAX_RECOMPUTE_READS = 2
 #: the most nested inlinings one region holds (R-depth); real regions stay far below (attention: ~30)
 MAX_DEPTH = 96
 #: the most terms (floor numerators included) one source index of a movement op may have (R-index);
@@ -178,6 +186,7 @@ class Former:
         for t, nid in self.outputs:
             self.roots.setdefault(nid, ("R-out", f"graph output {t}", False))
         self._cheap: dict[str, bool] = {}
+        self._wide: dict[str, frozenset | None] = {}     # nid -> the comparable tensors it reads; None: too many
         self._poly: dict = {}
         self._view = None
         self.fused_by_poly: list[str] = []
@@ -479,13 +488,16 @@ class Former:
             except NeedsRoot as e:
                 self.roots[e.nid] = (e.rule, e.why, e.deferred)
                 self._cheap.clear()
+                self._wide.clear()
                 continue
             fan = self._fanout(built)
             if fan is None:
                 return self._program(built)
-            self.roots[fan] = ("R-fanout", f"{fan} holds a reduction and is needed by several kernels: "
-                               "materialised once", False)
+            self.roots[fan] = ("R-fanout", f"{fan} is needed by several kernels and holds a reduction or reads "
+                               f"more than {MAX_RECOMPUTE_READS} tensors of its size (itself or the value its chain of "
+                               "single consumers starts from): materialised once", False)
             self._cheap.clear()
+            self._wide.clear()
         raise RuntimeError("region formation did not converge")
 
     def _fanout(self, built) -> str | None:
@@ -495,9 +507,67 @@ class Former:
                 if nid != b.root:
                     count[nid] = count.get(nid, 0) + 1
         for nid in self.g.nodes:
-            if count.get(nid, 0) > 1 and not self.cheap(nid):
-                return nid
+            if count.get(nid, 0) > 1 and (not self.cheap(nid) or self.reads(nid) is None):
+                return self._fanout_top(nid)
         return None
+
+    def _fanout_top(self, nid: str) -> str:
+        """Where to materialise a fanned-out value: up its chain of single consumers that compute the same
+        number of elements from it (a GEMM's bias and residual adds: they then run in its epilogue, and the
+        consumers read one tensor instead of recomputing the chain)."""
+        def numel(k: str):
+            return self.g.nodes[k].shape and int(np.prod([d if isinstance(d, int) else -1
+                                                            for d in self.g.nodes[k].shape]))
+        top = nid
+        while len(self.users.get(top, ())) == 1 and top not in self.out_names:
+            (u,) = self.users[top]
+            n = self.g.nodes[u]
+            if u in self.roots or n.uop in ("REDUCE", "GATHER") or numel(u) != numel(top) or numel(u) < 0:
+                break
+            top = u
+        return top
+
+    def reads(self, nid: str) -> frozenset | None:
+        """The materialised tensors of comparable size (at least 1/8 of ``nid``'s elements; a symbolic size
+        counts) that computing ``nid`` reads, or None when there are more than ``MAX_RECOMPUTE_READS``.
+        Iterative and memoized like ``cheap``."""
+        def numel(k: str):
+            total = 1
+            for d in self.g.nodes[k].shape:
+                if not isinstance(d, int):
+                    return None
+                total *= d
+            return total
+
+        def comparable(leaf: str, top: str) -> bool:
+            a, b = numel(leaf), numel(top)
+            return a is None or b is None or 8 * a >= b
+
+        stack = [nid]
+        while stack:
+            top = stack[-1]
+            if top in self._wide:
+                stack.pop()
+                continue
+            n = self.g.nodes[top]
+            if top != nid and (top in self.roots or n.uop == "INPUT"):
+                self._wide[top] = frozenset([top])
+                stack.pop()
+                continue
+            todo = [s for s in n.refs if s not in self._wide]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            got: set | None = set()
+            for s in n.refs:
+                sub = self._wide[s]
+                if sub is None:
+                    got = None
+                    break
+                got |= {x for x in sub if comparable(x, top)}
+            self._wide[top] = None if got is None or len(got) > MAX_RECOMPUTE_READS else frozenset(got)
+        return self._wide[nid]
 
     def _order(self) -> list[str]:
         return [nid for nid in self.g.nodes if nid in self.roots]

@@ -234,3 +234,32 @@ def test_conv_then_global_mean_over_unit_batch_runs_packed(n):
     ins = exe.random_inputs(2)
     assert _rel(exe(**ins)["y"], ref(**ins)["y"]) < 1e-5
     assert [p.algo for p in exe._run.plans.values()] == ["packed"]
+
+
+def _residual_stack(layers: int, d: int = 16, rows: int = 6):
+    """A pre-LayerNorm residual stream: h = h + relu(layernorm(h) @ W_l + b_l) @ V_l, ``layers`` times."""
+    rng = np.random.default_rng(5)
+    h = Tensor.input("x", [rows, d])
+    for k in range(layers):
+        w = Tensor(rng.standard_normal((d, 2 * d)).astype(np.float32) * 0.3, name=f"w{k}", role="param")
+        b = Tensor(rng.standard_normal(2 * d).astype(np.float32) * 0.1, name=f"b{k}", role="param")
+        v = Tensor(rng.standard_normal((2 * d, d)).astype(np.float32) * 0.3, name=f"v{k}", role="param")
+        h = h + ((h.layernorm(-1) @ w) + b).relu() @ v
+    return h.graph("y")
+
+
+@pytest.mark.parametrize("layers", [3, 8])
+def test_a_residual_stream_is_not_recomputed_in_every_layer(layers):
+    """The residual adds are cheap, but recomputing the stream from all of its terms in every layer's
+    LayerNorm made each kernel read one more tensor per layer (GPT-2: quadratic in depth). R-fanout bounds
+    what a recomputed value may read; every kernel reads a bounded number of activations."""
+    g = _residual_stack(layers)
+    p = _check_playback(g)
+    act = {n for n, m in p.buffers} | {"x"}
+    widest = max(sum(1 for n, _ in r.inputs if n in act) for r in p.regions)
+    assert widest <= 3, [(r.name, [n for n, _ in r.inputs if n in act]) for r in p.regions]
+    assert len(p.regions) <= 4 * layers + 1
+    ref = kumiko.compile(g, target="eval")
+    exe = kumiko.compile(g, target="cpu")
+    ins = exe.random_inputs(3)
+    assert _rel(exe(**ins)["y"], ref(**ins)["y"]) < 1e-5
