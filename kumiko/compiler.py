@@ -131,6 +131,14 @@ class Executable:
             self._run = factory(self.tiny, **options)
         report_compile(program, self._run, target)     # KUMIKO_DEBUG's kernels, plans, source, IRs; KUMIKO_DUMP
         self._sizes_ok: set = set()      # sizes check_sizes passed (bind)
+        # the constants are checked once, here: a call that passes the bound arrays themselves skips their
+        # checks (a network's weights are most of its inputs: ResNet-50 has 161)
+        try:
+            self._const_env = bind_symbols(self.tiny, self.params)
+            check_inputs(self.tiny, self.params, self._const_env, partial=True)
+            self._trusted = frozenset(self.params)
+        except KumikoError:               # reported at the call that uses them, as for any input
+            self._const_env, self._trusted = {}, frozenset()
 
     @property
     def input_names(self) -> list[str]:
@@ -141,8 +149,13 @@ class Executable:
         return [t for t, _ in self.tiny.outputs]
 
     def bind(self, inputs: Mapping[str, np.ndarray], shapes: Mapping[str, int] | None = None) -> dict[str, int]:
-        env = bind_symbols(self.tiny, inputs, shapes)
-        check_inputs(self.tiny, inputs, env)
+        trusted = frozenset(k for k in self._trusted if inputs.get(k) is self.params[k])
+        if trusted:
+            fresh = {k: v for k, v in inputs.items() if k not in trusted}
+            env = bind_symbols(self.tiny, fresh, {**self._const_env, **(shapes or {})})
+        else:
+            env = bind_symbols(self.tiny, inputs, shapes)
+        check_inputs(self.tiny, inputs, env, trusted=trusted)
         if self.target != "eval":        # compiled kernels trust these; the evaluator checks as it runs
             key = tuple(sorted(env.items()))
             if key not in self._sizes_ok:        # they depend on the sizes only: once per set of sizes
@@ -153,8 +166,7 @@ class Executable:
         return env
 
     def __call__(self, **inputs: np.ndarray) -> dict[str, np.ndarray]:
-        inputs = {**self.params, **inputs}
-        inputs = {k: self._narrow(k, np.asarray(v)) for k, v in inputs.items()}
+        inputs = {**self.params, **{k: self._narrow(k, np.asarray(v)) for k, v in inputs.items()}}
         env = self.bind(inputs)
         out = self._run(inputs, env)
         # an output that is an input of the same name is not computed by any kernel: return a copy

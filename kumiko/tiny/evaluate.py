@@ -57,14 +57,19 @@ def bind_symbols(g: TinyGraph, inputs: Mapping[str, np.ndarray], given: Mapping[
     return env
 
 
-def check_inputs(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> None:
+def check_inputs(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[str, int], *,
+                 trusted: frozenset = frozenset(), partial: bool = False) -> None:
+    """Every input is given, none is extra, each has its dtype and its shape under ``env``. ``trusted``: names
+    whose arrays were checked before (an Executable's constants); ``partial``: check only those given."""
     names = [t for t, _ in g.inputs]
-    missing = [t for t in names if t not in inputs]
+    missing = [] if partial else [t for t in names if t not in inputs]
     extra = [t for t in inputs if t not in names]
     if missing or extra:
         raise KumikoError("E1015", at="inputs", why=(f"missing {missing} " if missing else "") +
                           (f"unexpected {extra}" if extra else ""), expected=names)
     for tensor, nid in g.inputs:
+        if tensor in trusted or tensor not in inputs:
+            continue
         n = g.nodes[nid]
         arr = inputs[tensor]
         if dtypes.from_numpy(arr.dtype) is not n.dtype:
