@@ -26,6 +26,10 @@
  *                kv_any, kv_hmax_nan, kv_hmin_nan (horizontal max/min of a vector accumulator whose NaN
  *                lanes were tracked in a mask), kv_mask_broadcast, kv_load_bool, kv_store_bool (bool
  *                storage <-> kvi_t masks), kv_affine_ge, kv_affine_eq (lane masks of an affine guard)
+ *   masked and strided lanes (split window loops)
+ *                kv_iota, kv_load_mask, kv_store_mask, kv_load_stride (stride 2 deinterleaves, others gather),
+ *                kv_load_stride_mask, kv_load_f16_sm / kv_load_bf16_sm / kv_load_bool_sm (strided, masked),
+ *                kv_store_f16_mask, kv_store_bf16_mask, kv_store_bool_mask
  *
  * The vector width follows what the compiler targets (-march=native on the build machine):
  * AVX-512F -> 16 floats, AVX/AVX2 -> 8, otherwise 4 (SSE, NEON, or GCC's generic lowering).
@@ -506,5 +510,127 @@ KUMIKO_INLINE kvi_t kv_affine_lanes(long long c, long long k) {
 }
 KUMIKO_INLINE kvi_t kv_affine_ge(long long c, long long k) { return kv_affine_lanes(c, k) >= 0; }
 KUMIKO_INLINE kvi_t kv_affine_eq(long long c, long long k) { return kv_affine_lanes(c, k) == 0; }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* masked and strided lanes (index-set split loops: the border iterations of a window over a padded */
+/* axis, strided windows). A mask is a kvi_t of 0 / -1 per lane; a lane whose mask is 0 touches no */
+/* memory (its address may lie outside the buffer) and loads as 0. s is the element stride of the  */
+/* lanes (a constant after inlining, |s| < 2^20).                                                    */
+
+#if defined(__AVX512F__)
+KUMIKO_INLINE __mmask16 kv_kmask(kvi_t m) { return _mm512_cmplt_epi32_mask((__m512i)m, _mm512_setzero_si512()); }
+#endif
+
+/* the constant 0, 1, ..., KUMIKO_VW - 1 */
+KUMIKO_INLINE kvi_t kv_iota(void) {
+#if KUMIKO_VW == 16
+    const kvi_t iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#elif KUMIKO_VW == 8
+    const kvi_t iota = {0, 1, 2, 3, 4, 5, 6, 7};
+#else
+    const kvi_t iota = {0, 1, 2, 3};
+#endif
+    return iota;
+}
+
+KUMIKO_INLINE kv_t kv_load_mask(const float* p, kvi_t m) {
+#if defined(__AVX512F__)
+    return (kv_t)_mm512_maskz_loadu_ps(kv_kmask(m), p);
+#elif defined(__AVX__) && KUMIKO_VW == 8
+    return (kv_t)_mm256_maskload_ps(p, (__m256i)m);
+#else
+    kv_t r;
+    for (int i = 0; i < KUMIKO_VW; i++) r[i] = m[i] ? p[i] : 0.0f;
+    return r;
+#endif
+}
+
+KUMIKO_INLINE void kv_store_mask(float* p, kv_t v, kvi_t m) {
+#if defined(__AVX512F__)
+    _mm512_mask_storeu_ps(p, kv_kmask(m), (__m512)v);
+#elif defined(__AVX__) && KUMIKO_VW == 8
+    _mm256_maskstore_ps(p, (__m256i)m, (__m256)v);
+#else
+    for (int i = 0; i < KUMIKO_VW; i++)
+        if (m[i]) p[i] = v[i];
+#endif
+}
+
+/* p[0], p[s], ..., p[(KUMIKO_VW - 1) * s]. Stride 2 deinterleaves two loads (the second one masked, so
+ * nothing past p[2 * (KUMIKO_VW - 1)] is read); other strides gather. */
+KUMIKO_INLINE kv_t kv_load_stride(const float* p, long long s) {
+#if defined(__AVX512F__)
+    if (s == 2) {
+        const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        return (kv_t)_mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_maskz_loadu_ps(0x7fff, p + 16));
+    }
+    return (kv_t)_mm512_i32gather_ps((__m512i)(kv_iota() * (int32_t)s), p, 4);
+#elif defined(__AVX2__) && KUMIKO_VW == 8
+    if (s == 2) {
+        const __m256 a = _mm256_loadu_ps(p);
+        const __m256 b = _mm256_maskload_ps(p + 8, _mm256_set_epi32(0, -1, -1, -1, -1, -1, -1, -1));
+        return (kv_t)_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+    }
+    return (kv_t)_mm256_i32gather_ps(p, (__m256i)(kv_iota() * (int32_t)s), 4);
+#else
+    kv_t r;
+    for (int i = 0; i < KUMIKO_VW; i++) r[i] = p[i * s];
+    return r;
+#endif
+}
+
+/* Masked: stride 2 deinterleaves two loads whose masks are the lanes' mask spread to their even elements. */
+KUMIKO_INLINE kv_t kv_load_stride_mask(const float* p, long long s, kvi_t m) {
+#if defined(__AVX512F__)
+#if defined(__BMI2__)
+    if (s == 2) {
+        const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        const uint32_t e = _pdep_u32((uint32_t)kv_kmask(m), 0x55555555u);
+        return (kv_t)_mm512_permutex2var_ps(_mm512_maskz_loadu_ps((__mmask16)(e & 0xffffu), p), even,
+                                            _mm512_maskz_loadu_ps((__mmask16)(e >> 16), p + 16));
+    }
+#endif
+    return (kv_t)_mm512_mask_i32gather_ps(_mm512_setzero_ps(), kv_kmask(m), (__m512i)(kv_iota() * (int32_t)s), p, 4);
+#elif defined(__AVX2__) && KUMIKO_VW == 8
+    if (s == 2) {
+        const __m256i odd0 = _mm256_set_epi32(0, -1, 0, -1, 0, -1, 0, -1);
+        const __m256i lo = _mm256_and_si256(_mm256_permutevar8x32_epi32((__m256i)m, _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0)), odd0);
+        const __m256i hi = _mm256_and_si256(_mm256_permutevar8x32_epi32((__m256i)m, _mm256_set_epi32(7, 7, 6, 6, 5, 5, 4, 4)), odd0);
+        const __m256 a = _mm256_maskload_ps(p, lo), b = _mm256_maskload_ps(p + 8, hi);
+        return (kv_t)_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+    }
+    return (kv_t)_mm256_mask_i32gather_ps(_mm256_setzero_ps(), p, (__m256i)(kv_iota() * (int32_t)s), (__m256)m, 4);
+#else
+    kv_t r;
+    for (int i = 0; i < KUMIKO_VW; i++) r[i] = m[i] ? p[i * s] : 0.0f;
+    return r;
+#endif
+}
+
+/* 16-bit and bool storage: lanes p[i * s] where m is set (s = 1: contiguous), converted as the full-vector
+ * loads convert; stores write the lanes where m is set. */
+#define KUMIKO_LOAD_SM(NAME, T, FULL)                                                                  \
+    KUMIKO_INLINE kv_t NAME(const T* p, long long s, kvi_t m) {                                        \
+        T t[KUMIKO_VW];                                                                                \
+        for (int i = 0; i < KUMIKO_VW; i++) t[i] = m[i] ? p[i * s] : (T)0;                             \
+        return FULL(t);                                                                                \
+    }
+KUMIKO_LOAD_SM(kv_load_f16_sm, uint16_t, kv_load_f16)
+KUMIKO_LOAD_SM(kv_load_bf16_sm, uint16_t, kv_load_bf16)
+KUMIKO_INLINE kvi_t kv_load_bool_sm(const unsigned char* p, long long s, kvi_t m) {
+    kvi_t r;
+    for (int i = 0; i < KUMIKO_VW; i++) r[i] = (m[i] && p[i * s]) ? -1 : 0;
+    return r;
+}
+#define KUMIKO_STORE_MASK(NAME, T, V, FULL)                                                            \
+    KUMIKO_INLINE void NAME(T* p, V v, kvi_t m) {                                                      \
+        T t[KUMIKO_VW];                                                                                \
+        FULL(t, v);                                                                                    \
+        for (int i = 0; i < KUMIKO_VW; i++)                                                            \
+            if (m[i]) p[i] = t[i];                                                                     \
+    }
+KUMIKO_STORE_MASK(kv_store_f16_mask, uint16_t, kv_t, kv_store_f16)
+KUMIKO_STORE_MASK(kv_store_bf16_mask, uint16_t, kv_t, kv_store_bf16)
+KUMIKO_STORE_MASK(kv_store_bool_mask, unsigned char, kvi_t, kv_store_bool)
 
 #endif /* KUMIKO_CPU_H */

@@ -6,7 +6,8 @@ stored as ``uint16_t`` and computed in ``float``; bool is stored as ``unsigned c
 
 The ``v*`` functions are the vector spellings the CPU loop nest uses for a loop over a contiguous axis
 (``kumiko_cpu.h``'s ``kv_t``: KUMIKO_VW float lanes; bools become ``kvi_t`` lane masks of 0 / -1).
-They return None where a value has no vector form; the loop then stays scalar.
+They return None where a value has no vector form; the loop then stays scalar. Loads may be strided
+(a gather, or a deinterleave for stride 2) and masked (the border iterations of an index-set split loop).
 """
 from __future__ import annotations
 
@@ -223,14 +224,26 @@ def vbroadcast(v: str, kind: str) -> str:
     return f"kv_broadcast({v})" if kind == "f" else f"kv_mask_broadcast({v})"
 
 
-def vload(buf: str, off: str, dt: dtypes.DType) -> str | None:
-    """KUMIKO_VW consecutive elements from ``buf + off`` (None: no vector form for this storage)."""
+def vload(buf: str, off: str, dt: dtypes.DType, stride: int = 1, mask: str | None = None) -> str | None:
+    """KUMIKO_VW elements ``buf[off + l * stride]`` (consecutive by default); with a ``mask`` (a kvi_t) only
+    the lanes it sets are read, the others are 0 and touch no memory. None: no vector form for this storage."""
     fn = _VLOAD.get(dt.name)
-    return f"{fn}({buf} + {off})" if fn else None
+    if fn is None:
+        return None
+    p = f"{buf} + {off}"
+    if dt.name == "fp32":
+        if stride == 1:
+            return f"kv_load_mask({p}, {mask})" if mask else f"kv_load({p})"
+        return f"kv_load_stride_mask({p}, {stride}, {mask})" if mask else f"kv_load_stride({p}, {stride})"
+    if stride == 1 and mask is None:
+        return f"{fn}({p})"
+    return f"{fn}_sm({p}, {stride}, {mask or 'kv_mask_broadcast(1)'})"
 
 
-def vstore_fn(dt: dtypes.DType) -> str | None:
-    return _VSTORE.get(dt.name)
+def vstore_fn(dt: dtypes.DType, masked: bool = False) -> str | None:
+    """The helper that stores KUMIKO_VW consecutive lanes (``masked``: ``fn(p, v, mask)``, the set lanes only)."""
+    fn = _VSTORE.get(dt.name)
+    return f"{fn}_mask" if fn and masked else fn
 
 
 def vcast(v: str, src: dtypes.DType, to: dtypes.DType) -> str | None:

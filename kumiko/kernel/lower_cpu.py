@@ -10,13 +10,17 @@ used across loop instances - after its loop closed, or inside a reduction over o
 a thread-private scratch array over its axes that are not shared with all uses (a row buffer for the
 softmax above). Scratch arrays are allocated once per thread, not per row: the parallel nest becomes
 ``#pragma omp parallel { scratch; #pragma omp for ... }`` (a small constant-size array lives on the
-stack). Guarded branches (pads, tails) are ``if`` blocks, so an out-of-bounds address is never formed.
+stack). Guarded branches (pads, tails) are ``if`` blocks in scalar code, so an out-of-bounds address is
+never read (vector code reads such lanes with masked loads, which touch nothing for the lanes masked off).
 Contractions are handled faster by ``kumiko.kernel.contract`` when the plan asks for it.
 
-Vectors. An innermost loop over an axis whose every access is contiguous (or invariant) runs
-``KUMIKO_VW`` points at a time with ``kumiko_cpu.h``'s ``kv_t`` lanes, then a scalar tail loop; a
-reduction in scalar context is vectorised along its innermost axis. That half of the emitter is the
-``VectorEmitter`` mixin in ``kumiko.kernel.lower_vec`` (which says what vectorises and what stays scalar).
+Vectors. An innermost loop over an axis whose every access is contiguous, invariant or strided by a small
+constant runs ``KUMIKO_VW`` points at a time with ``kumiko_cpu.h``'s ``kv_t`` lanes, then a scalar tail
+loop; a loop whose padding guards vary along the lanes (a window: depthwise convolution, pooling) is split
+by index set instead: plain vector iterations over the interior where every guard holds, masked vector
+iterations on the borders. A reduction in scalar context is vectorised along its innermost axis. That half
+of the emitter is the ``VectorEmitter`` mixin in ``kumiko.kernel.lower_vec`` (which says what vectorises
+and what stays scalar).
 
 Vector code is only emitted by a plain ``CpuLowering`` in ``emit_items`` (the CPU target): subclasses
 that override the element emitters (the CUDA SIMT lowering, the stream row program) and the CUDA

@@ -13,8 +13,19 @@ points at a time with ``kumiko_cpu.h``'s ``kv_t`` lanes, then a scalar tail loop
 - a reduction inside a vector loop (over axes other than the loop's) reduces lane-wise;
 - exp2 is ``kv_exp2``, and the scalar code of these nests uses its scalar twin ``kumiko_exp2``, so
   vector lanes and tails agree bit for bit; bools are lane masks; an affine guard over the loop's axis is
-  a lane mask when its branches read no memory (a causal mask), else the loop stays scalar, as do loops
-  with a gather, a strided access, i32 or fp64 lanes.
+  a lane mask when its branches read no memory (a causal mask);
+- a read with a small constant stride along the axis (``MAX_LANE_STRIDE``: a strided window) is a gather
+  (stride 2: two loads deinterleaved); loops with a larger stride, a gather of data-dependent indices, a
+  strided store, i32 or fp64 lanes stay scalar.
+
+Index-set splitting. A guard over the lanes whose branches read memory (the padding of a window: ``x[i +
+r - 1]`` where ``0 <= i + r - 1 < W``) makes the loop three (``split_loop``): an interior range of the axis
+where every such constraint ``k*i + c(r, outer) >= 0`` holds for every point of the reductions in scope
+(``c`` at its weakest corner of their box), computed at run time from the outer loop indices; there the
+guard is statically true and dropped (plain, unaligned loads, no mask), and the vector iterations run
+from the interior's start; before and after it, border iterations are masked: their lanes past the range
+and the lanes a guard rejects touch no memory (masked loads and stores, ``kv_*_mask``), so no scalar code
+is left. A constraint that cannot be proven so (``==``, a non-affine bound) stays a lane mask there too.
 
 The mixin holds no state of its own: it reads and sets ``CpuLowering``'s (``_vctx``, ``_vnames``,
 ``red_axes``, ``storage``...) and calls its scalar emitters (``expr``, ``tmp``, ``trip``...). When to
@@ -50,16 +61,32 @@ from kumiko.symbolic import Expr
 MIN_VECTOR_TRIP = 4
 #: vector accumulators of a horizontal sum (independent dependency chains; the combine below assumes 4)
 SUM_ACCUMULATORS = 4
+#: the largest element stride of a vector load along the lanes: a window's stride (2 deinterleaves, others
+#: gather a few cache lines); a larger one (a transpose, a matrix-vector product along its rows) stays
+#: scalar, where a reduction along the contiguous axis vectorises instead
+MAX_LANE_STRIDE = 4
 
 
 class NotVector(Exception):
     """A value with no vector form along the loop's axis: the loop (or reduction) stays scalar."""
 
 
+class NeedSplit(NotVector):
+    """A guard over the lanes whose branches read memory, met by a plain vector loop: the loop is emitted
+    again, split (``VectorEmitter.split_loop``); elsewhere (a horizontal reduction) it stays scalar."""
+
+
 @dataclass
 class VectorCtx:
     var: str                   # the axis whose KUMIKO_VW consecutive points the lanes hold
     vlets: dict = field(default_factory=dict)   # let -> (kind, C variable) of lets held as vectors
+    #: "plain" (every lane a point, no lane guard reads memory), "interior" (the middle of a split loop:
+    #: lane constraints that hold on the whole interior are assumed) or "masked" (its borders: ``mask``)
+    mode: str = "plain"
+    mask: str | None = None    # a kvi_t: the lanes that may touch memory (None: all of them)
+    guarded: bool = False      # emitting a branch of a lane guard (``mask`` says which lanes take it)
+    assumed: list = field(default_factory=list)   # (lane coefficient, constraint at its weakest point)
+    red_trip: dict = field(default_factory=dict)  # reduce axis in scope -> its trip count
 
 
 def _reads_memory(e: RExpr) -> bool:
@@ -78,25 +105,100 @@ class VectorEmitter:
     and return None (the caller emits scalar code)."""
 
     def vector_loop(self, var: str, size, emit) -> list | None:
-        """``emit()``'s statements as a KUMIKO_VW-wide loop over ``var`` and a scalar tail loop, or None
-        when some value has no vector form (the caller emits the scalar loop)."""
+        """``emit()``'s statements as a KUMIKO_VW-wide loop over ``var`` and a scalar tail loop (or, when
+        a guard over the lanes reads memory, the split loops of ``split_loop``), or None when some value
+        has no vector form (the caller emits the scalar loop)."""
         n_const = Expr.lift(size).as_int()
         if n_const is not None and n_const < MIN_VECTOR_TRIP:
             return None
-        outer, red = self._vctx, list(self.red_axes)
-        ctx = self._vctx = VectorCtx(var)
         try:
-            body = emit()
+            body = self._vemit(VectorCtx(var), emit)
+        except NeedSplit:
+            return self.split_loop(var, size, emit)
         except NotVector:
             return None
-        finally:
-            self._vctx, self.red_axes = outer, red
-            self._vnames -= set(ctx.vlets)
+        red = list(self.red_axes)
         tail = emit()
         self.red_axes = red
         n = C.index(size, set())
         return [For(var, "0", f"{n} - (KUMIKO_VW - 1)", tuple(body), step="KUMIKO_VW"),
                 For(var, f"({n}) / KUMIKO_VW * KUMIKO_VW", n, tuple(tail), tail=True)]
+
+    def _vemit(self, ctx: VectorCtx, emit) -> list:
+        """``emit()`` with ``ctx`` as the vector loop being emitted (NotVector passes through)."""
+        outer, red = self._vctx, list(self.red_axes)
+        self._vctx = ctx
+        try:
+            return emit()
+        finally:
+            self._vctx, self.red_axes = outer, red
+            self._vnames -= set(ctx.vlets)
+
+    def split_loop(self, var: str, size, emit) -> list | None:
+        """The loop over ``var`` split by index set: masked vector iterations on [0, lo), plain ones from
+        lo for as many whole vectors as fit before hi, masked ones to the end. [lo, hi) is where every
+        lane constraint the interior body assumed holds (computed at run time: it may depend on the outer
+        loop indices); with no whole vector in it (or when masking every iteration takes no more masked
+        iterations than the split's borders do), every iteration is masked. The masked body is emitted
+        twice: with constant sizes gcc folds each border's masks (one shared copy ran 1.5x slower).
+        None: no vector form."""
+        mask = self.tmp()
+        try:
+            inner = VectorCtx(var, mode="interior")
+            body = self._vemit(inner, emit)
+            border = self._vemit(VectorCtx(var, mode="masked", mask=mask), emit)
+        except NotVector:
+            return None
+        axes = set(self.iters) - {var}
+        n = C.index(size, set())
+        lo, hi = "0LL", n
+        for k, w in inner.assumed:
+            if k > 0:       # k*var + w >= 0  <=>  var >= ceil(-w / k)
+                b = C.index(-w, axes)
+                lo = f"kumiko_max_ll({lo}, {b if k == 1 else f'kumiko_ceildiv({b}, {k}LL)'})"
+            else:           # var <= floor(w / -k)
+                b = C.index(w + 1, axes) if k == -1 else f"kumiko_floordiv({C.index(w, axes)}, {-k}LL) + 1LL"
+                hi = f"kumiko_min_ll({hi}, {b})"
+        t_lo, t_hi, t_nv, t_sp, t_a, t_b = (self.tmp() for _ in range(6))
+
+        def vecs(m: str) -> str:
+            return f"(({m}) + KUMIKO_VW - 1) / KUMIKO_VW"
+        decls = [Decl("const long long", t_lo, f"kumiko_min_ll({lo}, {n})"),
+                 Decl("const long long", t_hi, f"kumiko_max_ll(kumiko_min_ll({hi}, {n}), {t_lo})"),
+                 Decl("const long long", t_nv, f"({t_hi} - {t_lo}) / KUMIKO_VW"),   # whole interior vectors
+                 # split only when it needs fewer masked iterations than masking every one (a narrow row
+                 # of 28: [0, 1), [1, 17), [17, 28) is two masked and a plain one; [0, 16), [16, 28) two)
+                 Decl("const int", t_sp, f"{t_nv} > 0 && {vecs(n)} > {vecs(t_lo)} + "
+                                         f"{vecs(f'{n} - {t_lo} - {t_nv} * KUMIKO_VW')}"),
+                 Decl("const long long", t_a, f"{t_sp} ? {t_lo} : 0LL"),
+                 Decl("const long long", t_b, f"{t_sp} ? {t_lo} + {t_nv} * KUMIKO_VW : 0LL")]
+
+        def masked(end: str) -> tuple:
+            lanes = f"kv_tail_mask((int)kumiko_min_ll(KUMIKO_VW, {end} - {var}))"
+            return (Decl("const kvi_t", mask, lanes),) + tuple(border)
+        return decls + [For(var, "0LL", t_a, masked(t_a), step="KUMIKO_VW", tail=True),
+                        For(var, t_a, t_b, tuple(body), step="KUMIKO_VW"),
+                        For(var, t_b, n, masked(n), step="KUMIKO_VW", tail=True)]
+
+    def _assume(self, c: Expr, k: int) -> bool:
+        """In an interior body: whether the lane constraint ``c >= 0`` (coefficient ``k`` of the vector
+        axis) can be proven on the whole interior, and if so note it. It can when everything in ``c``
+        but the axis is a reduce axis in scope with a constant coefficient (taken at the corner of its
+        range where ``c`` is smallest), an outer loop index or a size symbol."""
+        ctx = self._vctx
+        rest = Expr.lift(c) - Expr.sym(ctx.var) * k
+        corner = {}
+        for a in rest.symbols():
+            if a in ctx.red_trip:
+                ka = C.stride(rest, a)
+                if ka is None:
+                    return False
+                corner[a] = Expr.lift(ctx.red_trip[a]) - 1 if ka < 0 else 0
+            elif a in self.red_axes or a == ctx.var:    # a gather's variable
+                return False
+        if (k, rest.subs(corner)) not in ctx.assumed:
+            ctx.assumed.append((k, rest.subs(corner)))
+        return True
 
     def varies(self, e: RExpr) -> bool:
         """Whether ``e`` depends on the vector axis (else the scalar emitter computes it once per vector)."""
@@ -124,6 +226,23 @@ class VectorEmitter:
             raise NotVector("strided")
         return C.index(off, self.axes_in_scope())
 
+    def _vload(self, buf: str, off: Expr, dt: dtypes.DType) -> str:
+        """The lanes ``buf[off]`` at KUMIKO_VW points of the axis: strided (a constant stride) and masked
+        as the context says."""
+        k = C.stride(off, self._vctx.var)
+        if k is None or k == 0 or abs(k) > MAX_LANE_STRIDE:
+            raise NotVector("strided")
+        v = C.vload(buf, C.index(off, self.axes_in_scope()), dt, stride=k, mask=self._vctx.mask)
+        if v is None:
+            raise NotVector("load type")
+        return v
+
+    def _masked(self, extra: str) -> str:
+        """A kvi_t variable: the context's mask and ``extra`` (lanes a guard lets through)."""
+        if self._vctx.mask is None:
+            return extra
+        return f"({self._vctx.mask} & {extra})"
+
     def vexpr(self, e: RExpr, out: list, hint: dtypes.DType | None = None) -> tuple[str, str]:  # noqa: C901
         """(kind, C vector expression) of ``e`` at KUMIKO_VW consecutive points of the vector axis:
         kind 'f' is a kv_t of float lanes, 'm' a kvi_t mask (bools). Raises NotVector."""
@@ -131,21 +250,26 @@ class VectorEmitter:
             kind = C.vkind(self.dt(e) or hint)
             if kind is None:
                 raise NotVector("lane type")
+            if self._vctx.guarded and _reads_memory(e):
+                # the same address for every lane, under a lane guard: read only when some lane takes
+                # this branch (a point where the scalar code reads it too), so never out of range
+                stmts: list = []
+                v, t = self.expr(e, stmts, hint), self.tmp()
+                out += [Decl(self.ctype(e) if self.dt(e) else "float", t),
+                        If(f"kv_any({self._vctx.mask})", tuple(stmts) + (Assign(t, v),), (Assign(t, "0"),))]
+                return kind, C.vbroadcast(t, kind)
             return kind, C.vbroadcast(self.expr(e, out, hint), kind)
         if isinstance(e, Read):
             m = self.memrefs[e.tensor]
             off = Expr.lift(e.index[0]) if e.flat else C.offset_expr(e.index, m.shape)
-            v = C.vload(self.cname[e.tensor], self._contiguous(off), m.dtype)
-            if v is None:
-                raise NotVector("load type")
-            return C.vkind(m.dtype), v
+            return C.vkind(m.dtype), self._vload(self.cname[e.tensor], off, m.dtype)
         if isinstance(e, Ref):
             if e.name in self._vctx.vlets:
                 return self._vctx.vlets[e.name]
             _, var, dims = self.storage[e.name]
             if C.vkind(self.types[e.name].dtype) != "f":
                 raise NotVector("scratch type")
-            return "f", f"kv_load({var} + {self._contiguous(self.scratch_expr(dims))})"
+            return "f", self._vload(var, self.scratch_expr(dims), dtypes.fp32)
         if isinstance(e, Unary):
             k, x = self.vexpr(e.x, out)
             if k != "f" or self.ctype(e) != "float":
@@ -179,28 +303,70 @@ class VectorEmitter:
             return self.vreduce(e, out)
         raise NotVector(type(e).__name__)      # a gather: its index check is per point
 
+    def _cond(self, cons) -> str:
+        return " && ".join(f"({C.index(c, self.axes_in_scope())} {'>=' if op == 'ge' else '=='} 0)" for c, op in cons)
+
+    def _lane_mask(self, cons) -> str:
+        return " & ".join(f"kv_affine_{op}({C.index(c, self.axes_in_scope())}, {C.stride(c, self._vctx.var)})"
+                          for c, op in cons)
+
+    def _branch(self, e: RExpr, out: list, dt, mask: str | None) -> tuple[str, str]:
+        """``e``, a branch of a lane select, with ``mask`` as the lanes its loads may touch."""
+        ctx = self._vctx
+        outer = ctx.mask, ctx.guarded
+        ctx.mask, ctx.guarded = mask, True
+        try:
+            return self.vexpr(e, out, dt)
+        finally:
+            ctx.mask, ctx.guarded = outer
+
+    def _if_select(self, cond: str, e: Select, out: list, dt, then_mask: str | None = None,
+                   lane: str | None = None) -> tuple[str, str]:
+        """An if on ``cond`` (the same for every lane); on its true side the branches as a lane select on
+        ``lane`` when there is one (``then`` loads masked by ``then_mask``), else ``then``."""
+        then: list = []
+        if lane is None:
+            kt, tv = self.vexpr(e.then, then, dt)
+        else:
+            kt, tv = self._branch(e.then, then, dt, then_mask)
+            ko, ov = self._branch(e.other, then, dt, self._masked(f"~{lane}"))
+            if kt != ko:
+                raise NotVector("select kinds")
+            tv = f"kv_select({lane}, {tv}, {ov})" if kt == "f" else f"(({lane} & {tv}) | (~{lane} & {ov}))"
+        if not cond:
+            out += then
+            return kt, tv
+        other: list = []
+        ko, ov = self.vexpr(e.other, other, dt)
+        if kt != ko:
+            raise NotVector("select kinds")
+        v = self.tmp()
+        out.append(Decl(C.vtype(kt), v))
+        out.append(If(cond, tuple(then) + (Assign(v, tv),), tuple(other) + (Assign(v, ov),)))
+        return kt, v
+
     def vselect(self, e: Select, out: list, hint) -> tuple[str, str]:
         dt = self.dt(e) or hint
         if isinstance(e.pred, Guard):
-            ks = [C.stride(c, self._vctx.var) for c, _ in e.pred.constraints]
-            if all(k == 0 for k in ks):            # the same branch for every lane: an if, as scalar code has
-                cond = " && ".join(f"({C.index(c, self.axes_in_scope())} {'>=' if op == 'ge' else '=='} 0)"
-                                   for c, op in e.pred.constraints)
-                then: list = []
-                kt, tv = self.vexpr(e.then, then, dt)
-                other: list = []
-                ko, ov = self.vexpr(e.other, other, dt)
-                if kt != ko:
-                    raise NotVector("select kinds")
-                v = self.tmp()
-                out.append(Decl(C.vtype(kt), v))
-                out.append(If(cond, tuple(then) + (Assign(v, tv),), tuple(other) + (Assign(v, ov),)))
-                return kt, v
-            # a guard over the lanes: both branches are computed, so neither may touch memory
-            if None in ks or any(abs(k) >= 1 << 20 for k in ks) or _reads_memory(e.then) or _reads_memory(e.other):
+            ctx = self._vctx
+            ks = [C.stride(c, ctx.var) for c, _ in e.pred.constraints]
+            if None in ks or any(abs(k) >= 1 << 20 for k in ks):
                 raise NotVector("guard")
-            mask = " & ".join(f"kv_affine_{op}({C.index(c, self.axes_in_scope())}, {k})"
-                              for (c, op), k in zip(e.pred.constraints, ks))
+            uniform = [(c, op) for (c, op), k in zip(e.pred.constraints, ks) if k == 0]
+            lane = [(c, op) for (c, op), k in zip(e.pred.constraints, ks) if k != 0]
+            if ctx.mode == "interior":        # constraints true on the whole interior are dropped there
+                lane = [(c, op) for c, op in lane if not (op == "ge" and self._assume(c, C.stride(c, ctx.var)))]
+            if not lane:                      # the same branch for every lane: an if, as scalar code has
+                return self._if_select(self._cond(uniform), e, out, dt)
+            if _reads_memory(e.then) or _reads_memory(e.other):
+                # a guard over the lanes whose branches read memory: the lanes it rejects must not load
+                if ctx.mode == "plain":
+                    raise NeedSplit("guard")
+                gm = self.tmp()
+                out.append(Decl("const kvi_t", gm, self._lane_mask(lane)))
+                return self._if_select(self._cond(uniform), e, out, dt, self._masked(gm), gm)
+            # a guard over the lanes whose branches read no memory: both computed, then a lane select
+            mask = self._lane_mask(uniform + lane)
         else:
             km, mask = self.vexpr(e.pred, out)
             if km != "m":
@@ -245,6 +411,7 @@ class VectorEmitter:
             raise NotVector("reduce type")
         acc, nan = self._vacc(e, out)
         self.ty.add_axes(e.axes)
+        self._vctx.red_trip.update({a.name: self.trip(a.name, a.size) for a in e.axes})
         self.red_axes += [a.name for a in e.axes]
         body: list = []
         self._vupdate(e.op, acc, nan, self._vbody(e, body), body)
@@ -332,7 +499,9 @@ class VectorEmitter:
         _, var, dims = kind
         if k != "f":
             raise NotVector("scratch type")
-        return VecStore("kv_store", var, self._contiguous(self.scratch_expr(dims)), v)
+        mask = self._vctx.mask
+        return VecStore(C.vstore_fn(dtypes.fp32, mask is not None), var, self._contiguous(self.scratch_expr(dims)),
+                        f"{v}, {mask}" if mask else v)
 
     def vstore(self, value: RExpr) -> list:
         stmts: list = []
@@ -342,9 +511,10 @@ class VectorEmitter:
         for y in self.r.yields:
             m = self.memrefs[y.to]
             w = C.vcast(v, src, y.cast) if y.cast is not None else v
-            fn = C.vstore_fn(m.dtype)
+            mask = self._vctx.mask
+            fn = C.vstore_fn(m.dtype, mask is not None)
             if w is None or fn is None or C.vkind(m.dtype) != C.vkind(y.cast or src):
                 raise NotVector("store type")
             off = C.offset_expr(tuple(Expr.sym(a) for a in out_axes), m.shape)
-            stmts.append(VecStore(fn, self.cname[y.to], self._contiguous(off), w))
+            stmts.append(VecStore(fn, self.cname[y.to], self._contiguous(off), f"{w}, {mask}" if mask else w))
         return stmts
