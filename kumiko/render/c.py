@@ -1,7 +1,9 @@
-"""Render CPU kernel IR as C (C11 + OpenMP). One translation unit holds every kernel of a program.
+"""Render CPU kernel IR as C (C11 + OpenMP): a kernel, or a translation unit of kernels.
 
 Each kernel follows the runtime ABI: ``int NAME(void** bufs, const long long* syms)``; ``bufs`` are the
-region's inputs then outputs, ``syms`` the program's size symbols in sorted-name order.
+region's inputs then outputs, ``syms`` the program's size symbols in sorted-name order. How a program's
+kernels are split into translation units, and which regions share a kernel, is
+``kumiko.render.cpu_program``'s business.
 """
 from __future__ import annotations
 
@@ -53,14 +55,15 @@ def render_stmts(body, ind: int, out: list) -> None:
                 out.append(f"{pad}{s.ctype}* {s.name} = ({s.ctype}*)kumiko_tmp_alloc({size});")
                 local_frees.append(s.name)
         elif isinstance(s, Parallel):
-            out.append(f"{pad}#pragma omp parallel")
+            out.append(f"{pad}#pragma omp parallel" + (f" if({s.cond})" if s.cond else ""))
             out.append(f"{pad}{{")
             render_stmts(s.body, ind + 1, out)
             out.append(f"{pad}}}")
         elif isinstance(s, For):
             col = f" collapse({s.collapse})" if s.collapse > 1 else ""
             if s.parallel:
-                out.append(f"{pad}#pragma omp parallel for schedule(static){col}")
+                out.append(f"{pad}#pragma omp parallel for schedule(static){col}"
+                           + (f" if({s.par_if})" if s.par_if else ""))
             elif s.workshare:
                 out.append(f"{pad}#pragma omp for schedule(static){col}")
             elif s.vector:
@@ -108,9 +111,37 @@ def render_kernel(k: Kernel) -> str:
     return "\n".join(out)
 
 
+def declared_names(k: Kernel) -> set[str]:
+    """The identifiers the kernel's own statements declare: its parameters, Decl and Scratch names, loop
+    variables (names a Raw statement declares are not seen). ``cpu_program`` renames these to compare two
+    kernels up to the spelling of their locals."""
+    out = {p.name for p in k.params}
+
+    def walk(body) -> None:
+        for s in body:
+            if isinstance(s, (Decl, Scratch)):
+                out.add(s.name)
+            elif isinstance(s, For):
+                out.add(s.var)
+                walk(s.body)
+            elif isinstance(s, (Parallel, Block)):
+                walk(s.body)
+            elif isinstance(s, If):
+                walk(s.then)
+                walk(s.other)
+    walk(k.body)
+    return out
+
+
 def render_program(kernels: list[Kernel], extra: str = "") -> str:
     parts = [HEADER, cexpr.PRELUDE]
     if extra:
         parts.append(extra)
     parts += [render_kernel(k) for k in kernels]
     return "\n".join(parts) + "\n"
+
+
+def render_unit(kernel_texts: list[str], extra: str = "") -> str:
+    """A translation unit from kernels already rendered (``render_kernel``): the header, the prelude, the
+    ``extra`` declarations (vector types, micro-kernels), then the kernels; ``render_program``'s layout."""
+    return "\n".join([HEADER, cexpr.PRELUDE, *([extra] if extra else []), *kernel_texts]) + "\n"

@@ -1,16 +1,27 @@
 """Build generated C into a shared library, cache it on disk by content, load it with ctypes.
 
-A compiled program is one C translation unit; every region is a function with the kernel ABI
-``int NAME(void** bufs, const long long* syms)`` (see docs/runtime.md). ``build_c`` compiles it with
-gcc into ``<cache>/cpu/<sha256>.so``, keyed by everything that changes the machine code: the source,
-the flags, the compiler's version, the headers the source includes and (for ``-march=native``) the
-host's ISA. A second build of the same source compiles nothing.
+Every kernel has the ABI ``int NAME(void** bufs, const long long* syms)`` (see docs/runtime.md). Two ways
+to build:
+
+- ``build_c``: one C translation unit, compiled by one gcc into ``<cache>/cpu/<sha256>.so``, keyed by
+  everything that changes the machine code: the source, the flags, the compiler's version, the headers the
+  source includes and (for ``-march=native``) the host's ISA. A second build of the same source compiles
+  nothing.
+- ``build_units``: several translation units (the ``cpu`` target gives one per distinct kernel,
+  ``kumiko.render.cpu_program``), each compiled by ``gcc -c`` into ``<cache>/cpu/<sha256>.o`` (the same key,
+  over the unit and the compile flags), by a pool of threads running one gcc each (``jobs``, default the
+  CPUs this process may use), then linked into ``<cache>/cpu/<sha256>.so`` keyed by the objects' keys and
+  the link flags. A library in the cache is loaded without looking at its objects (a warm build runs no gcc
+  and hashes only the units' text); a network that shares kernels with another, or changes one layer,
+  compiles only the units whose objects are not in the cache.
 
 Why the cache is paranoid: a half-written or truncated ``.so`` can be dlopen'ed and then crash the
 process with SIGBUS on first touch. So gcc writes into a scratch directory and the entry is published
 atomically (a temporary name in the cache directory, then ``os.replace``), a JSON sidecar records its
 SHA-256 and size, and a load checks both before dlopen; an entry that fails either check (or dlopen) is
-rebuilt, not trusted. gcc runs within ``KUMIKO_BUILD_TIMEOUT`` (E1706; ``toolchain.run_tool``).
+rebuilt, not trusted. Objects get the same treatment: published atomically with a sidecar, checked before
+each link (a corrupt one is compiled again), and linked from checked copies in the build's scratch
+directory, never from the cache. Every gcc runs within ``KUMIKO_BUILD_TIMEOUT`` (E1706; ``toolchain.run_tool``).
 """
 from __future__ import annotations
 
@@ -20,8 +31,11 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
+import threading
 import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -37,9 +51,17 @@ CC = "gcc"
 INCLUDE_DIR = Path(__file__).resolve().parents[1] / "include"
 DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11",
                                   "-ffp-contract=fast")
-#: how many builds compiled, were served from the disk cache, or from the modules already loaded here
-STATS = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt_corrupt": 0}
+#: libraries built (compiled, or linked from objects), served from the disk cache or from the modules already
+#: loaded here, cache entries found corrupt and rebuilt (libraries, objects, precompiled headers); objects
+#: of ``build_units`` compiled and found in the cache; links run; precompiled headers built and found
+STATS = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt_corrupt": 0,
+         "objects_compiled": 0, "objects_cached": 0, "links": 0, "pch_compiled": 0, "pch_cached": 0}
+#: ``build_units`` precompiles the units' common prefix when it has at least this many units to compile (it
+#: costs about five units' parsing once, and saves most of the parsing of every unit after; then it is cached)
+_PCH_MIN_UNITS = 8
+_stats_lock = threading.Lock()
 
+_C_NAME = re.compile(r"[A-Za-z_]\w*")
 _LOADED: dict[tuple[str, str], "CModule"] = {}   # (cache root, key) -> module loaded in this process
 
 
@@ -89,23 +111,90 @@ def _uname_machine() -> str:
 @functools.lru_cache(maxsize=None)
 def native_macros() -> frozenset[str]:
     """The ISA macros ``gcc -march=native`` defines (what ``KUMIKO_VW`` in kumiko_cpu.h will see)."""
+    known = _recalled("native_macros")
+    if isinstance(known, list) and known and all(isinstance(m, str) for m in known):
+        return frozenset(known)
     try:
         out = run_tool([CC, "-march=native", "-dM", "-E", "-x", "c", "-"], at=CC, input="").stdout
     except OSError:
         return frozenset()          # no gcc: cpu_features falls back on nothing; a build says what is missing
-    return frozenset(m.group(1) for m in re.finditer(r"#define (\w+)", out))
+    macros = frozenset(m.group(1) for m in re.finditer(r"#define (\w+)", out))
+    if macros:
+        _remember("native_macros", sorted(macros))
+    return macros
 
 
 @functools.lru_cache(maxsize=None)
 def compiler_version() -> str:
     """``gcc --version``'s first line and the target triple: part of every cache key."""
+    known = _recalled("compiler_version")
+    if isinstance(known, str) and known.strip():
+        return known
     try:
         ver = run_tool([CC, "--version"], at=CC).stdout
         triple = run_tool([CC, "-dumpmachine"], at=CC).stdout
     except OSError as e:
         raise KumikoError("E1701", at=CC, why=f"the C compiler cannot be run: {e}",
                           suggestion="Install gcc (Debian: apt-get install gcc).") from None
-    return (ver.splitlines() or [""])[0].strip() + " " + triple.strip()
+    version = (ver.splitlines() or [""])[0].strip() + " " + triple.strip()
+    _remember("compiler_version", version)
+    return version
+
+
+# The answers of the two queries above are kept in the cache between processes, so that a build whose
+# library is cached runs no gcc at all (the queries cost ~30 ms): ``<cache>/toolchain/gcc-<id>.json``, where
+# the id covers the compiler's executable (its resolved path, size, mtime and inode: an upgrade or another
+# gcc first on PATH is another id), the environment variables that redirect gcc, and the CPU's model and
+# flags (``-march=native``). Anything wrong with the file (missing, damaged, another shape) is a miss: gcc
+# is asked and the file written again.
+
+@functools.lru_cache(maxsize=None)
+def _toolchain_file() -> Path | None:
+    exe = shutil.which(CC)
+    if exe is None:
+        return None
+    try:
+        real = os.path.realpath(exe)
+        st = os.stat(real)
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None                 # no /proc/cpuinfo (not Linux): the CPU cannot be identified, ask each time
+    cpu = [ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines()
+           if ln.split(":", 1)[0].strip() in ("model name", "flags", "Features", "CPU part")]
+    ident = json.dumps([real, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, sorted(set(cpu)),
+                        [os.environ.get(v) for v in ("GCC_EXEC_PREFIX", "COMPILER_PATH", "CPATH", "C_INCLUDE_PATH")]])
+    try:
+        root = cache_root("toolchain")
+    except KumikoError:
+        return None                 # the cache is unusable: the build says so
+    return root / f"{CC}-{hashlib.sha256(ident.encode()).hexdigest()[:32]}.json"
+
+
+def _recalled(field: str):
+    path = _toolchain_file()
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get(field) if isinstance(data, dict) else None
+
+
+def _remember(field: str, value) -> None:
+    path = _toolchain_file()
+    if path is None:
+        return
+    try:
+        data = json.loads(path.read_text())
+        data = data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        data = {}
+    data[field] = value
+    try:
+        publish_entry(path, json.dumps(data, indent=1))
+    except (OSError, KumikoError):
+        pass                        # not kept: asked again next time
 
 
 # ------------------------------------------------------------------------------------------------
@@ -156,24 +245,53 @@ class _KernelFn:
 # ------------------------------------------------------------------------------------------------
 # building and the cache
 
-def header_digest(source: str) -> str:
+def header_digest(source: str, headers: Sequence[tuple[str, bytes]] | None = None) -> str:
     """The headers of kumiko/include the source names: editing kumiko_cpu.h (or kumiko_cuda.cuh, which
-    holds the PTX) must invalidate old builds."""
+    holds the PTX) must invalidate old builds. ``headers``: ``_headers()`` read once for many sources."""
     h = hashlib.sha256()
-    for p in sorted(INCLUDE_DIR.iterdir()) if INCLUDE_DIR.is_dir() else ():
-        if p.is_file() and p.name in source:
-            h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    for name, data in _headers() if headers is None else headers:
+        if name in source:
+            h.update(name.encode() + b"\0" + data + b"\0")
     return h.hexdigest()
 
 
-def cache_key(source: str, flags: Sequence[str]) -> str:
+def _headers() -> list[tuple[str, bytes]]:
+    """(name, contents) of the files in kumiko/include, sorted by name."""
+    return [(p.name, p.read_bytes()) for p in sorted(INCLUDE_DIR.iterdir()) if p.is_file()] \
+        if INCLUDE_DIR.is_dir() else []
+
+
+def cache_key(source: str, flags: Sequence[str], headers: Sequence[tuple[str, bytes]] | None = None) -> str:
     h = hashlib.sha256()
-    for part in (source, "\0".join(flags), compiler_version(), header_digest(source)):
+    for part in (source, "\0".join(flags), compiler_version(), header_digest(source, headers)):
         h.update(part.encode())
         h.update(b"\x00\x01")
     if any(f.startswith(("-march=native", "-mtune=native", "-mcpu=native")) for f in flags):
         h.update(" ".join(sorted(native_macros())).encode())   # a shared cache across different hosts stays right
     return h.hexdigest()
+
+
+def link_key(object_keys: Sequence[str], flags: Sequence[str]) -> str:
+    """A library linked from objects: their keys (each covers its unit, flags, compiler, headers and ISA), in
+    link order, and the link flags."""
+    h = hashlib.sha256(b"link\0")
+    for part in (*object_keys, "\0".join(flags), compiler_version()):
+        h.update(part.encode())
+        h.update(b"\x00\x01")
+    return h.hexdigest()
+
+
+def unit_flags(flags: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(compile flags of one object, link flags) from the flags of a one-unit build: ``-c`` instead of
+    ``-shared``, and ``-shared`` (with the rest: ``-fopenmp`` links libgomp) for the link."""
+    compile_flags = tuple(f for f in flags if f != "-shared") + ("-c",)
+    link_flags = tuple(flags) + (() if "-shared" in flags else ("-shared",))
+    return compile_flags, link_flags
+
+
+def _count(key: str, n: int = 1) -> None:
+    with _stats_lock:
+        STATS[key] += n
 
 
 def build_c(source: str, *, flags: Sequence[str] | None = None, extra_flags: Sequence[str] = (),
@@ -189,7 +307,7 @@ def build_c(source: str, *, flags: Sequence[str] | None = None, extra_flags: Seq
     root = cache_root()
     mod = _LOADED.get((str(root), key))
     if mod is not None:
-        STATS["memory_hits"] += 1
+        _count("memory_hits")
         return CModule(mod.path, key, mod.lib, cached=True)
     so, meta = root / f"{key}.so", root / f"{key}.json"
     lib = _load_entry(so, meta)
@@ -204,11 +322,238 @@ def build_c(source: str, *, flags: Sequence[str] | None = None, extra_flags: Seq
         if lib is None:
             raise KumikoError("E1701", at=name, why=f"the freshly built {so.name} cannot be loaded")
     else:
-        STATS["disk_hits"] += 1
+        _count("disk_hits")
     mod = CModule(so, key, lib, cached=cached, compile_s=compile_s)
     _LOADED[(str(root), key)] = mod
     log(2, f"build_c {name}: {'cache hit' if cached else f'compiled in {compile_s * 1e3:.0f} ms'}: {so}")
     return mod
+
+
+def build_units(units: Sequence[str], *, flags: Sequence[str] | None = None, extra_flags: Sequence[str] = (),
+                name: str = "kumiko", jobs: int | None = None, aliases: Sequence[tuple[str, str]] = (),
+                prefix: str = "") -> CModule:
+    """Compile each of ``units`` (C translation units) into an object, in parallel, link them into one
+    library and load it; every object and the library are cached (module docstring).
+
+    ``flags``/``extra_flags`` as for ``build_c`` (``-shared`` becomes ``-c`` for the objects); ``jobs``: gcc
+    processes at a time (default: the CPUs this process may use); ``aliases``: (name, defined name) pairs the
+    library exports as well (``ld --defsym``: the same function under a second name, no code); ``prefix``:
+    text every unit starts with (the header and the prelude), parsed once into a precompiled header
+    (``_PCH_MIN_UNITS``). A unit that does not compile raises E1701 with the compiler's first errors (the
+    units not started yet are not compiled), a link that fails E1701 too; nothing of a failed build lands in
+    the cache, but the objects compiled before it stay there."""
+    if not units:
+        raise ValueError("build_units: no translation units")
+    if prefix and not all(u.startswith(prefix) for u in units):
+        raise ValueError("build_units: a unit does not start with the prefix")
+    all_flags = tuple(DEFAULT_FLAGS if flags is None else flags) + tuple(extra_flags)
+    compile_flags, link_flags = unit_flags(all_flags)
+    for alias, defined in aliases:
+        if not (_C_NAME.fullmatch(alias) and _C_NAME.fullmatch(defined)):
+            raise ValueError(f"build_units: alias {alias!r} -> {defined!r} is not a pair of C names")
+        link_flags += (f"-Wl,--defsym={alias}={defined}",)
+    headers = _headers()
+    keys = [cache_key(u, compile_flags, headers) for u in units]
+    key = link_key(keys, link_flags)
+    root = cache_root()
+    mod = _LOADED.get((str(root), key))
+    if mod is not None:
+        _count("memory_hits")
+        return CModule(mod.path, key, mod.lib, cached=True)
+    so, meta = root / f"{key}.so", root / f"{key}.json"
+    lib = _load_entry(so, meta)
+    cached, compile_s = lib is not None, 0.0
+    if lib is None:
+        compile_s = _build_linked(units, keys, compile_flags, link_flags, name, root, so, meta, jobs, prefix)
+        lib = _dlopen(so)
+        if lib is None and not so.is_file():
+            raise KumikoError("E1502", at=str(so), why="the library just linked vanished from the cache before it "
+                              "could be loaded (was the cache directory deleted during the build?)",
+                              suggestion="Run again; do not delete the cache while kumiko builds.")
+        if lib is None:
+            raise KumikoError("E1701", at=name, why=f"the freshly linked {so.name} cannot be loaded")
+    else:
+        _count("disk_hits")
+    mod = CModule(so, key, lib, cached=cached, compile_s=compile_s)
+    _LOADED[(str(root), key)] = mod
+    # the same tag as build_c's line: KUMIKO_DEBUG=2 readers (and tests) look for "build_c NAME:"
+    log(2, f"build_c {name}: {len(units)} units, {'cache hit' if cached else f'built in {compile_s * 1e3:.0f} ms'}"
+        f": {so}")
+    return mod
+
+
+def build_jobs() -> int:
+    """How many gcc processes ``build_units`` runs at once: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _build_linked(units: Sequence[str], keys: Sequence[str], compile_flags: Sequence[str],
+                  link_flags: Sequence[str], name: str, root: Path, so: Path, meta: Path, jobs: int | None,
+                  prefix: str = "") -> float:
+    """The objects (from the cache, or compiled in parallel), copied into a scratch directory and linked
+    there; the library published like ``_compile``'s. Returns the seconds it took."""
+    clean_stale(root)
+    stem = safe_stem(name, "kumiko")
+    t0 = time.perf_counter()
+    with build_dir("build") as work:
+        work = Path(work)
+        objs = [work / f"u{i}.o" for i in range(len(units))]
+        todo = []
+        for i, k in enumerate(keys):
+            data = _load_object(root / f"{k}.o", root / f"{k}.json")
+            if data is None:
+                todo.append(i)
+                continue
+            _count("objects_cached")
+            try:
+                objs[i].write_bytes(data)
+            except OSError as e:
+                raise file_error(objs[i], e, "copy an object into the build directory") from None
+        todo.sort(key=lambda i: (-len(units[i]), i))          # the longest first: the pool ends sooner
+        tasks = []
+        include = None
+        if prefix and todo:
+            include, pch_task = _precompiled(prefix, compile_flags, name, root, work, len(todo))
+            tasks += [pch_task] if pch_task is not None else []
+
+        body_line = prefix.count("\n") + 1        # where a unit's own text starts, for gcc's line numbers
+
+        def one(i: int) -> None:
+            text = units[i] if include is None else \
+                f'#include "{include}"\n#line {body_line}\n' + units[i][len(prefix):]
+            _compile_object(units[i], text, compile_flags, f"{name}[{i}]", f"{stem}_{i}", root, keys[i], work, objs[i])
+        tasks += [functools.partial(one, i) for i in todo]
+        workers = min(jobs or build_jobs(), len(tasks))
+        if workers <= 1:
+            for task in tasks:
+                task()
+        elif tasks:
+            pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kumiko-gcc")
+            try:
+                futures = [pool.submit(task) for task in tasks]
+                wait(futures, return_when=FIRST_EXCEPTION)
+                for f in futures:                    # the first failure in submission order, if any
+                    if f.done() and f.exception() is not None:
+                        raise f.exception()
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)   # a failure or Ctrl-C starts no further gcc
+        out = work / f"{stem}.so"
+        cmd = [CC, *link_flags, "-o", str(out), *map(str, objs)]
+        try:
+            r = run_tool(cmd, at=name, cwd=work)
+        except OSError as e:
+            raise KumikoError("E1701", at=name, why=f"cannot run {CC}: {e}",
+                              suggestion="Install gcc (Debian: apt-get install gcc).") from None
+        if r.returncode != 0:
+            check_source_kept(objs[0], cmd)
+            raise KumikoError("E1701", at=name, why=f"linking {len(objs)} objects failed (exit {r.returncode}):\n"
+                              + _first_errors(r.stderr), suggestion="A code generator bug (a symbol defined in two "
+                              "units?): report it with the graph.", command=" ".join(cmd))
+        try:
+            data = out.read_bytes()
+        except OSError as e:
+            raise file_error(out, e, f"read the library {CC} just linked") from None
+    _count("links")
+    _count("compiles")
+    info = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "name": name, "flags": list(link_flags),
+            "compiler": compiler_version(), "objects": list(keys)}
+    publish_entry(meta, json.dumps(info, indent=1))
+    publish_entry(so, data)                         # last: a visible .so always has its sidecar
+    return time.perf_counter() - t0
+
+
+def _compile_object(source: str, text: str, flags: Sequence[str], at: str, stem: str, root: Path, key: str,
+                    work: Path, out: Path) -> None:
+    """One unit into ``out`` (in the scratch directory) with ``gcc -c``, then published into the cache as
+    ``<key>.o`` with its sidecar and ``source``. ``text`` is what gcc reads: ``source``, or the same with its
+    prefix included from the precompiled header (a ``#line`` keeps the line numbers of ``source``, which is
+    what a failure keeps for the report). Runs in a pool thread."""
+    src = work / f"{stem}.c"
+    try:
+        src.write_text(text)
+    except OSError as e:
+        raise file_error(src, e, "write a translation unit into the build directory") from None
+    _run_compiler([CC, *flags, f"-I{INCLUDE_DIR}", str(src), "-o", str(out)], source, src, at, stem, key, work)
+    try:
+        data = out.read_bytes()
+    except OSError as e:
+        raise file_error(out, e, f"read the object {CC} just wrote") from None
+    _count("objects_compiled")
+    info = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "name": at, "flags": list(flags),
+            "compiler": compiler_version()}
+    publish_entry(root / f"{key}.c", source)
+    publish_entry(root / f"{key}.json", json.dumps(info, indent=1))
+    publish_entry(root / f"{key}.o", data)          # last: a visible .o always has its sidecar
+
+
+def _precompiled(prefix: str, compile_flags: Sequence[str], name: str, root: Path, work: Path, n_units: int
+                 ) -> tuple[str, Callable[[], None] | None]:
+    """The header the units include instead of their common ``prefix`` (written into ``work``), and the task
+    that precompiles it, if one is needed.
+
+    gcc reads ``<header>.gch`` in its place when the file is there and valid, and the header's text when not,
+    so the precompiled header only saves time: a cached one (``<key>.gch``, checked like an object) is copied
+    into ``work``; else, with ``_PCH_MIN_UNITS`` units or more to compile, the returned task builds it, runs
+    first in the pool and publishes it into ``work`` (atomically) and the cache, while units that start
+    before it is there parse the text. A precompiled header that fails to build is left out, not an error."""
+    pch_flags = tuple(f for f in compile_flags if f != "-c")
+    key = cache_key(prefix, pch_flags + ("-x", "c-header"))
+    header = f"kumiko_prefix_{key[:16]}.h"
+    try:
+        (work / header).write_text(prefix)
+    except OSError as e:
+        raise file_error(work / header, e, "write the units' common header into the build directory") from None
+    gch = work / f"{header}.gch"
+    data = _load_object(root / f"{key}.gch", root / f"{key}.json")
+    if data is not None:
+        _count("pch_cached")
+        try:
+            gch.write_bytes(data)
+        except OSError:
+            clear_path(gch)             # no precompiled header: the units parse the text
+        return header, None
+    if n_units < _PCH_MIN_UNITS:
+        return header, None
+
+    def build() -> None:
+        tmp = work / f"{header}.part"
+        cmd = [CC, *pch_flags, f"-I{INCLUDE_DIR}", "-x", "c-header", str(work / header), "-o", str(tmp)]
+        try:
+            r = run_tool(cmd, at=f"{name} (precompiled header)", cwd=work)
+            built = tmp.read_bytes() if r.returncode == 0 else None
+        except OSError:
+            built = None
+        if built is None:
+            log(1, f"the precompiled header of {name} did not build; the units parse its text")
+            return
+        os.replace(tmp, gch)            # atomically: a gcc that starts now sees all of it or nothing
+        _count("pch_compiled")
+        info = {"sha256": hashlib.sha256(built).hexdigest(), "size": len(built), "name": header,
+                "flags": list(pch_flags), "compiler": compiler_version()}
+        publish_entry(root / f"{key}.json", json.dumps(info, indent=1))
+        publish_entry(root / f"{key}.gch", built)
+    return header, build
+
+
+def _load_object(obj: Path, meta: Path) -> bytes | None:
+    """A cached object's bytes, if it is whole (the sidecar's digest and size match); a damaged entry is
+    removed and counted, and the caller compiles the unit again."""
+    if not obj.exists():
+        return None
+    try:
+        info = json.loads(meta.read_text())
+        data = obj.read_bytes()
+        if len(data) == info["size"] and hashlib.sha256(data).hexdigest() == info["sha256"]:
+            return data
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    _count("rebuilt_corrupt")
+    for p in (obj, meta):
+        clear_path(p)
+    return None
 
 
 def forget_loaded() -> None:
@@ -230,7 +575,7 @@ def _load_entry(so: Path, meta: Path) -> ctypes.CDLL | None:
         ok = False
     lib = _dlopen(so) if ok else None
     if lib is None:
-        STATS["rebuilt_corrupt"] += 1
+        _count("rebuilt_corrupt")
         for p in (so, meta):
             clear_path(p)       # a file, or a directory squatting the entry's name
     return lib
@@ -253,32 +598,38 @@ def _compile(source: str, flags: Sequence[str], name: str, root: Path, so: Path,
     with build_dir("build") as work:
         src, out = Path(work) / f"{stem}.c", Path(work) / f"{stem}.so"
         src.write_text(source)
-        cmd = [CC, *flags, f"-I{INCLUDE_DIR}", str(src), "-o", str(out)]
-        try:
-            r = run_tool(cmd, at=name, cwd=work)
-        except OSError as e:
-            raise KumikoError("E1701", at=name, why=f"cannot run {CC}: {e}",
-                              suggestion="Install gcc (Debian: apt-get install gcc).") from None
-        if r.returncode != 0:
-            check_source_kept(src, cmd)
-            kept = Path(tempfile.gettempdir()) / f"kumiko-failed-{stem}-{so.stem[:12]}.c"   # not in the cache
-            kept.write_text(source)
-            raise KumikoError("E1701", at=name, why=f"{CC} failed (exit {r.returncode}):\n"
-                              + _first_errors(r.stderr.replace(str(src), src.name)),
-                              suggestion="The generated C does not compile: a code generator bug. The source is "
-                              "kept at the path below; report it with the graph.", source=str(kept),
-                              command=" ".join(cmd))
+        _run_compiler([CC, *flags, f"-I{INCLUDE_DIR}", str(src), "-o", str(out)], source, src, name, stem,
+                      so.stem, work)
         try:
             data = out.read_bytes()
         except OSError as e:
             raise file_error(out, e, f"read the library {CC} just wrote") from None
-    STATS["compiles"] += 1
+    _count("compiles")
     info = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "name": name,
             "flags": list(flags), "compiler": compiler_version()}
     publish_entry(so.with_suffix(".c"), source)     # kept beside the build, for reading and debugging
     publish_entry(meta, json.dumps(info, indent=1))
     publish_entry(so, data)                         # last: a visible .so always has its sidecar
     return time.perf_counter() - t0
+
+
+def _run_compiler(cmd: list[str], source: str, src: Path, name: str, stem: str, key: str, work) -> None:
+    """Run gcc on ``src``; a failure is E1701 with its first errors, the source kept in the temporary
+    directory (not in the cache) for the report."""
+    try:
+        r = run_tool(cmd, at=name, cwd=work)
+    except OSError as e:
+        raise KumikoError("E1701", at=name, why=f"cannot run {CC}: {e}",
+                          suggestion="Install gcc (Debian: apt-get install gcc).") from None
+    if r.returncode != 0:
+        check_source_kept(src, cmd)
+        kept = Path(tempfile.gettempdir()) / f"kumiko-failed-{stem}-{key[:12]}.c"   # not in the cache
+        kept.write_text(source)
+        raise KumikoError("E1701", at=name, why=f"{CC} failed (exit {r.returncode}):\n"
+                          + _first_errors(r.stderr.replace(str(src), src.name)),
+                          suggestion="The generated C does not compile: a code generator bug. The source is "
+                          "kept at the path below; report it with the graph.", source=str(kept),
+                          command=" ".join(cmd))
 
 
 def _first_errors(stderr: str, n: int = 12) -> str:

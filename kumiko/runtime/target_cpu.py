@@ -1,7 +1,9 @@
-"""The ``cpu`` target: regions -> plans -> loop nests -> one C file -> gcc -> ctypes -> CpuProgram.
+"""The ``cpu`` target: regions -> plans -> loop nests -> C (one translation unit per distinct kernel) ->
+gcc, in parallel, each object cached -> one library -> ctypes -> CpuProgram.
 
 ``CompiledCpu`` keeps every intermediate (the region Program, the plans, the C source) so dumps, tests
-and ``kumiko explain`` can show what runs.
+and ``kumiko explain`` can show what runs. ``source`` is the whole program as one translation unit (each
+distinct kernel once); the library is built from the same kernels split into units (``build_units``).
 """
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from kumiko.plan.tune import tune as tune_plans
 from kumiko.plan.validate import validate
 from kumiko.region import form_regions
 from kumiko.region.ssa import Program
-from kumiko.render.cpu_program import render_cpu_program
-from kumiko.runtime.cpu import CModule, build_c, compiler_version, cpu_features
+from kumiko.render.cpu_program import render_cpu_source
+from kumiko.runtime.cpu import CModule, build_units, compiler_version, cpu_features
 from kumiko.runtime.program import CpuProgram, program_symbols
 from kumiko.tiny.evaluate import bind_symbols
 from kumiko.tiny.inputs import random_inputs
@@ -40,24 +42,31 @@ class CompiledCpu:
         return self.runner(inputs, env)
 
 
-def _build(tiny: TinyGraph, program: Program, plans: dict[str, Plan]) -> CompiledCpu:
-    source, names, _, steps = render_cpu_program(program, plans)
-    module = build_c(source, name=tiny.name)
-    return CompiledCpu(program, plans, source, module, CpuProgram(program, module, names, steps=steps))
+def _build(tiny: TinyGraph, program: Program, plans: dict[str, Plan],
+           constants: Mapping[str, np.ndarray] | None = None) -> CompiledCpu:
+    constants = dict(constants or {})
+    with stage("render C"):
+        c = render_cpu_source(program, plans, constants=frozenset(constants))
+    with stage(f"gcc ({len(c.units)} units)"):
+        module = build_units(c.units, name=tiny.name, aliases=c.aliases, prefix=c.prefix)
+    return CompiledCpu(program, plans, c.source, module, CpuProgram(program, module, c.names, steps=c.steps,
+                                                                    constants=constants))
 
 
 def compile_cpu(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, features: dict | None = None,
-                tune: bool = False, shapes: Mapping[str, int] | None = None) -> CompiledCpu:
+                tune: bool = False, shapes: Mapping[str, int] | None = None,
+                constants: Mapping[str, np.ndarray] | None = None) -> CompiledCpu:
     """Regions -> plans (a tuned winner from the cache when there is one) -> C -> module.
 
     ``tune=True`` times the candidate plans of each region on random inputs at the graph's sizes
-    (its ``symbols`` defaults, overridden by ``shapes``) and caches the winners."""
+    (its ``symbols`` defaults, overridden by ``shapes``) and caches the winners. ``constants``: inputs bound
+    once (read-only arrays the caller passes as themselves): their contraction panels are packed once."""
     with stage("regions"):
         program = form_regions(tiny)
     with stage("plans"):
         chosen = _plans(tiny, program, plans, features or cpu_features(), tune, shapes)
     with stage("build (C, gcc)"):
-        return _build(tiny, program, chosen)
+        return _build(tiny, program, chosen, constants)
 
 
 def _plans(tiny: TinyGraph, program: Program, plans: Mapping[str, Plan] | None, feats: dict, tune: bool,
@@ -92,6 +101,8 @@ def _plans(tiny: TinyGraph, program: Program, plans: Mapping[str, Plan] | None, 
 
 
 def cpu_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, tune: bool = False,
-               shapes: Mapping[str, int] | None = None) -> CompiledCpu:
-    """The ``cpu`` target's factory (``kumiko.compiler``'s target table names it)."""
-    return compile_cpu(tiny, plans, tune=tune, shapes=shapes)
+               shapes: Mapping[str, int] | None = None,
+               constants: Mapping[str, np.ndarray] | None = None) -> CompiledCpu:
+    """The ``cpu`` target's factory (``kumiko.compiler``'s target table names it; ``compile`` passes the
+    Executable's bound params as ``constants``)."""
+    return compile_cpu(tiny, plans, tune=tune, shapes=shapes, constants=constants)
