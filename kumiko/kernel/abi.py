@@ -42,12 +42,25 @@ def program_symbols(program: Program) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class Pack:
+    """Panels of a constant operand that a step reads in place: packed by the C function ``fn`` (same ABI and
+    ``bufs`` as its step) into the buffer ``buffer`` of ``floats`` floats (an Expr over the size symbols),
+    from the constant inputs ``sources``. The runtime packs once per set of sizes while the call passes the
+    Executable's own arrays for every source, and again for a call that passes others."""
+    fn: str
+    buffer: str
+    floats: object
+    sources: tuple
+
+
+@dataclass(frozen=True)
 class Step:
     """One call of a compiled program: the C function, the regions it runs (in order), and the names of
-    the buffers it gets as ``bufs``, in ABI order."""
+    the buffers it gets as ``bufs``, in ABI order (a pre-packed operand's panels last, see ``Pack``)."""
     fn: str
     regions: tuple
     buffers: tuple
+    packs: tuple = ()         # Pack, ...: the steps's pre-packed operands, in the order of their buffers
 
 
 def region_steps(program: Program, fn_names: Mapping[str, str]) -> tuple[Step, ...]:

@@ -37,8 +37,8 @@ from kumiko.kernel.micro import micro_name, stage_micro_name
 from kumiko.kernel.pack import PanelPacking, Side, advance_counter, panel_sides, stage_bounds, unit_rows
 from kumiko.kernel.stage import Stage
 from kumiko.plan.plan import Plan
-from kumiko.region.srnf import free_axes
-from kumiko.region.ssa import Binary, Cast, Reduce, Ref, RExpr, Unary, VType
+from kumiko.region.srnf import children, free_axes
+from kumiko.region.ssa import Binary, Cast, Read, Reduce, Ref, RExpr, Unary, VType
 from kumiko.symbolic import Expr, prod
 
 
@@ -143,6 +143,7 @@ def find_contraction(lo: CpuLowering) -> Contraction | None:
     return None
 
 
+_MACS_PER_THREAD = 1 << 17   # the least work (multiply-adds) worth another thread of a contraction
 _ARES = 65536              # floats of A a thread packs once per batch point for every K (half of a 512 KiB L2)
 
 
@@ -160,7 +161,7 @@ def _split(flat: str, names: tuple, sizes: list, out: list) -> None:
 class ContractionLowering(PanelPacking):
     """Emits the blocked contraction into a region kernel (in front of the epilogue or generic rest)."""
 
-    def __init__(self, lo: CpuLowering, c: Contraction, plan: Plan):
+    def __init__(self, lo: CpuLowering, c: Contraction, plan: Plan, constants: frozenset = frozenset()):
         self.lo, self.c, self.plan = lo, c, plan
         self.mr, self.nr = plan.micro
         self.vw = plan.vector_width
@@ -169,8 +170,12 @@ class ContractionLowering(PanelPacking):
         for a in extra:
             lo.sizes[a.name] = a.size
         self.a, self.b, self.swapped = panel_sides(c, lo.memrefs, self.mr, self.nr)
+        #: side key -> the C name of its pre-packed panels (a constant operand packed once, not per call)
+        self.pre = {sd.key: f"kk_pk{sd.key}" for sd in (self.a, self.b) if self._prepackable(sd, constants)}
         self.stage = None        # B read in place from a padded copy of its source (kumiko.kernel.stage)
         dims = stage_bounds(self.b.table)
+        if "b" in self.pre:
+            dims = None
         if dims is not None and unit_rows(self.b.rows, self.b.table):     # consecutive rows, consecutive elements
             st = Stage(dims, self.b.rows, tuple(a.name for a in c.k_axes), c.batch, lo.sizes,
                        lo.cname[self.b.table.tensor], self.nr)
@@ -182,6 +187,56 @@ class ContractionLowering(PanelPacking):
     def decompose(self, flat: str, axes: tuple, out: list) -> None:
         """``long long a = ...`` for each axis from a row-major flat index over ``axes``."""
         _split(flat, axes, [C.index(self.lo.sizes[a], set()) for a in axes], out)
+
+    # constant operands ----------------------------------------------------------------------------------
+    def _prepackable(self, sd: Side, constants: frozenset) -> bool:
+        """Is ``sd`` a function of constant inputs only, the same at every batch point? Then its panels, for
+        all rows and all of K, are packed once (``prepack``) and the kernel reads them in place. Not with a
+        fused window (N blocks then hold whole window groups, not whole panels)."""
+        if self.c.outer is not None or (sd.key == "b" and self.nc % self.nr):
+            return False
+        reads, stack = set(), [sd.expr]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, Read):
+                reads.add(e.tensor)
+            elif isinstance(e, Ref):
+                return False
+            stack.extend(children(e))
+        return bool(reads) and reads <= constants and not (free_axes(sd.expr) & set(self.c.batch))
+
+    def _size_decls(self) -> list:
+        c, mr = self.c, self.mr
+        return [Decl("const long long", "kk_B", self.size(c.batch)),
+                Decl("const long long", "kk_M", self.size(self.a.rows)),
+                Decl("const long long", "kk_N", self.size(self.b.rows)),
+                Decl("const long long", "kk_K", self.size(tuple(a.name for a in c.k_axes))),
+                Decl("const long long", "kk_Mp", f"(kk_M + {mr - 1}) / {mr} * {mr}")]
+
+    def prepack_floats(self, key: str) -> Expr:
+        """The size of side ``key``'s pre-packed panels in floats: whole panels of R rows, each all of K."""
+        sd = self.a if key == "a" else self.b
+        rows = prod([self.lo.sizes[a] for a in sd.rows]) if sd.rows else Expr.lift(1)
+        k = prod([a.size for a in self.c.k_axes]) if self.c.k_axes else Expr.lift(1)
+        return (Expr.lift(rows) + (sd.r - 1)) // sd.r * sd.r * k
+
+    def prepack(self, key: str) -> list:
+        """The body of side ``key``'s packing function: panel q of all rows at all of K, at
+        ``kk_pk + q*R*K`` (the layout the kernel's resident A panels have), the panels split among threads."""
+        sd = self.a if key == "a" else self.b
+        s = self._size_decls()
+        par: list = [Decl("const int", "kk_t", "omp_get_thread_num()"),
+                     Decl("const int", "kk_nt", "omp_get_num_threads()")]
+        if sd.table is not None:
+            al, fi = self._tables(sd)
+            s += al
+            par += fi + [Raw("#pragma omp barrier")] + self._batch_parts(sd)
+        par += [Decl("const long long", "kk_pc", "0"), Decl("const long long", "kk_kcb", "kk_K"),
+                Decl("const long long", "kk_npn", f"({sd.count} + {sd.r - 1}) / {sd.r}"),
+                *self._pack(sd, "kk_t * kk_npn / kk_nt", "(kk_t + 1) * kk_npn / kk_nt", "0", sd.count,
+                            f"(float*){self.pre[key]}")]
+        return s + [Raw("#pragma omp parallel\n{"), *par, Raw("}"),
+                    Raw("kk_scratch_trim(2); kk_scratch_trim(3);")]
 
     # epilogues ------------------------------------------------------------------------------------------
     def _epi_pointwise(self, epilogue, r0: str, r1: str, c0: str, c1: str) -> list:
@@ -275,11 +330,7 @@ class ContractionLowering(PanelPacking):
         s: list = [Comment(f"contraction {c.let}: batch {list(c.batch)}, M {list(A.rows)} ({how(A)}), "
                            f"N {list(B.rows)} ({how(B)}), K {list(k_axes)}; micro {mr}x{nr}, "
                            f"blocks MC<={mc} NC<={nc} KC<={kc}"),
-                   Decl("const long long", "kk_B", self.size(c.batch)),
-                   Decl("const long long", "kk_M", self.size(A.rows)),
-                   Decl("const long long", "kk_N", self.size(B.rows)),
-                   Decl("const long long", "kk_K", self.size(k_axes)),
-                   Decl("const long long", "kk_Mp", f"(kk_M + {mr - 1}) / {mr} * {mr}")]
+                   *self._size_decls()]
         # a size-1 iter that no operand reads is none of batch, M or N: it is 0 wherever the epilogue uses it
         s += [Decl("const long long", a.name, "0") for a in lo.r.iters
               if lo.sizes.get(a.name) == 1 and a.name not in c.batch + A.rows + B.rows]
@@ -299,7 +350,11 @@ class ContractionLowering(PanelPacking):
               Decl("const long long", "kk_nkb", f"kk_K > 0 ? (kk_K + {kc - 1}) / {kc} : 1"),
               Decl("const long long", "kk_kc", "kk_K > 0 ? (kk_K + kk_nkb - 1) / kk_nkb : 1"),
               Decl("const long long", "kk_bsz", "kk_ncp * kk_kc"),
-              Decl("const long long", "kk_T", "omp_get_max_threads()"),
+              # threads: at most one per _MACS_PER_THREAD multiply-adds (a small contraction does not wake
+              # threads it cannot use: in a process whose other thread pools are busy, waking one costs more)
+              Decl("const long long", "kk_work", f"kk_B * kk_M * kk_N * (kk_K > 0 ? kk_K : 1) / {_MACS_PER_THREAD}"),
+              Decl("const long long", "kk_T", "omp_get_max_threads() < 1 + kk_work ? omp_get_max_threads() : "
+                   "1 + kk_work"),
               # the most rows x columns one thread computes when threads split M, or N
               Decl("const long long", "kk_wm", f"(kk_Mp / {mr} + kk_T - 1) / kk_T * {mr} * kk_N"),
               Decl("const long long", "kk_wn", "(kk_nun + kk_T - 1) / kk_T * kk_un * kk_Mp"),
@@ -312,8 +367,9 @@ class ContractionLowering(PanelPacking):
               Decl("const long long", "kk_nbuf", "kk_mode ? kk_T : 1")]
         fills: list = []
         stg = self.stage
+        pre_a, pre_b = "a" in self.pre, "b" in self.pre
         for sd in (A, B):
-            if sd.table is not None:
+            if sd.table is not None and sd.key not in self.pre:
                 al, fi = self._tables(sd, stg.columns() if stg is not None and sd is B else ())
                 s += al
                 fills += fi
@@ -340,7 +396,9 @@ class ContractionLowering(PanelPacking):
             Decl("const long long", "kk_nmb", f"(kk_m1 - kk_m0 + {mc - 1}) / {mc}"),
             Decl("const long long", "kk_mblk",
                  f"kk_nmb > 0 ? ((kk_m1 - kk_m0 + kk_nmb - 1) / kk_nmb + {mr - 1}) / {mr} * {mr} : {mr}"),
-            Decl("const int", "kk_ares", f"(kk_m1 - kk_m0) * kk_K <= {_ARES}"),
+            # pre-packed A: every panel resident, for all of K (the layout the resident path packs)
+            Decl("const int", "kk_ares", "1" if pre_a else f"(kk_m1 - kk_m0) * kk_K <= {_ARES}"),
+            Decl("const float* KUMIKO_RESTRICT", "kk_Ap", f"{self.pre['a']} + kk_m0 * kk_K") if pre_a else
             Decl("float* KUMIKO_RESTRICT", "kk_Ap", "(float*)kk_scratch(4, sizeof(float) * (size_t)(kk_ares ? "
                  f"(kk_m1 - kk_m0) * kk_K : {mc} * kk_kc))"),
             Decl("float*", "kk_Bt", "kk_Bp + (kk_mode ? kk_t : 0) * 2 * kk_bsz"),
@@ -349,16 +407,20 @@ class ContractionLowering(PanelPacking):
         bdec: list = []
         self.decompose("kk_b", c.batch, bdec)
         for sd in (A, B):
-            if sd.table is not None:
+            if sd.table is not None and sd.key not in self.pre:
                 bdec += self._batch_parts(sd)
         if stg is not None:
             bdec.append(stg.base())
-        bdec.append(If("kk_ares", (Block((
-            Decl("const long long", "kk_pc", "0"), Decl("const long long", "kk_kcb", "kk_K"),
-            *self._pack(A, "0", f"(kk_m1 - kk_m0) / {mr}", "kk_m0", "kk_M", "kk_Ap"))),)))
-        pack_b = self._pack(B, "kk_q0", "kk_q1", "kk_jc", "kk_jc + kk_ncur", "kk_Bc")
-        pack_a = self._pack(A, "0", f"kk_mcb / {mr}", "kk_ic", "kk_M", "kk_Ap")
-        call = Raw(f"{micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, kk_Bc + kk_jr*{nr}*kk_kcb, "
+        if not pre_a:
+            bdec.append(If("kk_ares", (Block((
+                Decl("const long long", "kk_pc", "0"), Decl("const long long", "kk_kcb", "kk_K"),
+                *self._pack(A, "0", f"(kk_m1 - kk_m0) / {mr}", "kk_m0", "kk_M", "kk_Ap"))),)))
+        pack_b = [] if pre_b else self._pack(B, "kk_q0", "kk_q1", "kk_jc", "kk_jc + kk_ncur", "kk_Bc")
+        pack_a = [] if pre_a else self._pack(A, "0", f"kk_mcb / {mr}", "kk_ic", "kk_M", "kk_Ap")
+        # pre-packed B: panel p of all of K at p*NR*K (kk_jc is a multiple of NR: NC and the N splits are)
+        b_at = (f"{self.pre['b']} + (kk_jc + kk_jr*{nr})*kk_K + kk_pc*{nr}" if pre_b else
+                f"kk_Bc + kk_jr*{nr}*kk_kcb")
+        call = Raw(f"{micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, {b_at}, "
                    f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);")
         if stg is not None:     # B from the stage: the panel's first row's offset, the K offsets, its two runs
             call = If("kk_dir", (Raw(
@@ -367,7 +429,7 @@ class ContractionLowering(PanelPacking):
                 f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
         micro = For("kk_jr", "0", "kk_np", (For("kk_ir", "0", "kk_mcb", (call,), step=str(mr)),))
         block = [Decl("const long long", "kk_mcb", "kk_m1 - kk_ic < kk_mblk ? kk_m1 - kk_ic : kk_mblk"),
-                 If("!kk_ares", tuple(pack_a)),
+                 *([] if pre_a else [If("!kk_ares", tuple(pack_a))]),
                  Decl("const float*", "kk_Ac", f"kk_ares ? kk_Ap + (kk_ic - kk_m0) * kk_K + kk_pc * {mr} : kk_Ap"),
                  Decl("const long long", "kk_lda", "kk_ares ? kk_K : kk_kcb"),
                  micro]
@@ -421,15 +483,59 @@ def pointwise_epilogue(lo: CpuLowering, c: Contraction) -> list:
     return out
 
 
+@dataclass(frozen=True)
+class Prepack:
+    """A constant operand's panels, packed once by their own function and read in place by the kernel.
+
+    ``kernel`` takes the region kernel's buffers (inputs, outputs, then the packed panels of each pre-packed
+    side, ``a`` before ``b``) and writes the panels of side ``key``; ``floats`` is their size over the size
+    symbols; ``sources`` the constant inputs they are packed from (the runtime packs again when a call
+    passes other arrays for them)."""
+    key: str
+    kernel: Kernel
+    floats: Expr
+    sources: tuple
+
+
 def lower_contraction_region(lo: CpuLowering, plan: Plan) -> Kernel | None:
     """The region as contraction (+ in-tile epilogue, or + generic rest over a scratch accumulator)."""
+    out = lower_contraction_kernels(lo, plan)
+    return out[0] if out is not None else None
+
+
+def lower_contraction_kernels(lo: CpuLowering, plan: Plan, constants: frozenset = frozenset()
+                              ) -> tuple[Kernel, tuple[Prepack, ...]] | None:
+    """``lower_contraction_region``, with the operands that read only ``constants`` (inputs bound once,
+    the weights) packed by functions of their own: (the kernel, its Prepacks)."""
     c = find_contraction(lo)
     if c is None:
         return None
-    cl = ContractionLowering(lo, c, plan)
+    cl = ContractionLowering(lo, c, plan, constants)
+    kern = _contraction_kernel(lo, c, cl)
+    packs = []
+    for key in sorted(cl.pre):
+        sd = cl.a if key == "a" else cl.b
+        reads = tuple(sorted({n for n, _ in lo.r.inputs if n in constants and _reads(sd.expr, n)}))
+        pk = dataclasses.replace(kern, name=f"{kern.name}__pack_{key}", body=tuple(cl.prepack(key)),
+                                 params=tuple(dataclasses.replace(p, const=False) if p.name == cl.pre[key] else p
+                                              for p in kern.params),
+                                 notes=(f"packs the {key.upper()} panels of {lo.r.name} from {', '.join(reads)} "
+                                        "once: a constant operand",), gather_check=False, no_loop_vectorize=False)
+        packs.append(Prepack(key, pk, cl.prepack_floats(key), reads))
+    return kern, tuple(packs)
+
+
+def _reads(e: RExpr, tensor: str) -> bool:
+    if isinstance(e, Read) and e.tensor == tensor:
+        return True
+    return any(_reads(x, tensor) for x in children(e))
+
+
+def _contraction_kernel(lo: CpuLowering, c: Contraction, cl: ContractionLowering) -> Kernel:
+    extra = tuple(Param(cl.pre[k], "float", True) for k in sorted(cl.pre))
     if c.pointwise:
         body = cl.emit(lambda: pointwise_epilogue(lo, c))
-        return _kernel(lo, body)
+        return _kernel(lo, body, extra)
     # 2-phase: accumulator into a full scratch array over its axes, then the generic nest for the rest
     axes = lo.types[c.let].axes
     scratch = "a_" + c.let
@@ -448,10 +554,11 @@ def lower_contraction_region(lo: CpuLowering, plan: Plan) -> Kernel | None:
     lo.red_axes = []
     body += [parallelize(s) for s in lo.emit_items(tree, ())]
     body.append(Raw(f"kumiko_tmp_free({scratch});"))
-    return _kernel(lo, body)
+    return _kernel(lo, body, extra)
 
 
-def _kernel(lo: CpuLowering, body: list) -> Kernel:
-    params = tuple(Param(lo.cname[n], C.STORAGE[m.dtype.name], n in dict(lo.r.inputs)) for n, m in lo.memrefs.items())
+def _kernel(lo: CpuLowering, body: list, extra: tuple = ()) -> Kernel:
+    params = tuple(Param(lo.cname[n], C.STORAGE[m.dtype.name], n in dict(lo.r.inputs))
+                   for n, m in lo.memrefs.items()) + extra
     return Kernel(lo.name, params, lo.syms, tuple(body), lo.r.notes, gather_check=lo.uses_gather,
                   no_loop_vectorize=lo.reversed_reduce)

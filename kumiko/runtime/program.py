@@ -171,7 +171,8 @@ class CpuProgram:
     KEEP_STATES = 8
 
     def __init__(self, program: Program, module: CModule, fn_names: Mapping[str, str], *,
-                 poison: bool | None = None, steps: tuple[Step, ...] | None = None, reuse_outputs: bool = True):
+                 poison: bool | None = None, steps: tuple[Step, ...] | None = None, reuse_outputs: bool = True,
+                 constants: Mapping[str, np.ndarray] | None = None):
         missing = [r.name for r in program.regions if r.name not in fn_names]
         if missing:
             raise KumikoError("E1703", at=f"program {program.name}", why=f"no kernel function for regions {missing}",
@@ -180,6 +181,8 @@ class CpuProgram:
         self.setup(program, steps if steps is not None else region_steps(program, fn_names), poison,
                    reuse_outputs=reuse_outputs)
         self.kernels = [(st, module.fn(st.fn)) for st in self.steps]
+        self.constants = dict(constants or {})
+        self._pack_fns = {pk.fn: module.fn(pk.fn) for st in self.steps for pk in st.packs}
 
     def setup(self, program: Program, steps: tuple[Step, ...], poison: bool | None, *,
               reuse_outputs: bool = True) -> None:
@@ -193,6 +196,13 @@ class CpuProgram:
         self._planned = dataclasses.replace(program, buffers=tuple(b for b in program.buffers if b[0] in used))
         self._plans: dict[tuple, ArenaPlan] = {}          # symbol values -> arena plan (immutable, shared)
         self._state_lock = threading.Lock()
+        #: the Executable's bound inputs (the weights): a step's pre-packed panels of them are packed once
+        self.constants: dict[str, np.ndarray] = {}
+        self._pack_fns: dict = {}
+        self._packed: dict[tuple, dict[str, np.ndarray]] = {}    # (step regions, symbol values) -> panels
+        self._pack_lock = threading.Lock()
+        #: pack function calls so far (a test checks that constants are packed once, not per call)
+        self.pack_calls = 0
         #: the first call state: the one a single-threaded caller always gets back (tests inspect its pools)
         self._primary = CallState()
         self._free_states: list[CallState] = [self._primary]
@@ -287,7 +297,10 @@ class CpuProgram:
             raise KumikoError("E1015", at="inputs", why=f"missing {missing}", expected=names)
         do_poison = self.poison if self.poison is not None else knobs.spec() >= 1
         try:
-            bufs = {n: self._input(n, m, inputs[n], env, state) for n, m in self.program.inputs}
+            consts = self.constants
+            # a bound constant passed as itself was checked by the Executable and is C-contiguous
+            bufs = {n: inputs[n] if n in consts and inputs[n] is consts[n] and inputs[n].ctypes.data % 64 == 0
+                    else self._input(n, m, inputs[n], env, state) for n, m in self.program.inputs}
             for n, m in self.program.outputs:
                 shape, align = tuple(dim_eval(d, env) for d in m.shape), max(ALIGN, m.alignment)
                 arr = (state.outputs.take(n, shape, m.dtype.np, align) if self.reuse_outputs
@@ -314,10 +327,51 @@ class CpuProgram:
             raise KumikoError("E1014", at=f"program {self.program.name}", why=f"size symbol {e.args[0]} has no "
                               "value", suggestion="Bind it through an input's shape (or give it in env).") from None
 
+    # -- pre-packed constant operands ---------------------------------------------------------------
+    def _bind_packs(self, inputs: Mapping[str, np.ndarray], bufs: dict, syms: list[int],
+                    env: Mapping[str, int], state: CallState) -> None:
+        """Put every step's pre-packed panels in ``bufs``: packed once per set of sizes and kept while the
+        call passes the bound arrays themselves (``constants``: read-only, so they cannot change under the
+        panels); packed for this call alone into ``state``'s memory when it passes other arrays."""
+        key = tuple(env.get(s) for s in self.symbols)
+        for step, _ in self.kernels:
+            if not step.packs:
+                continue
+            own = all(self.constants.get(src) is not None and inputs.get(src) is self.constants[src]
+                      for pk in step.packs for src in pk.sources)
+            if not own:
+                bufs.update(self._pack(step, bufs, syms, env, state))
+                continue
+            # keyed by the step's regions: steps of layers alike call one function with other weights
+            panels = self._packed.get((step.regions, key))
+            if panels is None:
+                with self._pack_lock:
+                    panels = self._packed.get((step.regions, key))
+                    if panels is None:
+                        panels = self._packed[(step.regions, key)] = self._pack(step, bufs, syms, env, None)
+            bufs.update(panels)
+
+    def _pack(self, step: Step, bufs: dict, syms: list[int], env: Mapping[str, int],
+              state: CallState | None) -> dict[str, np.ndarray]:
+        panels = {}
+        for pk in step.packs:
+            n = max(1, int(dim_eval(pk.floats, env)))
+            panels[pk.buffer] = (state.copies.take(pk.buffer, (n,), np.float32, ALIGN) if state is not None
+                                 else aligned_empty((n,), np.float32))
+        view = {**bufs, **panels}
+        for pk in step.packs:
+            self._run_step(Step(pk.fn, step.regions, step.buffers), self._pack_fns[pk.fn], view, syms, env)
+            self.pack_calls += 1
+        for a in panels.values():
+            a.setflags(write=False)
+        return panels
+
     def __call__(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
         syms = self.syms(env)
         with self.call_state() as state:
             bufs = self.buffers(inputs, env, state)
+            if self._pack_fns:
+                self._bind_packs(inputs, bufs, syms, env, state)
             timed = enabled(2)
             for step, fn in self.kernels:
                 t0 = time.perf_counter()
