@@ -63,6 +63,7 @@ class For:
     vector: int = 0          # a SIMD hint (``#pragma omp simd``) when > 0
     workshare: bool = False  # an ``omp for`` inside an enclosing parallel region
     tail: bool = False       # the scalar remainder of a vector loop (< KUMIKO_VW iterations): never parallel
+    par_if: str = ""         # a parallel loop's OpenMP ``if``: threads only when this holds (enough work)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Parallel:
     """``#pragma omp parallel { body }``: the body runs once per thread (its Scratch arrays are the
     thread's own); the loops inside that share out work are ``workshare`` Fors."""
     body: tuple
+    cond: str = ""           # OpenMP ``if``: threads only when this holds (enough work)
 
 
 @dataclass(frozen=True)

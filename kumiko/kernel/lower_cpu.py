@@ -556,6 +556,24 @@ def parallelize(s: Stmt) -> Stmt:
     while depth < 3 and len(cur.body) == 1 and isinstance(cur.body[0], For) and not cur.body[0].tail:
         cur = cur.body[0]
         depth += 1
+    cond = _enough_work(s)
     if not found:
-        return dataclasses.replace(s, parallel=True, collapse=depth)
-    return Parallel(tuple(found) + (dataclasses.replace(s, workshare=True, collapse=depth),))
+        return dataclasses.replace(s, parallel=True, collapse=depth, par_if=cond)
+    return Parallel(tuple(found) + (dataclasses.replace(s, workshare=True, collapse=depth),), cond=cond)
+
+
+#: the fewest points of a loop nest worth waking threads for: below it the nest runs on the calling thread
+#: (a kernel over 16 floats took 50 us when it woke a pool, and milliseconds where other pools were busy)
+PARALLEL_MIN_POINTS = 1 << 15
+
+
+def _enough_work(s: For) -> str:
+    """C for "the nest has at least PARALLEL_MIN_POINTS points": the product of the extents along its
+    first-loop chain (inner reductions only add to the work, so this errs towards one thread for small
+    nests only)."""
+    extents, cur = [], s
+    while isinstance(cur, For):
+        extents.append(f"({cur.hi} - ({cur.lo}))")
+        inner = [x for x in cur.body if isinstance(x, For)]
+        cur = inner[0] if len(inner) == 1 else None
+    return f"{' * '.join(extents)} >= {PARALLEL_MIN_POINTS}LL"
