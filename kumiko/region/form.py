@@ -482,23 +482,34 @@ class Former:
         return normalize(region), b
 
     def form(self) -> Program:
+        """Build every root's region; a value that must be a root (NeedsRoot, or R-fanout after a pass) becomes
+        one and only the regions that had inlined it are built again (the others cannot change: they never
+        reached it), so a deep network's many restarts cost the regions they touch, not the whole graph."""
+        built: dict = {}
         for _ in range(4 * len(self.g.nodes) + 4):
             try:
-                built = {r: self.build(r) for r in self._order()}
+                for r in self._order():
+                    if r not in built:
+                        built[r] = self.build(r)
             except NeedsRoot as e:
                 self.roots[e.nid] = (e.rule, e.why, e.deferred)
-                self._cheap.clear()
-                self._wide.clear()
+                self._rooted(built, e.nid)
                 continue
             fan = self._fanout(built)
             if fan is None:
-                return self._program(built)
+                return self._program({r: built[r] for r in self._order()})
             self.roots[fan] = ("R-fanout", f"{fan} is needed by several kernels and holds a reduction or reads "
                                f"more than {MAX_RECOMPUTE_READS} tensors of its size (itself or the value its chain of "
                                "single consumers starts from): materialised once", False)
-            self._cheap.clear()
-            self._wide.clear()
+            self._rooted(built, fan)
         raise RuntimeError("region formation did not converge")
+
+    def _rooted(self, built: dict, nid: str) -> None:
+        """``nid`` just became a root: forget the regions that inlined it and what depends on the roots."""
+        for r in [r for r, (_, b) in built.items() if nid in b.inlined or r == nid]:
+            del built[r]
+        self._cheap.clear()
+        self._wide.clear()
 
     def _fanout(self, built) -> str | None:
         count: dict[str, int] = {}
