@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pickle
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -109,26 +110,40 @@ _I32 = np.iinfo(np.int32)
 class Executable:
     """A compiled program: call it with arrays by signature name, get outputs in signature order."""
 
-    def __init__(self, program: Graph | TinyGraph, target: str = DEFAULT_TARGET, **options):
+    def __init__(self, program: Graph | TinyGraph, target: str = DEFAULT_TARGET, *, _saved: dict | None = None,
+                 **options):
         factory = target_factory(target)
         _check_options(target, factory, options)
+        self._options = dict(options)
         self.tiny = to_tiny(program)
         #: fp32 inputs that also take float64 arrays (an imported ONNX model's DOUBLE inputs)
         self.fp64_inputs = program.fp64_inputs if isinstance(program, Graph) else frozenset()
+        if _saved is not None:            # load_executable: the saved constants and input kinds
+            self.fp64_inputs = frozenset(_saved["fp64_inputs"])
         self._in_dtypes = {t: self.tiny.nodes[nid].dtype for t, nid in self.tiny.inputs}
         #: the constant pool: values for param inputs the caller may leave out (a Graph's ``params``, e.g. ONNX
         #: initializers), bound once. Each is the Executable's own read-only C-contiguous copy in the input's
         #: dtype, so a target may prepare it once (the cpu target packs weights into its micro-kernel's panels)
         #: and trust it for every call that does not pass another array in its place.
-        self.params = {k: self._constant(k, v) for k, v in
-                       (program.params.items() if isinstance(program, Graph) else ())}
+        bound = _saved["params"] if _saved is not None else program.params if isinstance(program, Graph) else {}
+        self.params = {k: self._constant(k, v) for k, v in bound.items()}
         self.target = target
         if isinstance(program, Graph):   # a Graph lowers as it is made: its time is in load's (or the caller's)
             log(1, f"stage frontend->tiny: done when the Graph was made ({len(self.tiny.nodes)} Tiny IR nodes)")
         if "constants" in inspect.signature(factory).parameters:
             options = {**options, "constants": self.params}
-        with stage(f"compile {self.tiny.name} for {target}"):
-            self._run = factory(self.tiny, **options)
+        restored = None
+        if _saved is not None and _saved.get("artifact") is not None and target == "cpu":
+            from kumiko.runtime.target_cpu import restore
+            with stage(f"load the saved {self.tiny.name} for {target}"):
+                restored = restore(_saved["artifact"], constants=self.params)
+            if restored is None:
+                log(1, "the saved kernels were built for another ISA: compiling again")
+        if restored is not None:
+            self._run = restored
+        else:
+            with stage(f"compile {self.tiny.name} for {target}"):
+                self._run = factory(self.tiny, **options)
         report_compile(program, self._run, target)     # KUMIKO_DEBUG's kernels, plans, source, IRs; KUMIKO_DUMP
         self._sizes_ok: set = set()      # sizes check_sizes passed (bind)
         # the constants are checked once, here: a call that passes the bound arrays themselves skips their
@@ -139,6 +154,20 @@ class Executable:
             self._trusted = frozenset(self.params)
         except KumikoError:               # reported at the call that uses them, as for any input
             self._const_env, self._trusted = {}, frozenset()
+
+    def save(self, path: str | Path) -> None:
+        """Write this Executable to ``path``, constants included, so that ``kumiko.load_executable(path)``
+        runs it in another process: on the ``cpu`` target without compiling (the kernel library is saved
+        with it; a machine with another ISA compiles again), on other targets by compiling the saved graph.
+        The file is a pickle: load only files you trust. Written atomically."""
+        from kumiko.util.files import write_file
+        artifact = None
+        if self.target == "cpu":
+            from kumiko.runtime.target_cpu import save_state
+            artifact = save_state(self._run)
+        state = {"format": EXECUTABLE_FORMAT, "tiny": self.tiny, "target": self.target, "options": self._options,
+                 "params": self.params, "fp64_inputs": sorted(self.fp64_inputs), "artifact": artifact}
+        write_file(Path(path), pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), "a saved Executable")
 
     @property
     def input_names(self) -> list[str]:
@@ -200,6 +229,28 @@ class Executable:
     def random_inputs(self, seed: int = 0, shapes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         """Fresh random inputs (never zeros): normal floats, small non-negative ints, random bools."""
         return random_inputs(self.tiny, seed, shapes, every_node=self.target == "eval")
+
+
+#: what ``Executable.save`` writes (a new version when the record changes)
+EXECUTABLE_FORMAT = "kumiko-executable/1"
+
+
+def load_executable(path: str | Path) -> Executable:
+    """An Executable that ``Executable.save`` wrote (a pickle: load only files you trust)."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise KumikoError("E1502", at=str(p), why=f"cannot read the file: {e.strerror or e}") from None
+    try:
+        state = pickle.loads(data)
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign file: pickle raises many kinds
+        raise KumikoError("E1009", at=str(p), why=f"not a saved kumiko Executable ({type(e).__name__}: {e})",
+                          suggestion="Give a file written by Executable.save.") from None
+    if not isinstance(state, dict) or state.get("format") != EXECUTABLE_FORMAT:
+        raise KumikoError("E1009", at=str(p), why=f"not a saved kumiko Executable of format {EXECUTABLE_FORMAT}",
+                          suggestion="Save it again with this version of kumiko.")
+    return Executable(state["tiny"], state["target"], _saved=state, **state["options"])
 
 
 def compile(program: Graph | TinyGraph, target: str = DEFAULT_TARGET, **options) -> Executable:  # noqa: A001

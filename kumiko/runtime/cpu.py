@@ -556,6 +556,30 @@ def _load_object(obj: Path, meta: Path) -> bytes | None:
     return None
 
 
+def load_library(data: bytes, *, name: str = "kumiko") -> CModule:
+    """A library from its bytes (a saved Executable's): published into the cache under its digest, as a
+    build's entry is (atomically, with its sidecar), and loaded; nothing is compiled."""
+    key = "lib-" + hashlib.sha256(data).hexdigest()
+    root = cache_root()
+    mod = _LOADED.get((str(root), key))
+    if mod is not None:
+        return CModule(mod.path, key, mod.lib, cached=True)
+    so, meta = root / f"{key}.so", root / f"{key}.json"
+    lib = _load_entry(so, meta)
+    if lib is None:
+        publish_entry(so, data)
+        publish_entry(meta, json.dumps({"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+                                        "name": name, "saved": True}))
+        lib = _dlopen(so)
+        if lib is None:
+            raise KumikoError("E1502", at=name, why="the saved kernel library cannot be loaded (a damaged file, "
+                              "or one built for another kind of machine)",
+                              suggestion="Compile the graph again on this machine.")
+    mod = CModule(so, key, lib, cached=True)
+    _LOADED[(str(root), key)] = mod
+    return mod
+
+
 def forget_loaded() -> None:
     """Drop the in-process module table, so the next build goes to the disk cache, and check the cache
     directory again (tests use it)."""

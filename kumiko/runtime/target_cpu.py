@@ -22,7 +22,7 @@ from kumiko.plan.validate import validate
 from kumiko.region import form_regions
 from kumiko.region.ssa import Program
 from kumiko.render.cpu_program import render_cpu_source
-from kumiko.runtime.cpu import CModule, build_units, compiler_version, cpu_features
+from kumiko.runtime.cpu import CModule, build_units, compiler_version, cpu_features, load_library
 from kumiko.runtime.program import CpuProgram, program_symbols
 from kumiko.tiny.evaluate import bind_symbols
 from kumiko.tiny.inputs import random_inputs
@@ -51,6 +51,31 @@ def _build(tiny: TinyGraph, program: Program, plans: dict[str, Plan],
         module = build_units(c.units, name=tiny.name, aliases=c.aliases, prefix=c.prefix)
     return CompiledCpu(program, plans, c.source, module, CpuProgram(program, module, c.names, steps=c.steps,
                                                                     constants=constants))
+
+
+def machine_key() -> tuple:
+    """What a saved library needs of the machine that loads it: the ISA it was built for (-march=native)."""
+    feats = cpu_features()
+    return tuple(sorted((k, v) for k, v in feats.items() if k not in ("model", "cores")))
+
+
+def save_state(c: CompiledCpu) -> dict:
+    """What ``restore`` needs to run ``c`` again in another process without compiling: the region Program,
+    the plans, the source, the steps and the library's bytes, with the machine they were built for."""
+    return {"program": c.program, "plans": c.plans, "source": c.source, "steps": c.runner.steps,
+            "library": c.module.path.read_bytes(), "machine": machine_key()}
+
+
+def restore(state: dict, constants: Mapping[str, np.ndarray] | None = None) -> CompiledCpu | None:
+    """A CompiledCpu from ``save_state``'s record, its library loaded as it is; None when this machine's ISA
+    differs from the one it was built for (the caller compiles again)."""
+    if state.get("machine") != machine_key():
+        return None
+    program, steps = state["program"], tuple(state["steps"])
+    module = load_library(state["library"], name=program.name)
+    names = {r: st.fn for st in steps for r in st.regions}
+    runner = CpuProgram(program, module, names, steps=steps, constants=constants)
+    return CompiledCpu(program, dict(state["plans"]), state["source"], module, runner)
 
 
 def compile_cpu(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, features: dict | None = None,
