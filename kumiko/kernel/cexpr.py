@@ -12,6 +12,7 @@ They return None where a value has no vector form; the loop then stays scalar. L
 from __future__ import annotations
 
 import math
+import re
 
 from kumiko import dtypes
 from kumiko.symbolic import Expr, FloorDiv, Sym
@@ -44,7 +45,14 @@ def typed_helpers(qualifier: str) -> str:
            for ct in ("float", "double", "int32_t", "int")]
     out += [f"{qualifier} {ct} kk_{fn}_{ct}({ct} a, {ct} b) {{ return a {op} b ? a : b; }}"
             for ct in ("double", "int32_t", "int") for fn, op in (("max", ">"), ("min", "<"))]
+    # x**n for a small integer constant n: multiplies (inlined and unrolled: vectorisable, where powf is a call
+    # per element; GPT-2's tanh-GELU cubes every activation)
+    out.append(f"{qualifier} float kk_pownf(float x, int n) {{ float r = 1.0f, b = x; int m = n < 0 ? -n : n; "
+               "while (m) { if (m & 1) r *= b; b *= b; m >>= 1; } return n < 0 ? 1.0f / r : r; }")
     return "\n".join(out) + "\n"
+
+
+_SMALL_INT = re.compile(r"^\(?\s*(-?[1-4])(?:\.0*)?f?\s*\)?$")
 
 
 PRELUDE += typed_helpers("static inline")
@@ -195,6 +203,9 @@ def binary(fn: str, a: str, b: str, ct: str) -> str:
             return f"kk_{fn}f({a}, {b})"
         return f"kk_{fn}_{ct}({a}, {b})"           # functions, so each operand is written once
     if fn == "pow":
+        n = _SMALL_INT.match(b) if ct == "float" else None
+        if n is not None:
+            return f"kk_pownf({a}, {n.group(1)})"
         return f"powf({a}, {b})" if ct == "float" else f"pow({a}, {b})"
     ops = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
     return f"(({a}) {ops[fn]} ({b}))"

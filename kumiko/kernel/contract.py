@@ -163,6 +163,7 @@ class ContractionLowering(PanelPacking):
 
     def __init__(self, lo: CpuLowering, c: Contraction, plan: Plan, constants: frozenset = frozenset()):
         self.lo, self.c, self.plan = lo, c, plan
+        lo.cpu_math = True       # the epilogue's exp2 is kumiko_cpu.h's polynomial (vectorisable), not exp2f
         self.mr, self.nr = plan.micro
         self.vw = plan.vector_width
         self.mc, self.nc, self.kc = plan.tile

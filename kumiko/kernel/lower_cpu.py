@@ -126,6 +126,7 @@ class CpuLowering(VectorEmitter):
         self.staged = False                      # a contraction reads B from a stage (stage micro-kernel)
         self.vectorize = True                    # kv_* loops where safe (CPU nests of a plain CpuLowering)
         self._nest = False                       # emitting a CPU nest: kumiko_cpu.h's vectors and exp2
+        self.cpu_math = False                    # kumiko_cpu.h's exp2 outside a nest too (a GEMM's epilogue)
         self._vctx: VectorCtx | None = None      # the vector loop (or reduction) being emitted
         self._vnames: set = set()                # lets held as vectors right now (never read as scalars)
         self._fuse: tuple | None = None          # (emit a loop's body, Reduce): hreduce may run it in its loops
@@ -266,7 +267,7 @@ class CpuLowering(VectorEmitter):
             return v
         if isinstance(e, Unary):
             ct = self.ctype(e)
-            if e.fn == "exp2" and ct == "float" and self._nest:
+            if e.fn == "exp2" and ct == "float" and (self._nest or self.cpu_math):
                 return f"kumiko_exp2({self.expr(e.x, out)})"     # the scalar twin of the lanes' kv_exp2
             return C.unary(e.fn, self.expr(e.x, out), ct)
         if isinstance(e, Cast):

@@ -42,3 +42,29 @@ def test_a_deep_relu_chain_under_a_sum_compiles_and_matches():
     g = y.sum(axis=1).graph("y")
     xv = np.random.default_rng(0).standard_normal((3, 70), dtype=np.float32)
     np.testing.assert_allclose(kumiko.compile(g)(x=xv)["y"], kumiko.compile(g, "eval")(x=xv)["y"], rtol=1e-5)
+
+
+def test_small_integer_powers_are_multiplies_and_match_the_evaluator():
+    """x**3 (GPT-2's tanh-GELU) was a powf call per element in a GEMM's epilogue, exp2 an exp2f call: neither
+    vectorises. Small integer powers are kk_pownf (multiplies), the epilogue's exp2 is kumiko_cpu.h's."""
+    import numpy as np
+
+    import kumiko
+    from kumiko import Tensor
+    from kumiko.accuracy import rel_l2
+    from kumiko.kernel import cexpr as C
+    assert C.binary("pow", "x", "3.0f", "float") == "kk_pownf(x, 3)"
+    assert C.binary("pow", "x", "-2.0f", "float") == "kk_pownf(x, -2)"
+    assert C.binary("pow", "x", "0.5f", "float") == "powf(x, 0.5f)"
+    x, w = Tensor.input("x", (9, 20)), Tensor.input("w", (20, 37))
+    g = (x @ w).gelu(approximate="tanh").graph("y")
+    exe = kumiko.compile(g, "cpu")
+    src = exe._run.source
+    assert "kk_pownf(" in src and "powf(" not in src.replace("kk_pownf(", "") and "exp2f(" not in src
+    ins = exe.random_inputs(4)
+    want = kumiko.compile(g, "eval")(**ins)["y"]
+    assert rel_l2(exe(**ins)["y"], want) < 1e-5
+    y = Tensor.input("y", (5, 33))
+    g2 = (y ** 3 + y ** -2 + y ** 2).graph("z")
+    ins2 = {"y": np.random.default_rng(1).uniform(0.5, 2.0, (5, 33)).astype(np.float32)}
+    assert rel_l2(kumiko.compile(g2, "cpu")(**ins2)["z"], kumiko.compile(g2, "eval")(**ins2)["z"]) < 1e-5
