@@ -264,7 +264,8 @@ class Former:
         expr = self.compute(b, n, index, scope)
         # a value valid only under a guard stays in the guarded branch: as a top-level let it would be
         # evaluated (and read out of bounds) where the guard is false
-        if not inside and not b.guarded and nid != b.root and _top_level(index, n.shape, b.iters):
+        if not inside and not b.guarded and nid != b.root and (
+                _top_level(index, n.shape, b.iters) or (n.uop == "REDUCE" and _free(index) <= set(b.iters))):
             name = f"v_{nid}"
             taken = {x.name for x in b.lets}
             if name in taken and not self.cheap(nid):
