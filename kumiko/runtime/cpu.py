@@ -304,6 +304,14 @@ def build_c(source: str, *, flags: Sequence[str] | None = None, extra_flags: Seq
     """
     all_flags = tuple(DEFAULT_FLAGS if flags is None else flags) + tuple(extra_flags)
     key = cache_key(source, all_flags)
+    mod = _cached_or_made(key, name, "built", lambda root, so, meta: _compile(source, all_flags, name, root, so, meta))
+    log(2, f"build_c {name}: {'cache hit' if mod.cached else f'compiled in {mod.compile_s * 1e3:.0f} ms'}: {mod.path}")
+    return mod
+
+
+def _cached_or_made(key: str, name: str, verb: str, make: Callable[[Path, Path, Path], float]) -> CModule:
+    """The library of cache key ``key``: already loaded here, a whole cache entry, or ``make(root, so, meta)``
+    (which publishes it and returns the seconds it took), then loaded."""
     root = cache_root()
     mod = _LOADED.get((str(root), key))
     if mod is not None:
@@ -313,19 +321,18 @@ def build_c(source: str, *, flags: Sequence[str] | None = None, extra_flags: Seq
     lib = _load_entry(so, meta)
     cached, compile_s = lib is not None, 0.0
     if lib is None:
-        compile_s = _compile(source, all_flags, name, root, so, meta)
+        compile_s = make(root, so, meta)
         lib = _dlopen(so)
         if lib is None and not so.is_file():
-            raise KumikoError("E1502", at=str(so), why="the library just built vanished from the cache before it "
+            raise KumikoError("E1502", at=str(so), why=f"the library just {verb} vanished from the cache before it "
                               "could be loaded (was the cache directory deleted during the build?)",
                               suggestion="Run again; do not delete the cache while kumiko builds.")
         if lib is None:
-            raise KumikoError("E1701", at=name, why=f"the freshly built {so.name} cannot be loaded")
+            raise KumikoError("E1701", at=name, why=f"the freshly {verb} {so.name} cannot be loaded")
     else:
         _count("disk_hits")
     mod = CModule(so, key, lib, cached=cached, compile_s=compile_s)
     _LOADED[(str(root), key)] = mod
-    log(2, f"build_c {name}: {'cache hit' if cached else f'compiled in {compile_s * 1e3:.0f} ms'}: {so}")
     return mod
 
 
@@ -355,30 +362,11 @@ def build_units(units: Sequence[str], *, flags: Sequence[str] | None = None, ext
     headers = _headers()
     keys = [cache_key(u, compile_flags, headers) for u in units]
     key = link_key(keys, link_flags)
-    root = cache_root()
-    mod = _LOADED.get((str(root), key))
-    if mod is not None:
-        _count("memory_hits")
-        return CModule(mod.path, key, mod.lib, cached=True)
-    so, meta = root / f"{key}.so", root / f"{key}.json"
-    lib = _load_entry(so, meta)
-    cached, compile_s = lib is not None, 0.0
-    if lib is None:
-        compile_s = _build_linked(units, keys, compile_flags, link_flags, name, root, so, meta, jobs, prefix)
-        lib = _dlopen(so)
-        if lib is None and not so.is_file():
-            raise KumikoError("E1502", at=str(so), why="the library just linked vanished from the cache before it "
-                              "could be loaded (was the cache directory deleted during the build?)",
-                              suggestion="Run again; do not delete the cache while kumiko builds.")
-        if lib is None:
-            raise KumikoError("E1701", at=name, why=f"the freshly linked {so.name} cannot be loaded")
-    else:
-        _count("disk_hits")
-    mod = CModule(so, key, lib, cached=cached, compile_s=compile_s)
-    _LOADED[(str(root), key)] = mod
+    mod = _cached_or_made(key, name, "linked", lambda root, so, meta: _build_linked(
+        units, keys, compile_flags, link_flags, name, root, so, meta, jobs, prefix))
     # the same tag as build_c's line: KUMIKO_DEBUG=2 readers (and tests) look for "build_c NAME:"
-    log(2, f"build_c {name}: {len(units)} units, {'cache hit' if cached else f'built in {compile_s * 1e3:.0f} ms'}"
-        f": {so}")
+    log(2, f"build_c {name}: {len(units)} units, "
+        f"{'cache hit' if mod.cached else f'built in {mod.compile_s * 1e3:.0f} ms'}: {mod.path}")
     return mod
 
 
