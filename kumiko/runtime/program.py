@@ -160,6 +160,7 @@ class CallState:
         self.outputs = OutputPool()
         self.copies = OutputPool(per_key=1)   # aligned copies of inputs that are unaligned or not contiguous
         self.arenas: dict[tuple, np.ndarray] = {}
+        self.views: dict[tuple, dict[str, np.ndarray]] = {}   # symbol values -> the arena's buffer views
 
 
 class CpuProgram:
@@ -195,6 +196,8 @@ class CpuProgram:
         # buffers handed between regions inside one kernel are never allocated
         self._planned = dataclasses.replace(program, buffers=tuple(b for b in program.buffers if b[0] in used))
         self._plans: dict[tuple, ArenaPlan] = {}          # symbol values -> arena plan (immutable, shared)
+        #: symbol values -> (input shapes, [(output, shape, numpy dtype, alignment)]): sizes evaluated once
+        self._shapes: dict[tuple, tuple] = {}
         self._state_lock = threading.Lock()
         #: the Executable's bound inputs (the weights): a step's pre-packed panels of them are packed once
         self.constants: dict[str, np.ndarray] = {}
@@ -264,16 +267,15 @@ class CpuProgram:
         numpy array is only 16-byte aligned, and copying a large one costs a pass over it per call."""
         return dt.itemsize
 
-    def _input(self, name: str, m: MemRef, arr, env: Mapping[str, int], state: CallState) -> np.ndarray:
+    def _input(self, name: str, m: MemRef, arr, want: tuple, state: CallState) -> np.ndarray:
         arr = np.asarray(arr)
         dt = m.dtype
         if arr.dtype == np.uint16 and dt in (dtypes.fp16, dtypes.bf16):
             arr = arr.view(dt.np)              # raw 16-bit storage is accepted as-is
-        if dtypes.from_numpy(arr.dtype) is not dt:
+        if arr.dtype != dt.np and dtypes.from_numpy(arr.dtype) is not dt:
             raise KumikoError("E1015", at=f"input {name}", why=f"expected dtype {dt}, got {arr.dtype}",
                               suggestion=f"convert with arr.astype({dt.np.name!r})")
-        want = tuple(dim_eval(d, env) for d in m.shape)
-        if tuple(arr.shape) != want:
+        if arr.shape != want:
             raise KumikoError("E1015", at=f"input {name}", why=f"expected shape {list(want)} "
                               f"({[str(d) for d in m.shape]}), got {list(arr.shape)}")
         align = self.input_align(m, arr.dtype)
@@ -296,28 +298,36 @@ class CpuProgram:
         if missing:
             raise KumikoError("E1015", at="inputs", why=f"missing {missing}", expected=names)
         do_poison = self.poison if self.poison is not None else knobs.spec() >= 1
+        key = tuple(env.get(s) for s in self.symbols)
         try:
+            shapes = self._shapes.get(key)
+            if shapes is None:     # the sizes depend on the symbol values only: evaluated once per set
+                shapes = self._shapes[key] = (
+                    {n: tuple(dim_eval(d, env) for d in m.shape) for n, m in self.program.inputs},
+                    [(n, tuple(dim_eval(d, env) for d in m.shape), m.dtype.np, max(ALIGN, m.alignment))
+                     for n, m in self.program.outputs])
             consts = self.constants
             # a bound constant passed as itself was checked by the Executable and is C-contiguous (only the cpu
             # target passes constants: it reads inputs at their element alignment)
             bufs = {n: inputs[n] if n in consts and inputs[n] is consts[n]
-                    else self._input(n, m, inputs[n], env, state) for n, m in self.program.inputs}
-            for n, m in self.program.outputs:
-                shape, align = tuple(dim_eval(d, env) for d in m.shape), max(ALIGN, m.alignment)
-                arr = (state.outputs.take(n, shape, m.dtype.np, align) if self.reuse_outputs
-                       else aligned_empty(shape, m.dtype.np, align))
+                    else self._input(n, m, inputs[n], shapes[0][n], state) for n, m in self.program.inputs}
+            for n, shape, dt, align in shapes[1]:
+                arr = (state.outputs.take(n, shape, dt, align) if self.reuse_outputs
+                       else aligned_empty(shape, dt, align))
                 bufs[n] = poison(arr) if do_poison else arr
             plan, raw = self.arena(env, state)
         except KeyError as e:
             raise KumikoError("E1014", at=f"program {self.program.name}", why=f"size symbol {e.args[0]} has no "
                               "value", suggestion="Bind it through an input's shape (or give it in env).") from None
-        if do_poison:
+        if do_poison and plan.slots:
             raw.fill(0xFF)
-        memrefs = dict(self._planned.buffers)
-        for s in plan.slots:
-            m = memrefs[s.name]
-            shape = tuple(dim_eval(d, env) for d in m.shape)
-            bufs[s.name] = raw[s.offset:s.offset + s.nbytes].view(m.dtype.np).reshape(shape)
+        views = state.views.get(key)
+        if views is None:          # views of this state's arena for these sizes: made once
+            memrefs = dict(self._planned.buffers)
+            views = state.views[key] = {
+                s.name: raw[s.offset:s.offset + s.nbytes].view(memrefs[s.name].dtype.np).reshape(
+                    tuple(dim_eval(d, env) for d in memrefs[s.name].shape)) for s in plan.slots}
+        bufs.update(views)
         return bufs
 
     # -- running ----------------------------------------------------------------------------------
