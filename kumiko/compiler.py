@@ -202,8 +202,7 @@ class Executable:
         return {name: out[name] if name in out else np.array(inputs[name], copy=True) for name in self.output_names}
 
     def _constant(self, name: str, value) -> np.ndarray:
-        arr = self._narrow(name, np.array(value, copy=True, order="C"))
-        arr = arr if arr.flags.c_contiguous and arr.flags.owndata else np.ascontiguousarray(arr).copy()
+        arr = self._narrow(name, np.array(value, copy=True, order="C"))    # a C-contiguous copy of its own
         arr.setflags(write=False)
         return arr
 

@@ -196,14 +196,7 @@ class ContractionLowering(PanelPacking):
         fused window (N blocks then hold whole window groups, not whole panels)."""
         if self.c.outer is not None or (sd.key == "b" and self.nc % self.nr):
             return False
-        reads, stack = set(), [sd.expr]
-        while stack:
-            e = stack.pop()
-            if isinstance(e, Read):
-                reads.add(e.tensor)
-            elif isinstance(e, Ref):
-                return False
-            stack.extend(children(e))
+        reads = _read_tensors(sd.expr)
         return bool(reads) and reads <= constants and not (free_axes(sd.expr) & set(self.c.batch))
 
     def _size_decls(self) -> list:
@@ -516,7 +509,7 @@ def lower_contraction_kernels(lo: CpuLowering, plan: Plan, constants: frozenset 
     packs = []
     for key in sorted(cl.pre):
         sd = cl.a if key == "a" else cl.b
-        reads = tuple(sorted({n for n, _ in lo.r.inputs if n in constants and _reads(sd.expr, n)}))
+        reads = tuple(sorted(_read_tensors(sd.expr)))
         pk = dataclasses.replace(kern, name=f"{kern.name}__pack_{key}", body=tuple(cl.prepack(key)),
                                  params=tuple(dataclasses.replace(p, const=False) if p.name == cl.pre[key] else p
                                               for p in kern.params),
@@ -526,10 +519,17 @@ def lower_contraction_kernels(lo: CpuLowering, plan: Plan, constants: frozenset 
     return kern, tuple(packs)
 
 
-def _reads(e: RExpr, tensor: str) -> bool:
-    if isinstance(e, Read) and e.tensor == tensor:
-        return True
-    return any(_reads(x, tensor) for x in children(e))
+def _read_tensors(e: RExpr) -> frozenset | None:
+    """The tensors ``e`` reads; None when it reads a let of the region (not memory alone)."""
+    reads, stack = set(), [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Read):
+            reads.add(x.tensor)
+        elif isinstance(x, Ref):
+            return None
+        stack.extend(children(x))
+    return frozenset(reads)
 
 
 def _contraction_kernel(lo: CpuLowering, c: Contraction, cl: ContractionLowering) -> Kernel:

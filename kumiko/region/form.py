@@ -50,8 +50,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from kumiko import dtypes
 from kumiko.region.index import injective, move_index
 from kumiko.region.srnf import children, normalize
@@ -527,32 +525,31 @@ class Former:
         """Where to materialise a fanned-out value: up its chain of single consumers that compute the same
         number of elements from it (a GEMM's bias and residual adds: they then run in its epilogue, and the
         consumers read one tensor instead of recomputing the chain)."""
-        def numel(k: str):
-            return self.g.nodes[k].shape and int(np.prod([d if isinstance(d, int) else -1
-                                                            for d in self.g.nodes[k].shape]))
+        numel = self._numel
         top = nid
         while len(self.users.get(top, ())) == 1 and top not in self.out_names:
             (u,) = self.users[top]
             n = self.g.nodes[u]
-            if u in self.roots or n.uop in ("REDUCE", "GATHER") or numel(u) != numel(top) or numel(u) < 0:
+            if u in self.roots or n.uop in ("REDUCE", "GATHER") or numel(u) is None or numel(u) != numel(top):
                 break
             top = u
         return top
+
+    def _numel(self, nid: str) -> int | None:
+        """The element count of ``nid``, None when a size is symbolic."""
+        total = 1
+        for d in self.g.nodes[nid].shape:
+            if not isinstance(d, int):
+                return None
+            total *= d
+        return total
 
     def reads(self, nid: str) -> frozenset | None:
         """The materialised tensors of comparable size (at least 1/8 of ``nid``'s elements; a symbolic size
         counts) that computing ``nid`` reads, or None when there are more than ``MAX_RECOMPUTE_READS``.
         Iterative and memoized like ``cheap``."""
-        def numel(k: str):
-            total = 1
-            for d in self.g.nodes[k].shape:
-                if not isinstance(d, int):
-                    return None
-                total *= d
-            return total
-
         def comparable(leaf: str, top: str) -> bool:
-            a, b = numel(leaf), numel(top)
+            a, b = self._numel(leaf), self._numel(top)
             return a is None or b is None or 8 * a >= b
 
         stack = [nid]

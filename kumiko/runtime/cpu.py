@@ -430,11 +430,7 @@ def _build_linked(units: Sequence[str], keys: Sequence[str], compile_flags: Sequ
                 pool.shutdown(wait=True, cancel_futures=True)   # a failure or Ctrl-C starts no further gcc
         out = work / f"{stem}.so"
         cmd = [CC, *link_flags, "-o", str(out), *map(str, objs)]
-        try:
-            r = run_tool(cmd, at=name, cwd=work)
-        except OSError as e:
-            raise KumikoError("E1701", at=name, why=f"cannot run {CC}: {e}",
-                              suggestion="Install gcc (Debian: apt-get install gcc).") from None
+        r = _gcc(cmd, name, work)
         if r.returncode != 0:
             check_source_kept(objs[0], cmd)
             raise KumikoError("E1701", at=name, why=f"linking {len(objs)} objects failed (exit {r.returncode}):\n"
@@ -625,14 +621,19 @@ def _compile(source: str, flags: Sequence[str], name: str, root: Path, so: Path,
     return time.perf_counter() - t0
 
 
-def _run_compiler(cmd: list[str], source: str, src: Path, name: str, stem: str, key: str, work) -> None:
-    """Run gcc on ``src``; a failure is E1701 with its first errors, the source kept in the temporary
-    directory (not in the cache) for the report."""
+def _gcc(cmd: list[str], name: str, work):
+    """Run a gcc command in ``work`` (bounded by the build timeout); gcc missing is E1701."""
     try:
-        r = run_tool(cmd, at=name, cwd=work)
+        return run_tool(cmd, at=name, cwd=work)
     except OSError as e:
         raise KumikoError("E1701", at=name, why=f"cannot run {CC}: {e}",
                           suggestion="Install gcc (Debian: apt-get install gcc).") from None
+
+
+def _run_compiler(cmd: list[str], source: str, src: Path, name: str, stem: str, key: str, work) -> None:
+    """Run gcc on ``src``; a failure is E1701 with its first errors, the source kept in the temporary
+    directory (not in the cache) for the report."""
+    r = _gcc(cmd, name, work)
     if r.returncode != 0:
         check_source_kept(src, cmd)
         kept = Path(tempfile.gettempdir()) / f"kumiko-failed-{stem}-{key[:12]}.c"   # not in the cache

@@ -115,3 +115,16 @@ def test_unbound_params_are_not_pre_packed():
     x, w = Tensor.input("x", (4, 8)), Tensor.input("w", (8, 16), role="param")
     exe = kumiko.compile((x @ w).graph("y"), "cpu")
     assert not any(st.packs for st in _packer(exe).steps)
+
+
+def test_a_param_passed_in_place_of_a_constant_is_still_checked():
+    """Bound constants skip their per-call checks only when passed as themselves: another array is checked."""
+    from kumiko.diagnostics import KumikoError
+    exe = kumiko.compile(_dense(m=4, k=30, n=50), "cpu")
+    x = np.ones((4, 30), np.float32)
+    with pytest.raises(KumikoError) as e:
+        exe(x=x, w=np.ones((30, 49), np.float32))
+    assert e.value.code == "E1015"
+    with pytest.raises(KumikoError) as e:
+        exe(x=x, w=np.ones((30, 50), np.float64))
+    assert e.value.code == "E1015"
