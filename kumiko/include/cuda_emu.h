@@ -5,7 +5,8 @@
 // How it works, in one paragraph.  Every CUDA thread of a block is a fiber (its own stack, switched
 // cooperatively on one OS thread); blocks run one after another.  A fiber runs until it blocks in a
 // block barrier (__syncthreads) or a warp collective (shfl, ballot, ldmatrix, mma.sync), then the
-// scheduler picks the next ready fiber (round-robin, or "run-ahead": warp 0 first).  Warp
+// scheduler picks the next ready fiber (round-robin; "run-ahead": warp 0 first; "reversed": the last
+// warp first and threads in descending order; "random": a seeded random ready fiber).  Warp
 // collectives work by each lane depositing its operands in the warp's slots; the last lane to arrive
 // computes every lane's result from the PTX ISA fragment layouts and wakes the others.  If no fiber
 // is ready but some have not finished, the block is deadlocked and the launch reports who waits
@@ -58,7 +59,7 @@
 #include <ucontext.h>
 #endif
 
-#define KUMIKO_EMU_ABI_VERSION 1
+#define KUMIKO_EMU_ABI_VERSION 2
 // Largest dynamic shared memory a launch may ask for (sm_90: 227 KiB); the runner defines each
 // `extern __shared__` array with this many bytes.
 #ifndef KUMIKO_EMU_MAX_DYNAMIC_SMEM
@@ -379,7 +380,10 @@ extern "C" __attribute__((weak)) void kumiko_emu_dynamic_smem(void (*cb)(void* p
 namespace emu __attribute__((visibility("hidden"))) {
 
 enum class CpAsyncMode : int { deferred = 0, eager = 1 };
-enum class Schedule : int { round_robin = 0, run_ahead = 1 };
+// round_robin: threads in index order, each until it blocks; run_ahead: warp 0 first, to its next block
+// point; reversed: the mirror image (the last warp first and ahead, threads in descending order), so a
+// higher-numbered warp reads before a lower-numbered one wrote; random: a seeded random ready thread.
+enum class Schedule : int { round_robin = 0, run_ahead = 1, reversed = 2, random = 3 };
 
 struct Config {
   CpAsyncMode cp_async = CpAsyncMode::deferred;
@@ -391,6 +395,7 @@ struct Config {
   size_t stack_bytes = 256u << 10;
 #endif
   unsigned max_smem = 232448;          // sm_90: 227 KiB per block (sm_80: 166912)
+  unsigned long long seed = 0;         // Schedule::random: the order's seed (mixed with the block index)
 };
 
 enum class Op : uint8_t { none, syncthreads, syncwarp, shfl_idx, shfl_xor, shfl_up, shfl_down, ballot,
@@ -474,6 +479,11 @@ struct Ring {  // FIFO of fiber indices; each fiber is queued at most once
     v = buf[head]; head = (head + 1) % buf.size(); --count;
     return true;
   }
+  bool pop_at(size_t k, unsigned& v) {  // the k-th queued (k < count); the head takes its place
+    if (!count) return false;
+    std::swap(buf[(head + k) % buf.size()], buf[head]);
+    return pop(v);
+  }
 };
 
 struct FaultInfo {
@@ -507,6 +517,7 @@ struct Runtime {
   unsigned bar_arrived = 0, bar_count = 0, bar_or = 0, bar_and = 1, bar_result_count = 0, bar_result_or = 0,
            bar_result_and = 1;
   Ring ready0, ready;
+  unsigned long long rng = 0;  // Schedule::random's state (splitmix64), reseeded per block
   bool aborting = false;
   // shared memory = this module's TLS block on the launching thread
   unsigned char* sh_lo = nullptr;
@@ -755,13 +766,30 @@ inline void switch_to(Fiber* from, Fiber* to, bool from_dies = false) {
 
 inline void push_ready(Fiber& f) {
   f.state = Fiber::Ready;
-  if (rt.cfg.schedule == Schedule::run_ahead && f.warp == 0) rt.ready0.push(f.linear);
+  const bool ahead = (rt.cfg.schedule == Schedule::run_ahead && f.warp == 0) ||
+                     (rt.cfg.schedule == Schedule::reversed && f.warp == (rt.nthreads - 1) / 32);
+  if (ahead) rt.ready0.push(f.linear);
   else rt.ready.push(f.linear);
+}
+inline unsigned long long next_random() {  // splitmix64
+  unsigned long long z = (rt.rng += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
 }
 inline Fiber* pop_ready() {
   unsigned i;
-  if (rt.ready0.pop(i) || rt.ready.pop(i)) return &rt.fibers[i];
+  if (rt.ready0.pop(i)) return &rt.fibers[i];
+  if (rt.cfg.schedule == Schedule::random && rt.ready.count > 1) {
+    if (rt.ready.pop_at(size_t(next_random() % rt.ready.count), i)) return &rt.fibers[i];
+  } else if (rt.ready.pop(i)) {
+    return &rt.fibers[i];
+  }
   return nullptr;
+}
+// Thread k of n in the order wake-ups are queued: descending for Schedule::reversed, else ascending.
+inline unsigned wake_order(unsigned k, unsigned n) {
+  return rt.cfg.schedule == Schedule::reversed ? n - 1 - k : k;
 }
 
 // The current fiber waits (its state is already set); run someone else.
@@ -813,8 +841,10 @@ inline void release_barrier() {
   rt.bar_arrived = rt.bar_count = rt.bar_or = 0;
   rt.bar_and = 1;
   ++rt.stats.barriers;
-  for (auto& f : rt.fibers)
+  for (unsigned k = 0; k < rt.nthreads; ++k) {
+    Fiber& f = rt.fibers[wake_order(k, rt.nthreads)];
     if (f.state == Fiber::Waiting && f.wait_op == Op::syncthreads) push_ready(f);
+  }
 }
 
 // __syncthreads and its reductions: completes when every live (not exited) thread has arrived.
@@ -885,8 +915,10 @@ inline Warp& collective(Fiber* f, Op op, int variant, unsigned mask, bool whole_
   w.groups.erase(w.groups.begin() + (g - w.groups.data()));
   ++rt.stats.collectives;
   compute(w, mask);
-  for (unsigned l = 0; l < 32; ++l)
+  for (unsigned k = 0; k < 32; ++k) {
+    const unsigned l = wake_order(k, 32);
     if ((mask & (1u << l)) && l != f->lane) push_ready(rt.fibers[f->warp * 32 + l]);
+  }
   return w;
 }
 
@@ -1127,8 +1159,10 @@ inline void reset_block(uint3 bidx) {
     f.cp_groups.clear();
     f.cp_head = f.cp_group_head = 0;
     init_context(f);
-    push_ready(f);
   }
+  const unsigned long long block_linear = bidx.x + 0x10000ull * (bidx.y + 0x10000ull * bidx.z);
+  rt.rng = rt.cfg.seed ^ (block_linear * 0xd1b54a32d192ed03ull);
+  for (unsigned k = 0; k < n; ++k) push_ready(rt.fibers[wake_order(k, n)]);
   poison_shared();
 }
 
@@ -1484,12 +1518,16 @@ inline void st_shared_16(void* smem, uint32_t a, uint32_t b, uint32_t c, uint32_
 extern "C" __attribute__((visibility("default"), used)) inline int kumiko_emu_abi_version(void) {
   return KUMIKO_EMU_ABI_VERSION;
 }
-// cp_async: 0 deferred, 1 eager; schedule: 0 round-robin, 1 run-ahead; stack_bytes/max_smem: 0 keeps.
+// cp_async: 0 deferred, 1 eager; schedule: 0 round-robin, 1 run-ahead, 2 reversed, 3 random (seeded by
+// `seed`); stack_bytes/max_smem: 0 keeps. Returns -1 for an unknown schedule.
 extern "C" __attribute__((visibility("default"), used)) inline int kumiko_emu_configure(
-    int cp_async, int schedule, int poison_check, unsigned long long stack_bytes, unsigned max_smem) {
+    int cp_async, int schedule, int poison_check, unsigned long long stack_bytes, unsigned max_smem,
+    unsigned long long seed) {
   std::lock_guard<std::mutex> lock(emu::rt.launch_mu);
+  if (schedule < 0 || schedule > 3) return -1;
   emu::rt.cfg.cp_async = cp_async ? emu::CpAsyncMode::eager : emu::CpAsyncMode::deferred;
-  emu::rt.cfg.schedule = schedule ? emu::Schedule::run_ahead : emu::Schedule::round_robin;
+  emu::rt.cfg.schedule = emu::Schedule(schedule);
+  emu::rt.cfg.seed = seed;
   emu::rt.cfg.poison_check = poison_check != 0;
   if (stack_bytes) emu::rt.cfg.stack_bytes = size_t(stack_bytes);
   if (max_smem) emu::rt.cfg.max_smem = max_smem;

@@ -54,7 +54,10 @@ class EmuConfig:
     ``cp_async``: "deferred" copies land only at the matching wait_group (a read before it sees the
     0xFF poison), "eager" copies at issue (a stage overwritten before every warp finished reading it
     shows up). ``schedule``: "round_robin" runs each thread until it blocks; "run_ahead" lets warp 0
-    run to the next block barrier before any other warp moves (exposes missing trailing barriers).
+    run to the next block barrier before any other warp moves (exposes missing trailing barriers);
+    "reversed" is its mirror image (the last warp first and ahead, threads queued in descending order:
+    a higher-numbered warp reading what a lower one has not written yet shows up); "random" picks a
+    ready thread at random from ``seed`` (mixed with the block index), one more order per seed.
     ``sanitize="address"`` builds with AddressSanitizer and launches in a child process (an ASan
     report ends that process, not yours): out-of-bounds global accesses are reported exactly.
     ``poison_check`` makes ldmatrix fault on never-written shared memory instead of returning NaNs.
@@ -67,9 +70,10 @@ class EmuConfig:
     arch: str = "sm90"
     opt_level: int | None = None
     stack_kib: int = 0
+    seed: int = 0
 
     def __post_init__(self) -> None:
-        for name, allowed in (("cp_async", ("deferred", "eager")), ("schedule", ("round_robin", "run_ahead")),
+        for name, allowed in (("cp_async", ("deferred", "eager")), ("schedule", emu_worker.SCHEDULES),
                               ("sanitize", ("none", "address")), ("arch", tuple(SMEM_LIMIT))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EmuConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -77,7 +81,8 @@ class EmuConfig:
     @property
     def label(self) -> str:
         """A short name for reports: ``deferred+round_robin``, ``eager+run_ahead+asan``."""
-        return f"{self.cp_async}+{self.schedule}" + ("+asan" if self.sanitize == "address" else "")
+        order = f"{self.schedule}{self.seed}" if self.schedule == "random" else self.schedule
+        return f"{self.cp_async}+{order}" + ("+asan" if self.sanitize == "address" else "")
 
     def compile_flags(self) -> list[str]:
         """The g++ flags that depend on this config (the build-cache key includes them)."""
@@ -91,14 +96,18 @@ class EmuConfig:
     def runtime_options(self) -> dict[str, Any]:
         """Options passed at launch time (one build serves every cp_async/schedule choice)."""
         return {"cp_async": self.cp_async, "schedule": self.schedule, "poison_check": self.poison_check,
-                "stack_bytes": self.stack_kib * 1024, "max_smem": SMEM_LIMIT[self.arch]}
+                "stack_bytes": self.stack_kib * 1024, "max_smem": SMEM_LIMIT[self.arch], "seed": self.seed}
 
 
-#: the three configurations the end-to-end emulator tests run in; together they caught every bug
-#: injected in the feasibility study (docs/emulator.md has the table)
+#: the configurations the end-to-end emulator tests run in; together they caught every bug injected
+#: in the feasibility study and since (docs/emulator.md has the table). The warp-0-first schedules
+#: never see a higher-numbered warp read before a lower-numbered one wrote: the reversed and the
+#: seeded random orders do.
 CONFIGS: dict[str, EmuConfig] = {
     "deferred+round_robin": EmuConfig(cp_async="deferred", schedule="round_robin"),
     "eager+run_ahead": EmuConfig(cp_async="eager", schedule="run_ahead"),
+    "eager+reversed": EmuConfig(cp_async="eager", schedule="reversed"),
+    "deferred+random1": EmuConfig(cp_async="deferred", schedule="random", seed=1),
     "asan": EmuConfig(sanitize="address"),
 }
 

@@ -32,6 +32,8 @@ _PTR_DTYPES: dict[str, tuple[str, ...]] = {
     "u64": ("uint64", "int64"),
     "bool": ("bool",),
 }
+#: the emulator's thread schedules, in the order of cuda_emu.h's ``Schedule`` enum
+SCHEDULES = ("round_robin", "run_ahead", "reversed", "random")
 #: numpy dtype of each scalar parameter code
 _SCALAR_DTYPES = {
     "bool": "bool", "i8": "int8", "u8": "uint8", "i16": "int16", "u16": "uint16", "i32": "int32",
@@ -134,9 +136,13 @@ def bind(lib: ctypes.CDLL, name: str) -> tuple[Any, list[str]]:
 
 def configure(lib: ctypes.CDLL, cfg: dict[str, Any]) -> None:
     """Pass the run-time options of an EmuConfig (see cuda_emu.h kumiko_emu_configure)."""
-    lib.kumiko_emu_configure.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_uint]
-    lib.kumiko_emu_configure(int(cfg["cp_async"] == "eager"), int(cfg["schedule"] == "run_ahead"),
-                             int(cfg["poison_check"]), int(cfg["stack_bytes"]), int(cfg["max_smem"]))
+    lib.kumiko_emu_configure.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_uint,
+                                         ctypes.c_ulonglong]
+    rc = lib.kumiko_emu_configure(int(cfg["cp_async"] == "eager"), SCHEDULES.index(cfg["schedule"]),
+                                  int(cfg["poison_check"]), int(cfg["stack_bytes"]), int(cfg["max_smem"]),
+                                  int(cfg.get("seed", 0)) & (2**64 - 1))
+    if rc != 0:
+        raise ArgError(f"the emulator library refused schedule {cfg['schedule']!r} (an older cuda_emu.h?)")
 
 
 def call(lib: ctypes.CDLL, launch: Any, grid: Sequence[int], block: Sequence[int], smem: int,

@@ -70,3 +70,45 @@ def test_fp16_bf16_conversions(emu_module):
     pat = (np.arange(n) & 0xFFFF).astype(np.uint16)
     np.testing.assert_array_equal(hf.view(np.uint32), pat.view(np.float16).astype(np.float32).view(np.uint32))
     np.testing.assert_array_equal(bff.view(np.uint32), pat.astype(np.uint32) << 16)
+
+
+def _warp_order(mod, bug: int = 0):
+    x = np.random.default_rng(1).standard_normal(256).astype(np.float32)
+    y = np.zeros(256, np.float32)
+    order, counter = np.zeros(256, np.uint32), np.zeros(1, np.uint32)
+    mod.launch("warp_order", 1, 256, args=[x, y, order, counter, bug])
+    want = np.concatenate([x[:32], x[:-32]])
+    return order, y, want
+
+
+def test_schedules_order_threads_as_documented(emu_module):
+    """round_robin and run_ahead start thread 0 first; reversed the last thread first (descending);
+    random is a permutation fixed by its seed and different for another seed."""
+    orders = {}
+    for sched, seed in (("round_robin", 0), ("run_ahead", 0), ("reversed", 0), ("random", 1), ("random", 2)):
+        order, y, want = _warp_order(emu_module("semantics", EmuConfig(schedule=sched, seed=seed)))
+        np.testing.assert_array_equal(y, want)              # with its barrier the kernel is right in every order
+        np.testing.assert_array_equal(np.sort(order), np.arange(256))
+        orders[sched, seed] = order
+    np.testing.assert_array_equal(orders["round_robin", 0], np.arange(256))
+    np.testing.assert_array_equal(orders["run_ahead", 0], np.arange(256))
+    np.testing.assert_array_equal(orders["reversed", 0], np.arange(256)[::-1])
+    assert not np.array_equal(orders["random", 1], orders["random", 2])
+    again, _, _ = _warp_order(emu_module("semantics", EmuConfig(schedule="random", seed=1)))
+    np.testing.assert_array_equal(again, orders["random", 1])
+
+
+def test_missing_barrier_between_warps_is_seen_only_out_of_order(emu_module):
+    """A warp reading what the warp before it stored, without a barrier: warp-0-first schedules run the
+    writer first and miss it; the reversed schedule (and a random one) reads the poison."""
+    for sched in ("round_robin", "run_ahead"):
+        _, y, want = _warp_order(emu_module("semantics", EmuConfig(schedule=sched)), bug=1)
+        np.testing.assert_array_equal(y, want)
+    for sched, seed in (("reversed", 0), ("random", 1)):
+        _, y, want = _warp_order(emu_module("semantics", EmuConfig(schedule=sched, seed=seed)), bug=1)
+        assert np.isnan(y[32:]).any(), sched
+
+
+def test_unknown_schedule_is_refused():
+    with pytest.raises(ValueError, match="schedule"):
+        EmuConfig(schedule="backwards")

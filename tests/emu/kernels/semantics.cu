@@ -59,3 +59,17 @@ extern "C" __global__ void convert(const float* x, unsigned short* h, unsigned s
   }
 }
 KUMIKO_ENTRY(convert)
+
+// The order threads first run in: each writes the value of a counter it then increments (fibers switch
+// only where they block, so the unguarded increment is exact). Then, for `bug` = 0, every warp reads the
+// values the previous warp stored after a barrier; `bug` = 1 leaves the barrier out, which only a
+// schedule that runs a higher-numbered warp before a lower-numbered one can see.
+extern "C" __global__ void warp_order(const float* x, float* y, unsigned* order, unsigned* counter, int bug) {
+  __shared__ float s[256];
+  const unsigned t = threadIdx.x;
+  order[t] = (*counter)++;
+  s[t] = x[t];
+  if (!bug) __syncthreads();
+  y[t] = s[t >= 32 ? t - 32 : t];
+}
+KUMIKO_ENTRY(warp_order)
