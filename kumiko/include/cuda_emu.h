@@ -1001,12 +1001,18 @@ inline void cp_async(unsigned cp_size, void* dst, const void* src, int src_bytes
   check_shared(dst, cp_size, cp_size, fmt("%s destination", name).c_str(), f, loc);
   if (src_bytes < 0 || unsigned(src_bytes) > cp_size)
     raise_fault("cp_async", fmt("%s: src_bytes %d is not in [0, %u]", name, src_bytes, cp_size), f, loc);
-  if (src_bytes > 0) {
-    if (reinterpret_cast<uintptr_t>(src) % cp_size)
-      raise_fault("misaligned", fmt("%s: global source %p is not %u-byte aligned", name, src, cp_size), f, loc);
-    if (in_shared(src, 1))
-      raise_fault("cp_async", fmt("%s: source %p is shared memory, not global", name, src), f, loc);
-  }
+  // The source must be a valid, aligned global address even when src_bytes is 0 (nothing is read then):
+  // alignment and "not shared memory" are checked always; under ASan (the strict build) a source in no
+  // live allocation is a fault too.
+  if (reinterpret_cast<uintptr_t>(src) % cp_size)
+    raise_fault("misaligned", fmt("%s: global source %p is not %u-byte aligned", name, src, cp_size), f, loc);
+  if (in_shared(src, 1))
+    raise_fault("cp_async", fmt("%s: source %p is shared memory, not global", name, src), f, loc);
+#if defined(KUMIKO_EMU_ASAN)
+  if (src_bytes == 0 && __asan_region_is_poisoned(const_cast<void*>(src), cp_size))
+    raise_fault("cp_async", fmt("%s: src_bytes 0 with source %p outside any live allocation (the address "
+                                "must be valid even when nothing is read)", name, src), f, loc);
+#endif
   CpRec r;
   r.dst = static_cast<unsigned char*>(dst);
   r.size = cp_size;

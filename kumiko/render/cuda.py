@@ -92,8 +92,9 @@ class _MmaRenderer:
     def copies(self, ld: OperandLoad, s: LoadTile, ind: str) -> list[str]:
         """The thread's 16-byte chunks of the tile. The contiguous extent is a multiple of 8 (``vec.aligned``)
         and chunks start at multiples of 8, so a chunk is wholly inside or wholly outside: 16 bytes or none,
-        never a partial src-size (which costs ptxas address arithmetic per copy), and a chunk of none reads
-        nothing, so its address may lie outside the operand. Only K tile 0 can hold K indices outside
+        never a partial src-size (which costs ptxas address arithmetic per copy). A chunk of none reads
+        nothing, but its address is the operand's base all the same (the chunk's own may lie outside the
+        operand, and the PTX ISA asks for a valid, aligned source). Only K tile 0 can hold K indices outside
         [0, K) (before 0: ``kk_kd`` of them), so the K loop's copies test the loop-invariant row bounds alone."""
         o, ring = ld.operand, self.rings[ld.operand]
         sk = ring.layout == "sk"
@@ -110,7 +111,8 @@ class _MmaRenderer:
                 f"{ind}for (int kk_i = 0; kk_i < {ch}; ++kk_i) {{",
                 f"{ind}  const int kk_r = kk_r0{o} + kk_i * {rows}, kk_cc = kk_c0{o};",
                 f"{ind}  const int kk_n = {count};",
-                f"{ind}  cp_async_16(kk_d{o} + kk_r * {ring.ld} + kk_cc, kk_src + kk_i * kk_q{o}, kk_n * 2);",
+                f"{ind}  cp_async_16(kk_d{o} + kk_r * {ring.ld} + kk_cc, kk_n ? kk_src + kk_i * kk_q{o} : "
+                f"(const uint16_t*){ld.vec.buf}, kk_n * 2);",
                 f"{ind}}}"]
 
     @staticmethod

@@ -32,6 +32,7 @@ _BUILDS = {
     "fragments": ("fragments.cu", "fragments", CONFIGS["deferred+round_robin"], None),
     "semantics": ("semantics.cu", "semantics", CONFIGS["deferred+round_robin"], None),
     "faults": ("faults.cu", "faults", CONFIGS["deferred+round_robin"], None),
+    "faults_asan": ("faults.cu", "faults", CONFIGS["asan"], None),
     "gemm": ("gemm_sm80.cu", "gemm_sm80", CONFIGS["deferred+round_robin"], {"GEMM_INJECT_BUGS": None}),
     "gemm_asan": ("gemm_sm80.cu", "gemm_sm80", CONFIGS["asan"], {"GEMM_INJECT_BUGS": None}),
 }

@@ -31,6 +31,7 @@ FAULTS = {
     12: (32, 1024, "dynamic_smem_overflow", None, "stored to bytes [1024, 1152) of dynamic shared memory"),
     13: (32, 0, "misaligned", (3, 0, 0), "st_shared_16 destination"),
     14: (32, 0, "not_shared_memory", (0, 0, 0), "st_shared_16 destination"),
+    17: (32, 0, "misaligned", (0, 0, 0), "global source"),
 }
 
 
@@ -163,3 +164,15 @@ def test_dynamic_shared_names():
     extern __shared__ half  buf [ ] ;
     """
     assert dynamic_shared_names(src) == ["buf", "smem"]
+
+
+def test_cp_async_source_checked_when_nothing_is_read(emu_module):
+    """cp.async with src_bytes 0 reads nothing, but its source must still be a valid address: the plain
+    build lets a source past the operand's end pass; the ASan build (the strict one) reports it."""
+    g = np.arange(64, dtype=np.float32)
+    out = np.zeros(64, np.float32)
+    emu_module("faults").launch("fault", 2, 32, args=[16, g, out])
+    with pytest.raises(KumikoError) as ei:
+        emu_module("faults_asan").launch("fault", 2, 32, args=[16, g, out])
+    _check_diag(ei.value, "E1702")
+    assert ei.value.details["fault"] == "cp_async" and "outside any live allocation" in ei.value.why

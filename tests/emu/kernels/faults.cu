@@ -71,6 +71,12 @@ extern "C" __global__ void fault(int which, const float* g, float* out) {
       __syncthreads();
       v = float(reinterpret_cast<const uint32_t*>(s)[t]);
       break;
+    case 16:  // src_bytes 0 (nothing read) from a source past the end of `g` (64 floats): a fault under ASan
+      if (t == 0) cp_async_16(&s[0], g + 68, 0);
+      break;
+    case 17:  // src_bytes 0 from a source that is not 16-byte aligned
+      if (t == 0) cp_async_16(&s[0], g + 1, 0);
+      break;
     case 11:  // not a fault: threads that exited do not hold up __syncthreads
       if (t >= 32) return;
       __syncthreads();
