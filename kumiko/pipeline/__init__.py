@@ -8,9 +8,10 @@ a Tiny IR); ``tiny`` its lowering; ``indexbook`` and ``poly_view`` are analyses 
 when asked (a dump, ``KUMIKO_DEBUG=5``, ``KUMIKO_SPEC=2``); ``region`` is region formation; the rest are the
 target's backend (``kumiko.backend``: which of them it has, and how each is made). A stage can be given
 instead of computed (``start``: ``--resume STAGE.json`` reads a dumped tiny or region stage, ``read_stage``;
-``--plan PLAN.json`` replaces the plans, ``read_plans``). Each stage is verified as it is made or given when
-``KUMIKO_SPEC`` is on: regions by ``region.verify`` (types, neutral inits, C-CON1, every read in bounds),
-the analyses by the IndexBook's and Poly-View's verifiers; plans are validated by the backend.
+``--plan PLAN.json`` replaces the plans, ``read_plans``). A given stage is verified when ``KUMIKO_SPEC`` is
+on, every stage at ``KUMIKO_SPEC=2`` (``verify``): regions by ``region.verify`` (types, neutral inits,
+C-CON1, every read in bounds), the analyses by the IndexBook's and Poly-View's verifiers; plans are always
+validated by the backend.
 
 Each stage is dumpable (``stage_dumps``: ``kumiko compile --dump all`` and ``KUMIKO_DUMP`` write the same
 files, ``dumps.DUMPS`` names them) and reported on stderr by ``KUMIKO_DEBUG``'s levels (``report``). Stage
@@ -144,10 +145,13 @@ STAGE_FNS = {
 
 
 def verify(c: Compilation, s: str) -> None:
-    """The checks of stage ``s`` at ``KUMIKO_SPEC`` (0: none; 1: a given stage, every region; 2: also the
-    analyses, which are then made for every compile)."""
+    """The checks of stage ``s`` at ``KUMIKO_SPEC``: 0 none; 1 (the default) a given stage - a region dump is
+    checked against the program's signature and by the region verifier; 2 every stage: the regions formed
+    too, and the analyses, which are then made for every compile. The verifiers are strict: a read must be in
+    bounds for every size (a slice of a symbolic dimension is in bounds only for the sizes the compiled
+    program checks when it is called, ``check_sizes``), so level 2 can refuse such a program."""
     level = knobs.spec()
-    if level < 1:
+    if level < 1 or (level < 2 and s not in c.given):
         return
     if s == "region":
         if "region" in c.given:

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from kumiko import dtypes, knobs
+from kumiko import knobs
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.abi import Launch
 from kumiko.plan.gpu import check_resources
@@ -43,6 +43,7 @@ from kumiko.runtime.cuda_driver import BAD_IMAGE, CudaDevice, cubin_runs_on
 from kumiko.runtime.emu_program import CompiledCuda, check_status, safe_name
 from kumiko.runtime.program import program_symbols
 from kumiko.symbolic import dim_eval
+from kumiko.tiny.inputs import check_array
 from kumiko.util.log import enabled, log
 
 POISON_BYTE = 0xFF
@@ -386,18 +387,8 @@ class CudaProgram:
 
 def check_input(name: str, m: MemRef, arr: Any, env: Mapping[str, int]) -> np.ndarray:
     """An input as the kernels read it: the MemRef's dtype (fp16/bf16 also as raw uint16) and shape, C-contiguous."""
-    arr = np.asarray(arr)
-    dt = m.dtype
-    if arr.dtype == np.uint16 and dt in (dtypes.fp16, dtypes.bf16):
-        arr = arr.view(dt.np)
-    if dtypes.from_numpy(arr.dtype) is not dt:
-        raise KumikoError("E1015", at=f"input {name}", why=f"expected dtype {dt}, got {arr.dtype}",
-                          suggestion=f"convert with arr.astype({np.dtype(dt.np).name!r})")
     want = tuple(dim_eval(d, env) for d in m.shape)
-    if tuple(arr.shape) != want:
-        raise KumikoError("E1015", at=f"input {name}", why=f"expected shape {list(want)} "
-                          f"({[str(d) for d in m.shape]}), got {list(arr.shape)}")
-    return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(check_array(name, m.dtype, arr, want, m.shape, raw16=True))
 
 
 # ------------------------------------------------------------------------------------------------
