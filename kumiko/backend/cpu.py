@@ -48,9 +48,6 @@ class CpuBackend(Backend):
     def build(self, comp) -> CompiledCpu:
         return build_cpu(comp.tiny.name, comp.region, comp.plan, comp.source, comp.constants)
 
-    def runner(self, comp):
-        return comp.binary
-
     def source_files(self, comp) -> dict[tuple, str | bytes]:
         return {("c",): comp.source.source}
 
