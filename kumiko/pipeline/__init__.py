@@ -201,7 +201,10 @@ def compile_program(program: Graph | TinyGraph, target: str = "cpu", options: Ma
 
 
 def advance(c: Compilation, until: str = "binary", want: Sequence[str] = ()) -> Compilation:
-    """Make every stage of ``c`` up to ``until`` that is not made yet (analyses only when in ``want``)."""
+    """Make every stage of ``c`` up to ``until`` that is not made yet (analyses only when in ``want``, with the
+    analyses before them: Poly-View is made from the IndexBook)."""
+    wanted = [a for a in ANALYSES if a in want]
+    want = ANALYSES[:ANALYSES.index(wanted[-1]) + 1] if wanted else ()
     for s in STAGES[:STAGES.index(until) + 1]:
         if not c.has(s) or (s in ANALYSES and s not in want and getattr(c, s) is None):
             continue
