@@ -152,11 +152,10 @@ def build(tiny, spec: str, arch: str, keep: Path | None):
     the chosen plans come from the emulator target's compile (no nvcc), the tile replaces theirs."""
     from bench_gpu import apply_tile
 
-    from kumiko.runtime.target_cuda import compile_cuda
-    from kumiko.runtime.target_cuda_gpu import compile_cuda_gpu
+    from kumiko.pipeline import compile_cuda, compile_program
 
     plans = {n: apply_tile(p, spec) for n, p in compile_cuda(tiny).plans.items() if p.algo == "mma"}
-    got = compile_cuda_gpu(tiny, plans=plans, gpu_arch=arch)
+    got = compile_program(tiny, "cuda", {"plans": plans, "gpu_arch": arch}).binary
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         (keep / "k.cu").write_text(got.compiled.source)

@@ -70,11 +70,46 @@ def _run_options(args: argparse.Namespace) -> dict:
     return {"emu": args.emu}
 
 
+def _program(args: argparse.Namespace) -> tuple[object, dict]:
+    """The program of FILE and the stages given instead of computed: ``--resume STAGE.json`` (a dumped tiny
+    or region stage), or FILE itself a region dump (run against the Tiny IR dump beside it)."""
+    from kumiko.pipeline import read_stage, tiny_beside
+    path, resume = args.file, getattr(args, "resume", None)
+    if resume is None and _is_region_dump(path):
+        resume, path = path, tiny_beside(path)
+        if not path.exists():
+            raise KumikoError("E1009", at=args.file, why=f"a region dump runs against its program's Tiny IR, and "
+                              f"{path} is missing", suggestion="dump both: kumiko compile FILE --dump tiny,region "
+                              "--out DIR (or --dump all), or give FILE --resume REGION.json")
+    program = _load(str(path), args.dtype)
+    if resume is None:
+        return program, {}
+    stage, artifact = read_stage(resume)
+    if stage == "tiny":
+        return artifact, {}
+    return program, {stage: artifact}
+
+
+def _is_region_dump(path: str) -> bool:
+    if not path.endswith(".json"):
+        return False
+    try:
+        return json.loads(Path(path).read_text()).get("kumiko") == "region"
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return False            # load reports what is wrong with the file
+
+
+def _compile_options(args: argparse.Namespace) -> dict:
+    """``--plan PLAN.json``: the plans of the named regions (validated against them: E1801)."""
+    from kumiko.pipeline import read_plans
+    return {"plans": read_plans(args.plan)} if getattr(args, "plan", None) else {}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from kumiko.compiler import compile as kcompile
-    program = _load(args.file, args.dtype)
+    program, start = _program(args)
     t0 = time.perf_counter()
-    exe = kcompile(program, target=args.target, **_run_options(args))
+    exe = kcompile(program, target=args.target, start=start, **_run_options(args), **_compile_options(args))
     t_compile = time.perf_counter() - t0
     if args.inputs:
         inputs = _read_inputs(args.inputs)
@@ -209,11 +244,11 @@ def _compile_stages(args: argparse.Namespace) -> list[str]:
     """``compile --dump``'s stages, checked before anything is compiled. Without ``--out`` it is E1010, not a
     print: compile's stdout is its report (or its ``--json`` document, which scripts parse), ``c`` can be a
     binary cubin, and ``kumiko dump`` is the command that prints a stage."""
-    from kumiko.pipeline import check_compile_stages
+    from kumiko.pipeline import dump_names
     stages = [s.strip() for s in (args.dump or "").split(",") if s.strip()]
-    check_compile_stages(stages)
+    dump_names(None, stages)
     if stages and not args.out:
-        printable = [s for s in stages if s not in ("plan", "c")]
+        printable = [s for s in stages if s not in ("plan", "c", "all")]
         raise KumikoError("E1010", at="compile --dump", why="--dump writes files and no --out directory is given",
                           suggestion="add --out DIR" + (f", or print the stage with: kumiko dump {args.file} "
                                                          f"--stage {','.join(printable)}" if printable else ""))
@@ -222,11 +257,13 @@ def _compile_stages(args: argparse.Namespace) -> list[str]:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from kumiko.compiler import compile as kcompile
-    from kumiko.pipeline import compiled_dumps, write_files
+    from kumiko.pipeline import DUMPS, dump_names, stage_dumps, write_files
     from kumiko.plan.gpu import describe_plan
     stages = _compile_stages(args)
-    program = _load(args.file, args.dtype)
-    opts: dict = {"tune": True} if args.tune else {}       # options a target does not take are refused
+    program, start = _program(args)
+    opts: dict = _compile_options(args)
+    if args.tune:                        # options a target does not take are refused
+        opts["tune"] = True
     if args.shapes:
         opts["shapes"] = _shapes(args.shapes)
     if args.gpu_arch:
@@ -235,16 +272,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
                               f"{args.target}", suggestion="add --target cuda (nvcc must be on PATH)")
         opts["gpu_arch"] = args.gpu_arch
     t0 = time.perf_counter()
-    exe = kcompile(program, target=args.target, **opts)
+    exe = kcompile(program, target=args.target, start=start, want=tuple(DUMPS[s] for s in stages if s in DUMPS),
+                   **opts)
     took = time.perf_counter() - t0
-    built = exe._run
+    comp = exe.compilation
+    built = comp.binary
     out_dir = Path(args.out) if args.out else None
     cubin = getattr(built, "cubin", None)
     if stages:
-        write_files(compiled_dumps(program, built, exe.target, stages), program.name, out_dir)
+        write_files(stage_dumps(comp, dump_names(comp, stages)), comp.name, out_dir)
     launches = [_launch_info(ln, cubin) for ln in getattr(built, "launches", ())]
     if args.json:
-        plans = {n: p.to_json() for n, p in getattr(built, "plans", {}).items()}
+        plans = {n: p.to_json() for n, p in (comp.plan or {}).items()}
         res = {"target": exe.target, "compile_s": round(took, 4), "plans": plans}
         if launches:
             res["launches"] = launches
@@ -255,7 +294,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(f"{Path(args.file).name}: compiled for {exe.target}"
           + (f" ({cubin.arch} cubin{', from the cache' if cubin.cached else ''})" if cubin is not None else "")
           + f" in {took * 1e3:.1f} ms")
-    for name, p in getattr(built, "plans", {}).items():
+    for name, p in (comp.plan or {}).items():
         print(f"  {name}: {describe_plan(p)}")
     for ln in launches:
         res = ln.get("ptxas")
@@ -285,11 +324,10 @@ def _launch_info(ln, cubin) -> dict:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from kumiko.pipeline import to_tiny
-    from kumiko.region import form_regions
+    from kumiko.pipeline import compile_program
     from kumiko.region.srnf import epilogue
     program = _load(args.file)
-    p = form_regions(to_tiny(program))
+    p = compile_program(program, until="region").region
     if args.json:
         print(json.dumps({"regions": [{"name": r.name, "outputs": [o.name for o in r.outputs],
                                        "materialize": [o.materialize for o in r.outputs],
@@ -344,9 +382,19 @@ def _dtype_option(p: argparse.ArgumentParser) -> None:
                    "dtype (e.g. an fp32 example as fp16: the tensor-core path of the CUDA targets)")
 
 
+def _resume_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--resume", metavar="STAGE.json", help="start from a dumped stage instead of computing it: a "
+                   "tiny or region dump (--dump tiny,region); FILE gives the program it computes (its inputs, "
+                   "and the reference --check compares with). FILE may itself be a region dump, run against "
+                   "the <name>.tiny.json beside it")
+    p.add_argument("--plan", metavar="PLAN.json", help="use these plans (region name -> plan, as --dump plan "
+                   "writes them; any subset of the regions), each validated against its region: a bad one is "
+                   "E1801")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kumiko.compiler import DEFAULT_TARGET, TARGETS
-    from kumiko.pipeline import COMPILE_DUMPS, COMPILED, DRAWINGS, STAGES
+    from kumiko.pipeline import DRAWINGS, DUMPS, STAGES
     p = argparse.ArgumentParser(prog="kumiko", description="kumiko: a deep-learning compiler (tensor graphs -> "
                                 "Tiny IR -> polyhedral analysis -> kernels).", epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -364,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     r.add_argument("--out", help="write the outputs to this .npz (keyed by signature output name)")
     _dtype_option(r)
+    _resume_options(r)
     r.add_argument("--check", action="store_true", help="also run the reference evaluator on the same inputs and "
                    "compare each output (relative L2 error within its dtype's bound: fp32 1e-4, fp16 1e-2, "
                    "bf16 2e-2, integers exact); a mismatch is diagnostic E1705 (exit 2)")
@@ -380,8 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("dump", help="write the JSON of pipeline stages", description="Print or write each "
                        "stage's JSON dump, in the seeds' shape; dumps are byte-identical across runs.")
     d.add_argument("file", help="graph file")
-    d.add_argument("--stage", default="frontend,tiny", help=f"comma-separated stages: {', '.join(STAGES)} "
-                   "(default frontend,tiny)")
+    d.add_argument("--stage", default="frontend,tiny", help="comma-separated stages: "
+                   f"{', '.join(n for n in DUMPS if n != 'c')} (default frontend,tiny; gpu_ir: the cuda-emu target's)")
     d.add_argument("--out", help="directory to write <name>.<stage>.<format> into (default: print to stdout)")
     d.add_argument("--format", choices=("json", "dot", "svg"), default="json",
                    help=f"json (default): the stage's dump; dot or svg: a picture of the stage "
@@ -393,18 +442,20 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("compile", help="compile a graph for a target; optionally autotune and write stage dumps",
                        description="Compile FILE (regions, plans, generated code, build). --tune times the "
                        "candidate plans of each kernel and caches the winners; --dump writes stage dumps "
-                       f"({', '.join([*STAGES, *COMPILED])}) into --out. KUMIKO_DUMP=DIR writes "
-                       f"{', '.join(COMPILE_DUMPS)} for every compile; KUMIKO_DEBUG=1..5 prints stage times, "
-                       "kernels, plans, source, IRs on stderr.")
+                       f"({', '.join([*DUMPS, 'all'])}) into --out. The stages run in order: "
+                       f"{' -> '.join(STAGES)}; --resume starts from a dumped tiny or region stage, --plan "
+                       "replaces the plans. KUMIKO_DUMP=DIR writes every stage of every compile (--dump all); "
+                       "KUMIKO_DEBUG=1..5 prints stage times, kernels, plans, source, IRs on stderr.")
     k.add_argument("file", help="graph file")
     k.add_argument("--target", default=DEFAULT_TARGET, help=f"target (default {DEFAULT_TARGET}; {targets})")
     k.add_argument("--tune", action="store_true", help="autotune: build and time candidate plans, cache the best")
     k.add_argument("--shapes", help="sizes to tune for, e.g. M=1024,N=1024,K=1024 (default: the file's symbols)")
-    k.add_argument("--dump", help="comma-separated stages to write (needs --out; `kumiko dump` prints a stage "
-                   "instead); c writes the generated "
-                   "source (.c, or .cu for the CUDA targets, with the cubin for --target cuda)")
+    k.add_argument("--dump", help="comma-separated stages to write, or all (needs --out; `kumiko dump` prints "
+                   "a stage instead); c writes the generated source (.c, or .cu for the CUDA targets, with the "
+                   "cubin for --target cuda), gpu_ir the CUDA targets' kernels")
     k.add_argument("--out", help="directory for dumps")
     _dtype_option(k)
+    _resume_options(k)
     k.add_argument("--gpu-arch", help="--target cuda: build for this arch (sm_80, sm_90a, ...) with nvcc, "
                    "without a GPU (default: the device's)")
     k.add_argument("--json", action="store_true", help=argparse.SUPPRESS)

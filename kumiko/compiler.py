@@ -6,19 +6,18 @@ signature names, binds symbolic sizes from the inputs' shapes, and checks dtypes
 """
 from __future__ import annotations
 
-import importlib
-import inspect
 import pickle
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from kumiko import dtypes
+from kumiko.backend import BACKENDS
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
-from kumiko.pipeline import report_compile, to_tiny
-from kumiko.tiny.evaluate import bind_symbols, check_inputs, check_sizes, evaluate
+from kumiko.pipeline import Compilation, compile_program, to_tiny
+from kumiko.tiny.evaluate import bind_symbols, check_inputs, check_sizes
 from kumiko.tiny.inputs import random_inputs
 from kumiko.tiny.ir import TinyGraph
 from kumiko.tiny.limits import check_limits
@@ -27,41 +26,8 @@ from kumiko.util.log import log, stage
 DEFAULT_TARGET = "cpu"
 
 
-def _eval_target(tiny: TinyGraph, fp64: bool = False):
-    return lambda inputs, env: evaluate(tiny, inputs, env, fp64=fp64)
-
-
-#: target name -> where its factory lives; factory(tiny graph, **options) -> callable(inputs, env) -> outputs.
-#: Resolved on first use, so the runtime's target modules never import this module (no import cycle) and a
-#: target's heavy imports are paid only by its users.
-_FACTORIES: dict[str, str] = {
-    "cpu": "kumiko.runtime.target_cpu:cpu_target",
-    "cuda-emu": "kumiko.runtime.target_cuda:cuda_emu_target",
-    "cuda": "kumiko.runtime.target_cuda_gpu:cuda_target",
-}
-#: the target names (``target_factory(name)`` is the factory)
-TARGETS: tuple[str, ...] = ("eval", *_FACTORIES)
-
-
-def target_factory(name: str) -> Callable[..., Callable]:
-    """The factory of target ``name`` (E1501 for an unknown target)."""
-    if name == "eval":
-        return _eval_target
-    if name not in _FACTORIES:
-        raise KumikoError("E1501", at="compile", why=f"unknown target {name!r}",
-                          suggestion=f"available targets: {', '.join(sorted(TARGETS))}")
-    module, fn = _FACTORIES[name].split(":")
-    return getattr(importlib.import_module(module), fn)
-
-
-def _check_options(target: str, factory: Callable, options: Mapping[str, object]) -> None:
-    """An option the target does not take is a diagnostic, never silently ignored."""
-    params = [p for p in inspect.signature(factory).parameters if p != "constants"]   # compile binds those
-    unknown = sorted(set(options) - set(params[1:]))
-    if unknown:
-        raise KumikoError("E1010", at=f"compile (target {target})", why=f"target {target!r} has no option"
-                          f"{'s' * (len(unknown) > 1)} {', '.join(unknown)}",
-                          suggestion=f"its options: {', '.join(params[1:]) or 'none'}")
+#: the target names (``kumiko.backend.BACKENDS`` names each one's backend)
+TARGETS: tuple[str, ...] = tuple(BACKENDS)
 
 
 def load(path: str | Path) -> Graph | TinyGraph:
@@ -111,11 +77,9 @@ class Executable:
     """A compiled program: call it with arrays by signature name, get outputs in signature order."""
 
     def __init__(self, program: Graph | TinyGraph, target: str = DEFAULT_TARGET, *, _saved: dict | None = None,
-                 **options):
-        factory = target_factory(target)
-        _check_options(target, factory, options)
+                 start: Mapping[str, Any] | None = None, want: tuple = (), **options):
         self._options = dict(options)
-        self.tiny = to_tiny(program)
+        self.tiny = to_tiny(program) if not (start and "tiny" in start) else start["tiny"]
         #: fp32 inputs that also take float64 arrays (an imported ONNX model's DOUBLE inputs)
         self.fp64_inputs = program.fp64_inputs if isinstance(program, Graph) else frozenset()
         if _saved is not None:            # load_executable: the saved constants and input kinds
@@ -130,21 +94,24 @@ class Executable:
         self.target = target
         if isinstance(program, Graph):   # a Graph lowers as it is made: its time is in load's (or the caller's)
             log(1, f"stage frontend->tiny: done when the Graph was made ({len(self.tiny.nodes)} Tiny IR nodes)")
-        if "constants" in inspect.signature(factory).parameters:
-            options = {**options, "constants": self.params}
-        restored = None
+        #: every stage's artifact (``kumiko.pipeline``): what dumps, reports and tests read
+        self.compilation: Compilation | None = None
         if _saved is not None and _saved.get("artifact") is not None and target == "cpu":
-            from kumiko.runtime.target_cpu import restore
+            from kumiko.backend import backend
+            from kumiko.runtime.cpu_artifact import restore
             with stage(f"load the saved {self.tiny.name} for {target}"):
                 restored = restore(_saved["artifact"], constants=self.params)
             if restored is None:
                 log(1, "the saved kernels were built for another ISA: compiling again")
-        if restored is not None:
-            self._run = restored
-        else:
+            else:
+                be = backend(target)
+                self.compilation = Compilation(target, be, be.options(options), self.params, tiny=self.tiny,
+                                               region=restored.program, plan=restored.plans, binary=restored)
+        if self.compilation is None:
             with stage(f"compile {self.tiny.name} for {target}"):
-                self._run = factory(self.tiny, **options)
-        report_compile(program, self._run, target)     # KUMIKO_DEBUG's kernels, plans, source, IRs; KUMIKO_DUMP
+                self.compilation = compile_program(program, target, options, constants=self.params, start=start,
+                                                   want=want)
+        self._run = self.compilation.runner()
         self._sizes_ok: set = set()      # sizes check_sizes passed (bind)
         # the constants are checked once, here: a call that passes the bound arrays themselves skips their
         # checks (a network's weights are most of its inputs: ResNet-50 has 161)
@@ -163,8 +130,8 @@ class Executable:
         from kumiko.util.files import write_file
         artifact = None
         if self.target == "cpu":
-            from kumiko.runtime.target_cpu import save_state
-            artifact = save_state(self._run)
+            from kumiko.runtime.cpu_artifact import save_state
+            artifact = save_state(self.compilation.binary)
         state = {"format": EXECUTABLE_FORMAT, "tiny": self.tiny, "target": self.target, "options": self._options,
                  "params": self.params, "fp64_inputs": sorted(self.fp64_inputs), "artifact": artifact}
         write_file(Path(path), pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), "a saved Executable")

@@ -1,20 +1,22 @@
 """Every environment knob kumiko reads, in one place (nothing else reads ``os.environ``).
 
 - ``KUMIKO_DEBUG``: graded verbosity on stderr, as in tinygrad; each level adds to the ones below it
-  (``kumiko.util.log`` prints, ``kumiko.pipeline.report_compile`` says what each compile shows):
+  (``kumiko.util.log`` prints, ``kumiko.pipeline.report`` says what each compile shows):
 
-  1. each stage's name and time: load (parse, check, lower to Tiny IR), regions, plans, build;
+  1. each stage's name and time: load (parse, check, lower to Tiny IR), region, plan, kernel, source, binary;
   2. the kernels: each one a compile made, each C or cubin build (cache hit or compile time) and each
      kernel's time when a program runs (``cpu``, ``cuda-emu`` and ``cuda``: the ``cuda`` target then
      launches one by one, synchronising after each);
   3. the chosen plan of each kernel (the line ``kumiko compile`` prints);
   4. the generated source (C or CUDA C), once per compile, cached or not;
-  5. every IR: the JSON dump of each stage (frontend for a Graph, tiny, region), as ``kumiko dump`` writes it.
-- ``KUMIKO_DUMP``: a directory; when set, every compile writes there what ``kumiko compile FILE --dump
-  frontend,tiny,region,plan,c --out DIR`` writes (the stages it built; frontend only for a Graph), under
-  the same names (``pipeline.dump_path``); a file that cannot be written is E1502.
+  5. every IR: the JSON dump of each stage (frontend for a Graph, tiny, indexbook, poly_view, region, and
+     gpu_ir on the CUDA targets), as ``kumiko dump`` writes it.
+- ``KUMIKO_DUMP``: a directory; when set, every compile writes there what ``kumiko compile FILE --dump all
+  --out DIR`` writes (every stage it has; frontend only for a Graph), under the same names
+  (``pipeline.dump_path``); a file that cannot be written is E1502.
 - ``KUMIKO_CACHE``: the compile cache directory (default ``~/.cache/kumiko``); ``0`` disables the cache.
-- ``KUMIKO_SPEC``: verifier strictness at stage boundaries: 0 off, 1 cheap checks (default), 2 all checks.
+- ``KUMIKO_SPEC``: verifier strictness at stage boundaries: 0 off, 1 (default) the cheap checks and the verifiers
+  of a stage read from a file (``--resume``), 2 every stage's verifiers on every compile (``pipeline.verify``).
 - ``KUMIKO_CUDA_GRAPH``: 1 makes the ``cuda`` target replay each program's launches as a CUDA Graph (default 0).
 - ``KUMIKO_BUILD_TIMEOUT``: seconds one external compiler run (gcc, g++, nvcc) may take before E1706 (default 600).
 - ``KUMIKO_MAX_BYTES``: the largest total of buffers one call may allocate before E1017 (default: 3/4 of the

@@ -96,7 +96,7 @@ def test_run_check_against_the_evaluator(capsys):
 def test_run_check_reports_a_mismatch_as_e1705(monkeypatch, capsys):
     """A target that disagrees with the evaluator (simulated: the reference is moved off) is a diagnostic,
     exit 2, after the table; with --json only the diagnostic is printed, with every output's check."""
-    import kumiko.compiler as kc  # the eval target's evaluator
+    import kumiko.backend.eval as kc  # the eval target's evaluator
     real = kc.evaluate
     monkeypatch.setattr(kc, "evaluate", lambda *a, **k: {n: v * 1.01 for n, v in real(*a, **k).items()})
     assert main(["run", GEMM, "--shapes", "M=8,N=8,K=8", "--check"]) == 2

@@ -11,7 +11,7 @@ import pytest
 import kumiko
 from kumiko.cli import main
 from kumiko.diagnostics import KumikoError
-from kumiko.pipeline import COMPILE_DUMPS, COMPILED, DRAWINGS, STAGES
+from kumiko.pipeline import DRAWINGS, DUMPS, STAGES
 
 ROOT = Path(__file__).parents[1]
 GEMM = str(ROOT / "examples" / "gemm_bias_relu.json")
@@ -30,13 +30,15 @@ def _quiet(monkeypatch):
 #: what each level adds on stderr for `compile GEMM --target cuda-emu` (nothing built: the emulator builds
 #: on the first call); a level shows its own lines and every lower level's, never a higher one's
 LEVEL_MARKS = {
-    1: ["kumiko: stage load gemm_bias_relu.json", "kumiko: stage regions: ", "kumiko: stage plans: ",
-        "kumiko: stage kernels (GPU IR, CUDA C): ", "kumiko: stage compile gemm_bias_relu for cuda-emu: "],
+    1: ["kumiko: stage load gemm_bias_relu.json", "kumiko: stage region: ", "kumiko: stage plan: ",
+        "kumiko: stage kernel (GPU IR): ", "kumiko: stage source (CUDA C): ",
+        "kumiko: stage compile gemm_bias_relu for cuda-emu: "],
     2: ["kumiko: kernel kumiko_0_k_C2: region k_C2, block "],
     3: ["kumiko: plan k_C2: simt (sm80"],
     4: ["kumiko: generated source of gemm_bias_relu (cuda-emu):\n", '#include "kumiko_cuda.cuh"'],
     5: ["kumiko: frontend IR of gemm_bias_relu:\n", "kumiko: tiny IR of gemm_bias_relu:\n", '"uops"',
-        "kumiko: region IR of gemm_bias_relu:\n"],
+        "kumiko: indexbook IR of gemm_bias_relu:\n", "kumiko: poly_view IR of gemm_bias_relu:\n",
+        "kumiko: region IR of gemm_bias_relu:\n", "kumiko: gpu_ir IR of gemm_bias_relu:\n"],
 }
 
 
@@ -58,7 +60,7 @@ def test_debug_cpu_stages_builds_and_kernel_times(monkeypatch, capsys, tmp_path)
     monkeypatch.setenv("KUMIKO_CACHE", str(tmp_path))    # a build of its own (not a module this process loaded)
     assert main(["run", GEMM, *SMALL]) == 0
     err = capsys.readouterr().err
-    assert "kumiko: stage build (C, gcc): " in err and "kumiko: build_c gemm_bias_relu: " in err
+    assert "kumiko: stage binary (gcc): " in err and "kumiko: build_c gemm_bias_relu: " in err
     assert re.search(r"kumiko: kernel kumiko_0_k_C2: region k_C2\n", err)
     assert re.search(r"kumiko: cpu kumiko_0_k_C2: [0-9.]+ ms", err)        # the run, kernel by kernel
     assert "kumiko: plan " not in err
@@ -90,12 +92,12 @@ def _files(d: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("target, ext", [("cpu", "c"), ("cuda-emu", "cu")])
 def test_kumiko_dump_equals_compile_dump(target, ext, tmp_path, monkeypatch, capsys):
     by_cli = tmp_path / "cli"
-    assert main(["compile", GEMM, "--target", target, "--dump", ",".join(COMPILE_DUMPS), "--out", str(by_cli)]) == 0
+    assert main(["compile", GEMM, "--target", target, "--dump", "all", "--out", str(by_cli)]) == 0
     monkeypatch.setenv("KUMIKO_DUMP", str(tmp_path / "env"))
     assert main(["compile", GEMM, "--target", target]) == 0
     env = _files(tmp_path / "env")
-    assert set(env) == {f"gemm_bias_relu.{s}.json" for s in ("frontend", "tiny", "region", "plan")} | {
-        f"gemm_bias_relu.{ext}"}
+    jsons = ("frontend", "tiny", "indexbook", "poly_view", "region", "plan") + (("gpu_ir",) if ext == "cu" else ())
+    assert set(env) == {f"gemm_bias_relu.{s}.json" for s in jsons} | {f"gemm_bias_relu.{ext}"}
     assert env == _files(by_cli)
     assert json.loads(env["gemm_bias_relu.tiny.json"])["uops"]
 
@@ -105,10 +107,12 @@ def test_kumiko_dump_from_python_writes_what_was_built(tmp_path, monkeypatch):
     monkeypatch.setenv("KUMIKO_DUMP", str(tmp_path))
     g = kumiko.load(GEMM)
     kumiko.compile(g, target="eval")
-    assert set(_files(tmp_path)) == {"gemm_bias_relu.frontend.json", "gemm_bias_relu.tiny.json"}
+    analyses = {"gemm_bias_relu.indexbook.json", "gemm_bias_relu.poly_view.json"}
+    assert set(_files(tmp_path)) == {"gemm_bias_relu.frontend.json", "gemm_bias_relu.tiny.json"} | analyses
     kumiko.compile(g.tiny, target="cuda-emu")
-    assert set(_files(tmp_path)) == {"gemm_bias_relu.frontend.json", "gemm_bias_relu.tiny.json",
-                                     "gemm_bias_relu.region.json", "gemm_bias_relu.plan.json", "gemm_bias_relu.cu"}
+    assert set(_files(tmp_path)) == {"gemm_bias_relu.frontend.json", "gemm_bias_relu.tiny.json", *analyses,
+                                     "gemm_bias_relu.region.json", "gemm_bias_relu.plan.json",
+                                     "gemm_bias_relu.gpu_ir.json", "gemm_bias_relu.cu"}
 
 
 def test_kumiko_dump_that_cannot_be_written_is_e1502(tmp_path, monkeypatch, capsys):
@@ -137,7 +141,7 @@ def test_compile_dump_without_out_is_a_diagnostic(capsys):
 def test_compile_dump_unknown_stage_is_refused_before_compiling(tmp_path, capsys):
     assert main(["compile", GEMM, "--dump", "regoin", "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
-    assert "E1010" in err and "'regoin'" in err and all(s in err for s in [*STAGES, *COMPILED])
+    assert "E1010" in err and "'regoin'" in err and all(s in err for s in DUMPS)
     assert not (tmp_path / "d").exists()
 
 
@@ -157,7 +161,7 @@ def test_dump_help_names_every_picture(capsys):
 
 def test_compile_help_names_every_stage(capsys):
     text = _help("compile", capsys=capsys)
-    assert f"({', '.join([*STAGES, *COMPILED])})" in text
+    assert f"({', '.join([*DUMPS, 'all'])})" in text and " -> ".join(STAGES) in text
     assert "KUMIKO_DUMP" in text and "KUMIKO_DEBUG" in text
 
 

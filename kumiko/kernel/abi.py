@@ -67,3 +67,21 @@ def region_steps(program: Program, fn_names: Mapping[str, str]) -> tuple[Step, .
     """One step per region: its inputs then its outputs."""
     return tuple(Step(fn_names[r.name], (r.name,), tuple(n for n, _ in r.inputs) + tuple(o.name for o in r.outputs))
                  for r in program.regions)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One GPU kernel launch: grid extents as symbolic sizes (``ceil(extent / tile)`` each), block, dynamic
+    shared memory, and where each parameter comes from: ("buf", name) | ("scratch", var) | ("sym", name) |
+    ("status", name). The CUDA lowering makes them; the emulator's and the device's runners read them."""
+    region: str
+    kernel: str
+    grid: tuple                     # ((extent, tile), ...) x, y, z
+    block: int
+    smem: int
+    args: tuple
+    scratch: tuple = ()             # (var, axes sizes) the launch needs
+
+    def to_json(self) -> dict:
+        return {"region": self.region, "kernel": self.kernel, "grid": [[str(e), t] for e, t in self.grid],
+                "block": self.block, "smem": self.smem, "args": [list(a) for a in self.args]}

@@ -94,10 +94,26 @@ def render_cpu_program(program: Program, plans: dict[str, Plan], fuse: bool = Tr
 
 def render_cpu_source(program: Program, plans: dict[str, Plan], fuse: bool = True,
                       constants: frozenset = frozenset()) -> CpuSource:
-    """The program's kernels, each distinct one once, as one translation unit and as units (module docstring).
-    A contraction operand that reads only ``constants`` (inputs the Executable binds once: the weights) is
-    packed by a function of its own, once, and read in place by its kernel (``kumiko.kernel.contract.Prepack``;
-    its step lists the panels after its buffers)."""
+    """The program's kernels, each distinct one once, as one translation unit and as units (module docstring)."""
+    return render_cpu_kernels(lower_cpu_kernels(program, plans, fuse, constants))
+
+
+@dataclass(frozen=True)
+class CpuKernels:
+    """A program's CPU kernel IR, before any text: the kernels (``_Piece``: loop nests, contraction kernels,
+    pack functions) and the calls in execution order, (piece, regions, buffers, ((pack piece, Prepack,
+    buffer), ...)) each; ``syms``: the ABI's symbol order."""
+    pieces: tuple
+    calls: tuple
+    syms: tuple
+
+
+def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = True,
+                      constants: frozenset = frozenset()) -> CpuKernels:
+    """Every region's kernel under its plan; a region whose deferred output feeds the next one's contraction
+    row by row is one kernel with it (``fuse``). A contraction operand that reads only ``constants`` (inputs
+    the Executable binds once: the weights) is packed by a function of its own, once, and read in place by
+    its kernel (``kumiko.kernel.contract.Prepack``; its step lists the panels after its buffers)."""
     syms = program_symbols(program)
     pieces: list[_Piece] = []
     calls: list[tuple] = []      # (piece, regions, buffers, ((pack piece, Prepack, buffer), ...)) in execution order
@@ -136,7 +152,12 @@ def render_cpu_source(program: Program, plans: dict[str, Plan], fuse: bool = Tru
         pieces.append(_Piece(kern, micros, plan.vector_width))
         calls.append((len(pieces) - 1, (r.name,), tuple(n for n, _ in r.inputs) + tuple(o.name for o in r.outputs)
                       + tuple(b for _, _, b in packs), tuple(packs)))
+    return CpuKernels(tuple(pieces), tuple(calls), syms)
 
+
+def render_cpu_kernels(lowered: CpuKernels) -> CpuSource:
+    """The C of lowered kernels: one translation unit and the units (module docstring)."""
+    pieces, calls, syms = lowered.pieces, lowered.calls, lowered.syms
     texts = [render_kernel(p.kernel) for p in pieces]
     # the program-wide extra of one translation unit: every micro-kernel, the vector types of the last
     # kernel that has any (a program's packed plans share one vector width)

@@ -39,7 +39,7 @@ from typing import Iterator, Mapping
 import ml_dtypes
 import numpy as np
 
-from kumiko import dtypes, knobs
+from kumiko import knobs
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.abi import Step, program_symbols, region_steps  # noqa: F401  (re-exported)
 from kumiko.kernel.loops import STATUS_BAD_INDEX
@@ -47,6 +47,7 @@ from kumiko.region.ssa import MemRef, Program
 from kumiko.runtime.arena import ALIGN, ArenaPlan, plan_arena
 from kumiko.runtime.cpu import CModule
 from kumiko.symbolic import dim_eval
+from kumiko.tiny.inputs import check_array
 from kumiko.util.log import enabled, log
 
 
@@ -268,16 +269,7 @@ class CpuProgram:
         return dt.itemsize
 
     def _input(self, name: str, m: MemRef, arr, want: tuple, state: CallState) -> np.ndarray:
-        arr = np.asarray(arr)
-        dt = m.dtype
-        if arr.dtype == np.uint16 and dt in (dtypes.fp16, dtypes.bf16):
-            arr = arr.view(dt.np)              # raw 16-bit storage is accepted as-is
-        if arr.dtype != dt.np and dtypes.from_numpy(arr.dtype) is not dt:
-            raise KumikoError("E1015", at=f"input {name}", why=f"expected dtype {dt}, got {arr.dtype}",
-                              suggestion=f"convert with arr.astype({dt.np.name!r})")
-        if arr.shape != want:
-            raise KumikoError("E1015", at=f"input {name}", why=f"expected shape {list(want)} "
-                              f"({[str(d) for d in m.shape]}), got {list(arr.shape)}")
+        arr = check_array(name, m.dtype, arr, want, m.shape, raw16=True)   # raw 16-bit storage accepted as-is
         align = self.input_align(m, arr.dtype)
         if arr.flags.c_contiguous and arr.ctypes.data % align == 0:
             return arr

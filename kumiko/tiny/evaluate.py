@@ -23,6 +23,7 @@ import numpy as np
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import dim_eval
+from kumiko.tiny.inputs import check_array, input_shape
 from kumiko.tiny.ir import BINARY, COMPARE, UNARY, Node, TinyGraph, is_ref
 from kumiko.tiny.limits import check_limits, check_symbols
 
@@ -71,17 +72,7 @@ def check_inputs(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[st
         if tensor in trusted or tensor not in inputs:
             continue
         n = g.nodes[nid]
-        arr = inputs[tensor]
-        if dtypes.from_numpy(arr.dtype) is not n.dtype:
-            raise KumikoError("E1015", at=f"input {tensor}", why=f"expected dtype {n.dtype}, got {arr.dtype}",
-                              suggestion=f"convert with arr.astype({n.dtype.np.name!r}) or add a Cast to the graph")
-        try:
-            want = tuple(dim_eval(d, env) for d in n.shape)
-        except KeyError as e:
-            raise KumikoError("E1014", at=f"input {tensor}", why=f"size symbol {e.args[0]} has no value") from None
-        if tuple(arr.shape) != want:
-            raise KumikoError("E1015", at=f"input {tensor}", why=f"expected shape {list(want)} "
-                              f"({[str(d) for d in n.shape]}), got {list(arr.shape)}")
+        check_array(tensor, n.dtype, inputs[tensor], input_shape(tensor, n.shape, env), n.shape)
 
 
 def evaluate(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[str, int] | None = None,

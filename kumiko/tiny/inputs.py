@@ -13,6 +13,31 @@ from kumiko.tiny.ir import TinyGraph
 from kumiko.tiny.limits import check_limits, check_symbols
 
 
+def check_array(name: str, dt: dtypes.DType, arr, want: tuple, shape: tuple, raw16: bool = False) -> np.ndarray:
+    """The one check of an input array: dtype ``dt`` (with ``raw16``, fp16/bf16 also as raw uint16 storage,
+    viewed as it) and shape ``want`` (``shape`` evaluated; the symbolic one is named in the message). Every
+    target's inputs pass here: the Executable's bind (``evaluate.check_inputs``), the CPU runtime and the
+    GPU's upload. Returns the array as the kernels read it."""
+    arr = np.asarray(arr)
+    if raw16 and arr.dtype == np.uint16 and dt in (dtypes.fp16, dtypes.bf16):
+        arr = arr.view(dt.np)
+    if arr.dtype != dt.np and dtypes.from_numpy(arr.dtype) is not dt:
+        raise KumikoError("E1015", at=f"input {name}", why=f"expected dtype {dt}, got {arr.dtype}",
+                          suggestion=f"convert with arr.astype({np.dtype(dt.np).name!r}) or add a Cast to the graph")
+    if tuple(arr.shape) != want:
+        raise KumikoError("E1015", at=f"input {name}", why=f"expected shape {list(want)} "
+                          f"({[str(d) for d in shape]}), got {list(arr.shape)}")
+    return arr
+
+
+def input_shape(name: str, shape: tuple, env: Mapping[str, int]) -> tuple:
+    """An input's shape under ``env`` (E1014 for a size symbol without a value)."""
+    try:
+        return tuple(dim_eval(d, env) for d in shape)
+    except KeyError as e:
+        raise KumikoError("E1014", at=f"input {name}", why=f"size symbol {e.args[0]} has no value") from None
+
+
 def random_inputs(tiny: TinyGraph, seed: int = 0, shapes: Mapping[str, int] | None = None,
                   every_node: bool = False) -> dict[str, np.ndarray]:
     """Fresh random inputs (never zeros) for ``tiny`` at its ``symbols`` defaults overridden by ``shapes``:

@@ -11,7 +11,8 @@ import pytest
 import kumiko
 from kumiko.accuracy import rel_l2  # noqa: F401  (the tests import it from here)
 from kumiko.frontend.graph import Graph
-from kumiko.runtime.target_cuda import CompiledCuda, compile_cuda
+from kumiko.pipeline import compile_cuda
+from kumiko.runtime.emu_program import CompiledCuda
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 #: the seeds' examples the target must run (stem), in fp16 unless stated

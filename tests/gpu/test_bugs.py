@@ -9,8 +9,9 @@ import pytest
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.gpu_ir import Barrier, KLoop, LoadFrag, MmaKernel, WaitGroup
 from kumiko.kernel.gpu_verify import verify_mma
+from kumiko.pipeline import compile_cuda
 from kumiko.render.cuda import render_cuda
-from kumiko.runtime.target_cuda import CompiledCuda, compile_cuda
+from kumiko.runtime.emu_program import CompiledCuda
 
 from .bugs import BUGS, SIZES, VERIFIER_HAZARD
 from .conftest import graph, needs_gxx, run_and_compare

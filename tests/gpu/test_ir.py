@@ -10,11 +10,11 @@ from kumiko import Tensor
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.gpu_ir import Barrier, KLoop, LoadFrag, MmaFrag, MmaKernel, SimtKernel
 from kumiko.kernel.gpu_verify import verify_mma
+from kumiko.pipeline import compile_cuda
 from kumiko.plan.gpu import choose_gpu_plan, fallback_gpu_plan, validate_gpu_plan
 from kumiko.plan.plan import Plan
 from kumiko.region import form_regions
 from kumiko.runtime.program import program_symbols
-from kumiko.runtime.target_cuda import compile_cuda
 
 from .conftest import EXAMPLES, graph, needs_gxx, run_and_compare
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from kumiko.diagnostics import KumikoError
+from kumiko.pipeline import compile_cuda
 from kumiko.plan.gpu import check_resources
+from kumiko.runtime.emu_program import nvcc_check
 from kumiko.runtime.ptxas import KernelResources, nvcc_path
-from kumiko.runtime.target_cuda import compile_cuda, nvcc_check
 
 from .conftest import STEMS, graph
 

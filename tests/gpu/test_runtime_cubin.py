@@ -10,10 +10,10 @@ import pytest
 
 import kumiko
 from kumiko.diagnostics import KumikoError
+from kumiko.pipeline import compile_cuda
 from kumiko.runtime import cubin as kc
+from kumiko.runtime.cuda_program import check_cubin
 from kumiko.runtime.ptxas import nvcc_path
-from kumiko.runtime.target_cuda import compile_cuda
-from kumiko.runtime.target_cuda_gpu import check_cubin
 
 from .conftest import EXAMPLES, graph
 
@@ -168,7 +168,7 @@ def test_a_chosen_plan_that_ptxas_rejects_steps_down(cache, monkeypatch):
     """The ptxas report fed back to the chooser: a chosen MMA plan that spills is replaced by the next plan
     down (the large plan's one-barrier ring: the two-barrier ring, then the small tile) and the replacement
     says why; a plan the caller gave is never replaced, it is rejected (E1801)."""
-    from kumiko.runtime import target_cuda_gpu as tg
+    from kumiko.runtime import cuda_program as tg
     real = tg.check_resources
     seen = []
 

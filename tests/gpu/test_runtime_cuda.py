@@ -22,10 +22,10 @@ import pytest
 
 import kumiko
 from kumiko.diagnostics import KumikoError
+from kumiko.pipeline import compile_cuda
 from kumiko.runtime import cuda_driver, emu, emu_worker
 from kumiko.runtime.cuda_driver import CudaDevice, arch_for_cc, cubin_runs_on, cuda_error, device_available
-from kumiko.runtime.target_cuda import compile_cuda
-from kumiko.runtime.target_cuda_gpu import (
+from kumiko.runtime.cuda_program import (
     POISON_BYTE,
     CudaProgram,
     launch_dims,

@@ -26,8 +26,8 @@ from kumiko import Tensor
 from kumiko.diagnostics import KumikoError
 from kumiko.runtime import cubin as kc
 from kumiko.runtime.cuda_driver import CudaDevice, device_available
+from kumiko.runtime.cuda_program import POISON_BYTE, pack_params
 from kumiko.runtime.ptxas import nvcc_path
-from kumiko.runtime.target_cuda_gpu import POISON_BYTE, pack_params
 
 from .conftest import EXAMPLES, STEMS, graph, rel_l2
 
@@ -96,7 +96,7 @@ def test_bf16_examples_match_the_evaluator(exes, stem):
 
 def test_the_gpu_runs_the_emulators_source(exes, gpu_cache):
     """The device runs the very source the emulator tests (same lowering, same text)."""
-    from kumiko.runtime.target_cuda import compile_cuda
+    from kumiko.pipeline import compile_cuda
     for stem in STEMS:
         assert exes(stem)._run.source == compile_cuda(graph(stem, "fp16").tiny).source
 
@@ -277,7 +277,7 @@ _FAULT_SCRIPT = textwrap.dedent("""
     from kumiko.kernel.gpu_ir import Param
     from kumiko.runtime.cubin import build_cubin
     from kumiko.runtime.cuda_driver import CudaDevice
-    from kumiko.runtime.target_cuda_gpu import pack_params
+    from kumiko.runtime.cuda_program import pack_params
     src = '#include "kumiko_cuda.cuh"\\n' + (
         'extern "C" __global__ void kumiko_oob(float* __restrict__ y, long long n) '
         '{{ y[n + (long long)threadIdx.x * (1ll << 32)] = 1.0f; }}\\n')

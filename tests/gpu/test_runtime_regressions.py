@@ -14,8 +14,8 @@ import pytest
 import kumiko
 from kumiko.accuracy import bound, rel_l2
 from kumiko.diagnostics import KumikoError
-from kumiko.runtime.target_cuda import compile_cuda
-from kumiko.runtime.target_cuda_gpu import CudaProgram
+from kumiko.pipeline import compile_cuda
+from kumiko.runtime.cuda_program import CudaProgram
 
 from .conftest import needs_gxx
 from .test_runtime_cuda import EmuLaunches

@@ -10,12 +10,12 @@ import pytest
 
 import kumiko
 from kumiko import Tensor
+from kumiko.backend.cpu import choose_cpu_plans
 from kumiko.diagnostics import KumikoError
 from kumiko.region import form_regions
 from kumiko.render.cpu_program import canonical_kernel, render_cpu_source
 from kumiko.runtime import cpu as cpu_rt
 from kumiko.runtime.program import CpuProgram
-from kumiko.runtime.target_cpu import _plans
 
 
 def chain(couts, name="y", xname="x", size=10):
@@ -60,7 +60,7 @@ def functions(source: str) -> int:
 
 def rendered(g):
     program = form_regions(g.tiny)
-    return program, render_cpu_source(program, _plans(g.tiny, program, None, cpu_rt.cpu_features(), False, None))
+    return program, render_cpu_source(program, choose_cpu_plans(g.tiny, program, None, cpu_rt.cpu_features()))
 
 
 # ------------------------------------------------------------------------------------------------

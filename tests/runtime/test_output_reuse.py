@@ -275,8 +275,8 @@ def test_cuda_emulator_asks_inputs_for_the_memref_alignment():
     for the MemRef's (its kernels take 16-byte vector loads from inputs), so it copies a numpy array."""
     from kumiko import dtypes
     from kumiko.region.ssa import MemRef
+    from kumiko.runtime.emu_program import GpuRunner
     from kumiko.runtime.program import CpuProgram
-    from kumiko.runtime.target_cuda import GpuRunner
 
     m = MemRef((5, 7), dtypes.fp32)
     assert CpuProgram.input_align(None, m, np.dtype(np.float32)) == 4

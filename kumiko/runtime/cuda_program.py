@@ -1,8 +1,8 @@
-"""The ``cuda`` target: the generated CUDA C on a real NVIDIA GPU through cuda-bindings' driver API.
+"""The ``cuda`` target's runtime: the generated CUDA C on a real NVIDIA GPU through cuda-bindings' driver API.
 
-It reuses the ``cuda-emu`` target's lowering unchanged (``target_cuda.compile_cuda``: plans, verified GPU
-IR, one ``.cu``, the launch list with grid/block/dynamic shared memory and where every parameter comes
-from), so the GPU runs exactly the source the emulator tests. Only the build and the launch differ:
+The cuda backend (``kumiko.backend.cuda``) lowers exactly as for cuda-emu (plans, verified GPU IR, one
+``.cu``, the launch list with grid/block/dynamic shared memory and where every parameter comes from), so the
+GPU runs the source the emulator tests. Only the build and the launch differ:
 
 1. ``cubin.build_cubin``: nvcc for the device's arch (``cuda_driver.arch_for_cc``: ``sm_80``-path code,
    ``sm_90a`` on Hopper), cached on disk; the ptxas report is fed back to the plans (``check_cubin``: a
@@ -32,19 +32,19 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from kumiko import dtypes, knobs
+from kumiko import knobs
 from kumiko.diagnostics import KumikoError
-from kumiko.plan.gpu import check_resources, fallback_gpu_plan
-from kumiko.plan.plan import Plan
+from kumiko.kernel.abi import Launch
+from kumiko.plan.gpu import check_resources
 from kumiko.region.ssa import MemRef
 from kumiko.runtime.arena import plan_arena
-from kumiko.runtime.cubin import Cubin, build_cubin, check_arch, invalidate
-from kumiko.runtime.cuda_driver import BAD_IMAGE, CudaDevice, cubin_runs_on, plan_arch_for_cc
+from kumiko.runtime.cubin import Cubin, build_cubin, invalidate
+from kumiko.runtime.cuda_driver import BAD_IMAGE, CudaDevice, cubin_runs_on
+from kumiko.runtime.emu_program import CompiledCuda, check_status, safe_name
 from kumiko.runtime.program import program_symbols
-from kumiko.runtime.target_cuda import CompiledCuda, Launch, check_status, compile_cuda, safe_name
 from kumiko.symbolic import dim_eval
-from kumiko.tiny.ir import TinyGraph
-from kumiko.util.log import enabled, log, stage
+from kumiko.tiny.inputs import check_array
+from kumiko.util.log import enabled, log
 
 POISON_BYTE = 0xFF
 #: the launch limits every sm_80+ GPU has (cuLaunchKernel refuses more)
@@ -324,7 +324,7 @@ class CudaProgram:
             self.backend.fill(ptr, POISON_BYTE, nbytes, what)
 
     def check_status(self, b: Bound) -> None:
-        """A gather index out of range in any kernel of the run: E1015 (``target_cuda.check_status``)."""
+        """A gather index out of range in any kernel of the run: E1015 (``emu_program.check_status``)."""
         if "status:" in b.ptrs:
             word = np.zeros(1, np.int32)
             self.backend.download(word, b.ptrs["status:"], "the kernels' status word")
@@ -387,18 +387,8 @@ class CudaProgram:
 
 def check_input(name: str, m: MemRef, arr: Any, env: Mapping[str, int]) -> np.ndarray:
     """An input as the kernels read it: the MemRef's dtype (fp16/bf16 also as raw uint16) and shape, C-contiguous."""
-    arr = np.asarray(arr)
-    dt = m.dtype
-    if arr.dtype == np.uint16 and dt in (dtypes.fp16, dtypes.bf16):
-        arr = arr.view(dt.np)
-    if dtypes.from_numpy(arr.dtype) is not dt:
-        raise KumikoError("E1015", at=f"input {name}", why=f"expected dtype {dt}, got {arr.dtype}",
-                          suggestion=f"convert with arr.astype({np.dtype(dt.np).name!r})")
     want = tuple(dim_eval(d, env) for d in m.shape)
-    if tuple(arr.shape) != want:
-        raise KumikoError("E1015", at=f"input {name}", why=f"expected shape {list(want)} "
-                          f"({[str(d) for d in m.shape]}), got {list(arr.shape)}")
-    return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(check_array(name, m.dtype, arr, want, m.shape, raw16=True))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -466,56 +456,5 @@ class CompiledCudaGpu:
         return self.runner()(inputs, env)
 
 
-def compile_cuda_gpu(tiny: TinyGraph, *, plans: Mapping[str, Plan] | None = None, device: int = 0,
-                     gpu_arch: str | None = None, plan_arch: str | None = None, poison: bool | None = None,
-                     sync_each: bool = False, cuda_graph: bool | None = None,
-                     extra_flags: Sequence[str] = ()) -> CompiledCudaGpu:
-    """Lower like cuda-emu, build the cubin (nvcc, cached) and check its resources.
-
-    ``gpu_arch=None`` opens device ``device`` now (E1501 if there is none) and builds for its compute
-    capability; an explicit ``gpu_arch`` (``sm_80``, ``sm_90a``...) builds without a device.
-    ``cuda_graph`` (default: ``KUMIKO_CUDA_GRAPH``) replays each size's launches as one CUDA Graph.
-    """
-    dev = None
-    if gpu_arch is None:
-        dev = CudaDevice.get(device)
-        gpu_arch = dev.arch
-        plan_arch = plan_arch or plan_arch_for_cc(*dev.cc)
-    check_arch(gpu_arch)
-    given, chosen = set(plans or {}), dict(plans or {})
-    while True:
-        compiled = compile_cuda(tiny, plan_arch or "sm80", chosen)
-        with stage(f"build ({gpu_arch} cubin, nvcc)"):
-            cubin = build_cubin(compiled.source, gpu_arch, name=safe_name(compiled.program.name),
-                                extra_flags=extra_flags)
-        try:
-            check_cubin(compiled, cubin, dev.smem_optin if dev is not None else None)
-            break
-        except KumikoError as e:
-            # a plan the chooser made (never one the caller gave) that ptxas rejects gets the next plan down
-            region = e.details.get("region")
-            if e.code != "E1801" or region is None or region in given:
-                raise
-            nxt = fallback_gpu_plan(compiled.plans[region], f"{gpu_arch}: {e.why}")
-            if nxt is None:
-                raise
-            chosen[region] = nxt
-    graph = knobs.cuda_graph() if cuda_graph is None else bool(cuda_graph)
-    return CompiledCudaGpu(compiled, cubin, device=dev, ordinal=device, poison=poison, sync_each=sync_each,
-                           cuda_graph=graph, extra_flags=extra_flags)
-
-
-def cuda_target(tiny: TinyGraph, plans: Mapping[str, Plan] | None = None, device: int = 0,
-                gpu_arch: str | None = None, poison: bool | None = None, sync_each: bool = False,
-                cuda_graph: bool | None = None, tune: bool = False,
-                shapes: Mapping[str, int] | None = None) -> CompiledCudaGpu:
-    """The ``cuda`` target's factory (``shapes`` accepted and unused, ``tune=True`` refused: see
-    ``target_cuda.cuda_emu_target``)."""
-    from kumiko.runtime.target_cuda import refuse_tune
-    refuse_tune("cuda", tune)
-    return compile_cuda_gpu(tiny, plans=plans, device=device, gpu_arch=gpu_arch, poison=poison, sync_each=sync_each,
-                            cuda_graph=cuda_graph)
-
-
-__all__ = ["CompiledCudaGpu", "CudaProgram", "compile_cuda_gpu", "check_cubin", "pack_params", "param_ctype",
+__all__ = ["CompiledCudaGpu", "CudaProgram", "check_cubin", "pack_params", "param_ctype",
            "launch_dims", "check_input"]

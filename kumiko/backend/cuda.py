@@ -1,0 +1,220 @@
+"""The CUDA backends: ``cuda-emu`` (the generated CUDA C on the CPU through the emulator) and ``cuda`` (the
+same source on a real GPU). They choose, lower and render alike - GPU plans, verified GPU dialect IR, one
+``.cu`` and its launch list - and differ only in ``build`` and ``runner``: the emulator program (built with
+g++ on the first call) or an nvcc cubin whose ptxas report is fed back to the plans (a chosen plan that
+spills gets the next one down, ``replan``) and the device's ``CudaProgram``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from kumiko import knobs
+from kumiko.backend import Backend, Options, override_plans, refuse_tune
+from kumiko.diagnostics import KumikoError
+from kumiko.kernel.abi import Launch, program_symbols
+from kumiko.kernel.gpu_ir import SimtKernel, ir_json
+from kumiko.kernel.gpu_mma import lower_mma
+from kumiko.kernel.gpu_simt import lower_simt
+from kumiko.kernel.gpu_verify import verify_mma
+from kumiko.plan.gpu import choose_gpu_plan, fallback_gpu_plan, validate_gpu_plan
+from kumiko.plan.plan import Plan
+from kumiko.region.ssa import Program
+from kumiko.render.cuda import render_cuda
+from kumiko.runtime.emu_program import EMU_CONFIGS, CompiledCuda, safe_name
+from kumiko.symbolic import prod
+from kumiko.util.log import stage
+
+
+@dataclass(frozen=True)
+class CudaEmuOptions(Options):
+    """``plans`` (``Options``; ``tune`` is refused: GPU plans come from the ptxas report, not timings;
+    ``shapes`` is accepted and unused), ``emu``: the emulator configuration, ``arch``: the plans' arch."""
+    emu: str = "deferred"
+    arch: str = "sm80"
+
+    def __post_init__(self):
+        refuse_tune("cuda-emu", self.tune)
+        if self.emu not in EMU_CONFIGS:
+            raise KumikoError("E1501", at="cuda-emu", why=f"unknown emulator configuration {self.emu!r}",
+                              suggestion=f"use one of {sorted(EMU_CONFIGS)}")
+
+
+@dataclass(frozen=True)
+class CudaOptions(Options):
+    """``plans`` (as for cuda-emu), ``device`` (ordinal), ``gpu_arch`` (None: the device's, opened now; an arch
+    such as ``sm_90a`` builds without a device), ``poison``, ``sync_each``, ``cuda_graph`` (None:
+    ``KUMIKO_CUDA_GRAPH``): see ``kumiko.runtime.cuda_program``."""
+    device: int = 0
+    gpu_arch: str | None = None
+    poison: bool | None = None
+    sync_each: bool = False
+    cuda_graph: bool | None = None
+
+    def __post_init__(self):
+        refuse_tune("cuda", self.tune)
+
+
+@dataclass(frozen=True)
+class GpuKernels:
+    """The kernel stage of the CUDA backends: every kernel's GPU IR and the launches, in launch order."""
+    kernels: list
+    launches: list[Launch]
+
+
+class CudaEmuBackend(Backend):
+    name = "cuda-emu"
+    Options = CudaEmuOptions
+    notes = {"kernel": "GPU IR", "source": "CUDA C", "binary": "emulator, built on the first call"}
+
+    def plan_arch(self, comp) -> str:
+        return comp.options.arch
+
+    def choose_plans(self, comp) -> dict[str, Plan]:
+        program, arch = comp.region, self.plan_arch(comp)
+        syms = program_symbols(program)
+        chosen = {r.name: choose_gpu_plan(r, arch, syms) for r in program.regions}
+        return override_plans(program, chosen, comp.options.plans, lambda p, r: validate_gpu_plan(p, r, syms))
+
+    def lower(self, comp) -> GpuKernels:
+        return GpuKernels(*lower_program(comp.region, comp.plan))
+
+    def render(self, comp) -> str:
+        return render_cuda(comp.kernel.kernels)
+
+    def compiled(self, comp) -> CompiledCuda:
+        k = comp.kernel
+        return CompiledCuda(comp.region, comp.plan, k.kernels, comp.source, k.launches, self.plan_arch(comp),
+                            getattr(comp.options, "emu", "deferred"))
+
+    def build(self, comp) -> Any:
+        return self.compiled(comp)          # the emulator library is built on the first call
+
+    def kernel_json(self, comp) -> dict:
+        """The ``gpu_ir`` dump: every kernel's GPU IR under the chosen plans, and the launches."""
+        return {"program": comp.region.name, "arch": self.plan_arch(comp),
+                "kernels": [ir_json(k) for k in comp.kernel.kernels],
+                "launches": [ln.to_json() for ln in comp.kernel.launches]}
+
+    def source_files(self, comp) -> dict[tuple, str | bytes]:
+        return {("cu",): comp.source}
+
+
+@dataclass(frozen=True)
+class GpuMachine:
+    """What the cuda backend compiles for: the device (None when ``gpu_arch`` was given), the cubin's arch
+    and the plans' arch."""
+    device: Any
+    gpu_arch: str
+    plan_arch: str
+
+
+class CudaBackend(CudaEmuBackend):
+    name = "cuda"
+    Options = CudaOptions
+    notes = {"kernel": "GPU IR", "source": "CUDA C", "binary": "nvcc cubin"}
+
+    def machine(self, comp) -> GpuMachine:
+        """The device (opened now when no ``gpu_arch`` is given: E1501 without one) and the archs, once."""
+        if comp.machine is None:
+            from kumiko.runtime.cubin import check_arch
+            from kumiko.runtime.cuda_driver import CudaDevice, plan_arch_for_cc
+            dev, gpu_arch, plan_arch = None, comp.options.gpu_arch, "sm80"
+            if gpu_arch is None:
+                dev = CudaDevice.get(comp.options.device)
+                gpu_arch, plan_arch = dev.arch, plan_arch_for_cc(*dev.cc)
+            check_arch(gpu_arch)
+            comp.machine = GpuMachine(dev, gpu_arch, plan_arch)
+        return comp.machine
+
+    def plan_arch(self, comp) -> str:
+        return self.machine(comp).plan_arch
+
+    def build(self, comp) -> Any:
+        from kumiko.runtime.cubin import build_cubin
+        from kumiko.runtime.cuda_program import CompiledCudaGpu, check_cubin
+        m, o = self.machine(comp), comp.options
+        compiled = self.compiled(comp)
+        with stage(f"nvcc ({m.gpu_arch} cubin)"):
+            cubin = build_cubin(comp.source, m.gpu_arch, name=safe_name(comp.region.name))
+        check_cubin(compiled, cubin, m.device.smem_optin if m.device is not None else None)
+        graph = knobs.cuda_graph() if o.cuda_graph is None else bool(o.cuda_graph)
+        return CompiledCudaGpu(compiled, cubin, device=m.device, ordinal=o.device, poison=o.poison,
+                               sync_each=o.sync_each, cuda_graph=graph)
+
+    def replan(self, comp, error: KumikoError) -> dict[str, Plan] | None:
+        """A plan the chooser made (never one the caller gave) that ptxas rejects gets the next plan down."""
+        region = error.details.get("region")
+        if error.code != "E1801" or region is None or region in (comp.options.plans or {}):
+            return None
+        nxt = fallback_gpu_plan(comp.plan[region], f"{self.machine(comp).gpu_arch}: {error.why}")
+        if nxt is None:
+            return None
+        r = next(r for r in comp.region.regions if r.name == region)
+        return {**comp.plan, region: validate_gpu_plan(nxt, r, program_symbols(comp.region))}
+
+    def source_files(self, comp) -> dict[tuple, str | bytes]:
+        cubin = comp.binary.cubin if comp.binary is not None else None
+        return {("cu",): comp.source, **({(cubin.arch, "cubin"): cubin.data} if cubin is not None else {})}
+
+
+def _buf_args(region, lowered_params) -> tuple:
+    names = [n for n, _ in region.inputs] + [o.name for o in region.outputs]
+    out = []
+    for p in lowered_params:
+        if p.name.startswith("s_") and not p.pointer:
+            out.append(("sym", p.name[2:]))
+        elif p.name.startswith("a_"):
+            out.append(("scratch", p.name))
+        elif p.name == "kk_status":
+            out.append(("status", p.name))
+        else:
+            out.append(("buf", names[int(p.name[1:])]))
+    return tuple(out)
+
+
+def lower_program(program: Program, plans: Mapping[str, Plan]) -> tuple[list, list[Launch]]:
+    """Every region's kernel(s) in launch order: the MMA skeleton (verified) for an MMA plan, plus a SIMT
+    kernel for what follows a contraction when that is not an epilogue; the SIMT skeleton otherwise."""
+    syms = program_symbols(program)
+    kernels, launches = [], []
+    for k, r in enumerate(program.regions):
+        name = f"kumiko_{k}_" + "".join(ch if ch.isalnum() else "_" for ch in r.name)
+        plan = plans[r.name]
+        if plan.algo == "mma":
+            low = lower_mma(r, syms, name, plan)
+            kern = verify_mma(low.kernel)
+            c = low.contraction
+            lo_sizes = {a.name: a.size for a in r.iters}
+            for a in c.k_axes + (c.outer.axes if c.outer is not None else ()):
+                lo_sizes[a.name] = a.size
+            bm, bn, _ = kern.tile
+            grid = ((prod([lo_sizes[a] for a in c.n_axes]), bn), (prod([lo_sizes[a] for a in c.m_axes]), bm),
+                    (prod([lo_sizes[a] for a in c.batch]) if c.batch else 1, 1))
+            scratch = ()
+            if low.scratch is not None:
+                var, _, axes = low.scratch
+                scratch = ((var, tuple(lo_sizes[a] for a in axes)),)
+            kernels.append(kern)
+            launches.append(Launch(r.name, name, grid, kern.threads, kern.smem_bytes, _buf_args(r, kern.params),
+                                   scratch))
+            if low.scratch is not None:
+                var, let, axes = low.scratch
+                rest = lower_simt(r, syms, name + "_rest", {let: ("array", var, axes)}, threads=256,
+                                  bind=plan.get("bind", "rest.point", "thread"))
+                kernels.append(rest)
+                launches.append(Launch(r.name, rest.name, ((_simt_extent(r, rest), rest.points_per_block), (1, 1),
+                                                           (1, 1)), rest.threads, 0, _buf_args(r, rest.params),
+                                       scratch))
+            continue
+        kern = lower_simt(r, syms, name, threads=plan.threads or 256, bind=plan.get("bind", "point", "thread"))
+        kernels.append(kern)
+        launches.append(Launch(r.name, name, ((_simt_extent(r, kern), kern.points_per_block), (1, 1), (1, 1)),
+                               kern.threads, 0, _buf_args(r, kern.params)))
+    return kernels, launches
+
+
+def _simt_extent(region, kern: SimtKernel):
+    """The number of points a SIMT kernel's threads cover (its outer axes), as a symbolic size."""
+    sizes = {a.name: a.size for a in region.iters}
+    return prod([sizes[a] for a in kern.outer]) if kern.outer else 1
