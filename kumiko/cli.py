@@ -419,9 +419,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--bisect", action="store_true", help="also compile with every intermediate tensor exposed, "
                    "compare each one with the evaluator and print the table, naming the first wrong node and the "
                    "kernel it runs in; a mismatch is E1705 (docs/debugging.md)")
-    r.add_argument("--emu", choices=("deferred", "eager", "asan"), help="--target cuda-emu: the emulator's "
-                   "configuration (default deferred: cp.async lands at wait_group, round-robin threads; eager: "
-                   "copies land at issue, warp 0 runs ahead between barriers; asan: AddressSanitizer); "
+    r.add_argument("--emu", choices=("deferred", "eager", "reversed", "random", "asan"),
+                   help="--target cuda-emu: the emulator's configuration (default deferred: cp.async lands at "
+                   "wait_group, round-robin threads; eager: copies land at issue, warp 0 runs ahead between "
+                   "barriers; reversed: copies land at issue, the last warp first and ahead; random: deferred "
+                   "copies, a seeded random thread order; asan: AddressSanitizer); "
                    "docs/emulator.md says what each catches")
     r.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     r.set_defaults(fn=cmd_run)

@@ -11,6 +11,7 @@ accumulator (the two-kernel regions) are allocated per run, NaN-poisoned.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from kumiko.util.log import enabled, log
 
 #: ``emu=`` option -> emulator configuration
 EMU_CONFIGS = {"deferred": CONFIGS["deferred+round_robin"], "eager": CONFIGS["eager+run_ahead"],
+               "reversed": CONFIGS["eager+reversed"], "random": CONFIGS["deferred+random1"],
                "asan": CONFIGS["asan"]}
 
 
@@ -48,8 +50,9 @@ class CompiledCuda:
     _modules: dict = field(default_factory=dict)
 
     def module(self, emu: str | None = None) -> EmuModule:
-        """The emulator build for a configuration (the two non-ASan ones share one library)."""
-        cfg: EmuConfig = EMU_CONFIGS[emu or self.emu]
+        """The emulator build for a configuration (the non-ASan ones share one library), run with the shared
+        memory limit of the arch the plans were made for (sm_80's 163 KiB, sm_90's 227 KiB)."""
+        cfg: EmuConfig = dataclasses.replace(EMU_CONFIGS[emu or self.emu], arch=self.arch)
         key = "asan" if cfg.sanitize == "address" else "plain"
         if key not in self._modules:
             self._modules[key] = build(self.source, cfg, name=safe_name(self.program.name))

@@ -1,6 +1,7 @@
 """The seeds' examples on the cuda-emu target against the Tiny IR evaluator: fp16 (the MMA skeleton for
-every contraction) in all three emulator configurations, at the examples' sizes and at sizes that are
-not multiples of any tile (K not a multiple of 8: the scalar-gather fallback); fp32 (SIMT) and bf16."""
+every contraction) in every emulator configuration (deferred, eager, reversed, random, asan), at the
+examples' sizes and at sizes that are not multiples of any tile (K not a multiple of 8: the
+scalar-gather fallback); fp32 (SIMT) and bf16."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,7 @@ from .conftest import EXAMPLES, STEMS, graph, needs_gxx, run_and_compare
 pytestmark = needs_gxx
 
 
-@pytest.mark.parametrize("emu", ["deferred", "eager", "asan"])
+@pytest.mark.parametrize("emu", ["deferred", "eager", "reversed", "random", "asan"])
 @pytest.mark.parametrize("stem", STEMS)
 def test_fp16_examples_match_the_evaluator(compiled, stem, emu):
     c = compiled(stem, "fp16")
@@ -70,3 +71,12 @@ def test_cli_checks_the_fp16_example_in_an_emulator_configuration(compiled, caps
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "(emulator: eager)" in out and "C2: float16[70, 37]" in out and "(bound 0.01 for fp16): ok" in out
+
+
+def test_emulator_uses_the_plans_arch_shared_memory_limit(compiled):
+    """cuda-emu plans for sm_80 by default: its launches are held to sm_80's 166,912 bytes a block, not
+    sm_90's 227 KiB (a plan that only fits an H100 must not pass on the emulator for an A100)."""
+    c = compiled("gemm_bias_relu", "fp16")
+    assert c.arch == "sm80"
+    for emu in ("deferred", "reversed", "asan"):
+        assert c.module(emu).config.runtime_options()["max_smem"] == 166912
