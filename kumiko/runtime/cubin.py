@@ -35,8 +35,8 @@ from typing import Sequence
 from kumiko.diagnostics import KumikoError
 from kumiko.runtime.cpu import header_digest
 from kumiko.runtime.ptxas import INCLUDE_DIR, KernelResources, nvcc_path, parse_ptxas_report
-from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
-from kumiko.util.files import cache_root, clear_path, publish_entry, safe_stem
+from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, first_errors, run_tool
+from kumiko.util.files import cache_root, publish_entry, read_entry, safe_stem
 from kumiko.util.log import log
 
 #: flags of every cubin build (``-std`` as the nvcc compile checks use). No ``-lineinfo`` by default: it
@@ -143,18 +143,11 @@ def _load_entry(root: Path, key: str, arch: str) -> Cubin | None:
     path, meta = root / f"{key}.cubin", root / f"{key}.json"
     if not path.exists():
         return None
-    try:
-        info = json.loads(meta.read_text())
-        data = path.read_bytes()
-        ok = (info["arch"] == arch and len(data) == info["size"]
-              and hashlib.sha256(data).hexdigest() == info["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-        ok = False
-    if not ok:
+    entry = read_entry(path, meta, lambda info: info["arch"] == arch)
+    if entry is None:
         STATS["rebuilt_corrupt"] += 1
-        for p in (path, meta):
-            clear_path(p)           # a file, or a directory squatting the entry's name
         return None
+    data, info = entry
     log = str(info.get("log", ""))
     return Cubin(arch, key, path, data, parse_ptxas_report(log), log, cached=True)
 
@@ -179,17 +172,11 @@ def _compile(nvcc: str, source: str, arch: str, flags: Sequence[str], name: str)
             kept = Path(tempfile.gettempdir()) / f"kumiko-failed-{stem}-{arch}.cu"   # never in the cache
             kept.write_text(source)
             raise KumikoError("E1701", at=name, why=f"nvcc -arch={arch} failed (exit {proc.returncode}):\n"
-                              + _first_errors(log),
+                              + first_errors(log),
                               suggestion="The generated CUDA does not compile for this arch: a code generator bug "
                               "(or a too old nvcc). The source is kept at the path below; report it with the graph.",
                               source=str(kept), command=" ".join(cmd), log=log[-8000:])
         return out.read_bytes(), log, " ".join(cmd)
-
-
-def _first_errors(log: str, n: int = 12) -> str:
-    lines = [ln for ln in log.splitlines() if ln.strip()]
-    first = next((k for k, ln in enumerate(lines) if "error" in ln), 0)
-    return "\n".join("  " + ln for ln in lines[first:first + n])
 
 
 def _debug(name: str, arch: str, what: str) -> None:

@@ -60,6 +60,13 @@ def run_tool(cmd: Sequence[str], *, at: str, cwd: str | Path | None = None,
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def first_errors(log: str, n: int = 12) -> str:
+    """A compiler's first error lines (from the first line that says "error", then what follows it)."""
+    lines = [ln for ln in log.splitlines() if ln.strip()]
+    first = next((k for k, ln in enumerate(lines) if "error" in ln), 0)
+    return "\n".join("  " + ln for ln in lines[first:first + n])
+
+
 def check_source_kept(src: Path, cmd: Sequence[str]) -> None:
     """After a failed compile: E1502 when the build's own source file is gone, because then its directory was
     deleted under the compiler (a temporary-directory cleaner, the cache removed by hand) - not a compile

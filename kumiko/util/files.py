@@ -14,6 +14,8 @@ E1502 FileError naming the path, or recovers where recovering is what the user w
 from __future__ import annotations
 
 import atexit
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -154,6 +156,23 @@ def clear_path(path: Path) -> None:
     except OSError as e:
         raise file_error(path, e, "remove a broken cache entry",
                          suggestion="Remove it by hand, or point KUMIKO_CACHE elsewhere.") from None
+
+
+def read_entry(path: Path, meta: Path, accept=None) -> tuple[bytes, dict] | None:
+    """A cache entry's bytes and its JSON sidecar, if the entry is whole: the sidecar parses and records the
+    file's size and SHA-256 (and ``accept(info)``, if given, agrees). A damaged entry is removed, both files
+    (a file, or a directory squatting the name), and None comes back: the caller builds it again."""
+    try:
+        info = json.loads(meta.read_text())
+        data = path.read_bytes()
+        if len(data) == info["size"] and hashlib.sha256(data).hexdigest() == info["sha256"] and (
+                accept is None or accept(info)):
+            return data, info
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for p in (path, meta):
+        clear_path(p)
+    return None
 
 
 def publish_entry(path: Path, data: str | bytes) -> None:

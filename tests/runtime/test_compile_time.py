@@ -15,6 +15,7 @@ from kumiko.diagnostics import KumikoError
 from kumiko.region import form_regions
 from kumiko.render.cpu_program import canonical_kernel, render_cpu_source
 from kumiko.runtime import cpu as cpu_rt
+from kumiko.runtime import host
 from kumiko.runtime.program import CpuProgram
 
 
@@ -277,7 +278,7 @@ def test_errors_in_a_unit_after_the_prefix_keep_their_line_numbers(fresh_cache, 
 def test_a_warm_compile_runs_no_gcc(fresh_cache, monkeypatch):
     """Everything cached, in a new process (nothing loaded, no compiler query remembered in memory): the
     compiler's version and -march=native's macros come from the cache too, and gcc is never started."""
-    queries = (cpu_rt.compiler_version, cpu_rt.native_macros, cpu_rt._toolchain_file)
+    queries = (host.compiler_version, host.native_macros, host._toolchain_file)
     g = chain([4, 6])
     for f in queries:
         f.cache_clear()                 # as in a first process on this cache: the queries are asked and kept
@@ -288,6 +289,7 @@ def test_a_warm_compile_runs_no_gcc(fresh_cache, monkeypatch):
     def no_gcc(cmd, **kw):
         raise AssertionError(f"gcc ran in a warm compile: {cmd}")
     monkeypatch.setattr(cpu_rt, "run_tool", no_gcc)
+    monkeypatch.setattr(host, "run_tool", no_gcc)
     try:
         exe, moved = compile_counting(g)
     finally:
@@ -298,12 +300,12 @@ def test_a_warm_compile_runs_no_gcc(fresh_cache, monkeypatch):
 
 
 def test_a_damaged_compiler_memo_is_asked_again(fresh_cache):
-    queries = (cpu_rt.compiler_version, cpu_rt.native_macros, cpu_rt._toolchain_file)
+    queries = (host.compiler_version, host.native_macros, host._toolchain_file)
     try:
         for f in queries:
             f.cache_clear()
-        version, macros = cpu_rt.compiler_version(), cpu_rt.native_macros()
-        memo = cpu_rt._toolchain_file()
+        version, macros = host.compiler_version(), host.native_macros()
+        memo = host._toolchain_file()
         assert memo is None or json.loads(memo.read_text())["compiler_version"] == version
         if memo is None:
             pytest.skip("no /proc/cpuinfo: the compiler is asked in every process")
@@ -311,7 +313,7 @@ def test_a_damaged_compiler_memo_is_asked_again(fresh_cache):
             memo.write_text(junk)
             for f in queries:
                 f.cache_clear()
-            assert cpu_rt.compiler_version() == version and cpu_rt.native_macros() == macros
+            assert host.compiler_version() == version and host.native_macros() == macros
             assert json.loads(memo.read_text())["compiler_version"] == version
     finally:
         for f in queries:
