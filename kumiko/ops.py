@@ -21,7 +21,7 @@ REDUCE op has one entry here, and every stage reads it instead of spelling the o
 
 Adding an op is one ``register(Op(...))`` call (``docs/ARCHITECTURE.md``, "How to add an op"): the Tiny IR
 accepts the registered uop, and every stage above handles it. This module is a leaf: it imports only
-``kumiko.dtypes`` and numpy.
+``kumiko.dtypes``, ``kumiko.diagnostics`` and numpy.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from typing import Callable, Iterator, Mapping
 import numpy as np
 
 from kumiko import dtypes
+from kumiko.diagnostics import KumikoError
 
 KINDS = ("unary", "binary", "compare", "select", "cast")
 INF = math.inf
@@ -203,15 +204,18 @@ def fn_kind(fn: str) -> str | None:
 def register(op: Op) -> Op | None:
     """Add (or replace) an elementwise op; returns the entry it replaced. The Tiny IR accepts ``op.name``
     from then on (``tiny.ir.infer`` asks this table), and every stage spells it from the entry."""
+    at = f"ops.register({op.name})"
     if op.kind not in ("unary", "binary", "compare"):
-        raise ValueError(f"only unary, binary and compare ops can be registered, not {op.kind!r}")
-    if not op.c or "" not in op.c:
-        raise ValueError(f"op {op.name} needs a C spelling for every compute type (key '')")
-    old = ELEMENTWISE.get(op.name)
-    if old is not None and old.fn != op.fn:
-        del BY_FN[old.fn]
+        raise KumikoError("E1010", at=at, why=f"only unary, binary and compare ops can be registered, not "
+                          f"{op.kind!r}", suggestion="Give kind 'unary', 'binary' or 'compare'.")
+    if "" not in op.c:
+        raise KumikoError("E1010", at=at, why="the op has no C spelling for every compute type",
+                          suggestion="Give c={'': '...'} (and per-type keys such as 'double' where they differ).")
     if op.fn in BY_FN and BY_FN[op.fn].name != op.name:
-        raise ValueError(f"region name {op.fn!r} already names {BY_FN[op.fn].name}")
+        raise KumikoError("E1016", at=at, why=f"region name {op.fn!r} already names {BY_FN[op.fn].name}")
+    old = ELEMENTWISE.get(op.name)
+    if old is not None:
+        del BY_FN[old.fn]
     ELEMENTWISE[op.name] = BY_FN[op.fn] = op
     return old
 
