@@ -37,6 +37,7 @@ assert set(UNARY + BINARY + COMPARE + ("WHERE", "CAST")) <= set(ops.ELEMENTWISE)
 def is_uop(uop: str) -> bool:
     return uop in UOPS or uop in ops.ELEMENTWISE
 
+
 Immediate = (int, float, bool)
 
 
