@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 
-from kumiko import dtypes
+from kumiko import dtypes, ops
 from kumiko.symbolic import Expr, FloorDiv, Sym
 
 STORAGE = {"fp16": "uint16_t", "bf16": "uint16_t", "fp32": "float", "fp64": "double", "i32": "int32_t",
@@ -22,40 +22,24 @@ STORAGE = {"fp16": "uint16_t", "bf16": "uint16_t", "fp32": "float", "fp64": "dou
 COMPUTE = {"fp16": "float", "bf16": "float", "fp32": "float", "fp64": "double", "i32": "int32_t", "bool": "int"}
 
 #: the target-neutral names the emitter uses, bound for the CPU to kumiko_cpu.h (the CUDA renderer binds
-#: the same names to CUDA intrinsics); only the NaN-propagating max/min (numpy's semantics) live here
-PRELUDE = r"""
+#: the same names to CUDA intrinsics); the helpers the op table's spellings call follow (``ops.helpers``)
+_PRELUDE_HEAD = r"""
 #include "kumiko_cpu.h"
 #define kk_fdiv kumiko_floordiv
 #define kk_h2f kumiko_f16_to_f32
 #define kk_f2h kumiko_f32_to_f16
 #define kk_b2f kumiko_bf16_to_f32
 #define kk_f2b kumiko_f32_to_bf16
-/* NaN-propagating max/min (a NaN in either wins). Two selects, no short-circuit: GCC makes them
- * branch-free (a compare-driven branch on data mispredicts half the time in a pooling tail). */
-static inline float kk_maxf(float a, float b) { const float m = a > b ? a : b; return a != a ? a : m; }
-static inline float kk_minf(float a, float b) { const float m = a < b ? a : b; return a != a ? a : m; }
 """
 
 
-def typed_helpers(qualifier: str) -> str:
-    """relu per compute type and max/min of the non-float ones, as functions, for both preludes
-    (``static inline`` for C, ``__device__ __forceinline__`` for CUDA): each operand is written once, since
-    a ``?:`` repeating it doubled the source per nesting level (30 nested relus kept gcc busy for minutes)."""
-    out = [f"{qualifier} {ct} kk_relu_{ct}({ct} x) {{ return x < 0 ? 0 : x; }}"
-           for ct in ("float", "double", "int32_t", "int")]
-    out += [f"{qualifier} {ct} kk_{fn}_{ct}({ct} a, {ct} b) {{ return a {op} b ? a : b; }}"
-            for ct in ("double", "int32_t", "int") for fn, op in (("max", ">"), ("min", "<"))]
-    # x**n for a small integer constant n: multiplies (inlined and unrolled: vectorisable, where powf is a call
-    # per element; GPT-2's tanh-GELU cubes every activation)
-    out.append(f"{qualifier} float kk_pownf(float x, int n) {{ float r = 1.0f, b = x; int m = n < 0 ? -n : n; "
-               "while (m) { if (m & 1) r *= b; b *= b; m >>= 1; } return n < 0 ? 1.0f / r : r; }")
-    return "\n".join(out) + "\n"
+def __getattr__(name: str):
+    if name == "PRELUDE":      # read when a source is rendered: an op registered since import brings its helpers
+        return _PRELUDE_HEAD + ops.helpers("c", "static inline")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _SMALL_INT = re.compile(r"^\(?\s*(-?[1-4])(?:\.0*)?f?\s*\)?$")
-
-
-PRELUDE += typed_helpers("static inline")
 
 
 def index(e, axes: set) -> str:
@@ -173,42 +157,23 @@ def cast(v: str, src: dtypes.DType, to: dtypes.DType) -> str:
     return f"({COMPUTE[to.name]})({v})"
 
 
-UNARY = {"neg": "(-({x}))", "exp2": "exp2f({x})", "log2": "log2f({x})", "sqrt": "sqrtf({x})",
-         "rsqrt": "(1.0f / sqrtf({x}))", "erf": "erff({x})"}
-UNARY_F64 = {"exp2": "exp2({x})", "log2": "log2({x})", "sqrt": "sqrt({x})", "rsqrt": "(1.0 / sqrt({x}))",
-             "erf": "erf({x})"}
-
-
 def unary(fn: str, x: str, ct: str) -> str:
-    if fn == "relu":               # a function: the operand must appear once (see PRELUDE)
-        return f"kk_relu_{ct}({x})"
-    tmpl = UNARY_F64.get(fn, UNARY[fn]) if ct == "double" else UNARY[fn]
-    if ct == "int32_t" and fn == "neg":
-        return f"(-({x}))"
-    return tmpl.format(x=x)
+    return ops.BY_FN[fn].spell(ct, x=x)
 
 
 def reduce_update(op: str, acc: str, v: str, ct: str) -> str:
-    """The new value of a reduction's accumulator ``acc`` after element ``v`` (ops sum, max, min)."""
-    if op == "sum":
-        return f"{acc} + {v}"
-    if op in ("max", "min"):
-        return binary(op, acc, v, ct)
-    raise KeyError(f"reduction op {op!r}")
+    """The new value of a reduction's accumulator ``acc`` after element ``v``."""
+    if op not in ops.REDUCE_BY_FN:
+        raise KeyError(f"reduction op {op!r}")
+    return ops.REDUCE_BY_FN[op].update(acc, v, ct)
 
 
 def binary(fn: str, a: str, b: str, ct: str) -> str:
-    if fn in ("max", "min"):
-        if ct in ("float",):
-            return f"kk_{fn}f({a}, {b})"
-        return f"kk_{fn}_{ct}({a}, {b})"           # functions, so each operand is written once
-    if fn == "pow":
-        n = _SMALL_INT.match(b) if ct == "float" else None
-        if n is not None:
-            return f"kk_pownf({a}, {n.group(1)})"
-        return f"powf({a}, {b})" if ct == "float" else f"pow({a}, {b})"
-    ops = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
-    return f"(({a}) {ops[fn]} ({b}))"
+    op = ops.BY_FN[fn]
+    n = _SMALL_INT.match(b) if op.c_small_int and ct == "float" else None
+    if n is not None:
+        return op.c_small_int.format(a=a, n=n.group(1))
+    return op.spell(ct, a=a, b=b)
 
 
 # vectors -------------------------------------------------------------------------------------------------
@@ -216,8 +181,12 @@ def binary(fn: str, a: str, b: str, ct: str) -> str:
 VFLOAT = ("fp32", "fp16", "bf16")
 _VLOAD = {"fp32": "kv_load", "fp16": "kv_load_f16", "bf16": "kv_load_bf16", "bool": "kv_load_bool"}
 _VSTORE = {"fp32": "kv_store", "fp16": "kv_store_f16", "bf16": "kv_store_bf16", "bool": "kv_store_bool"}
-VUNARY = {"neg": "(-({x}))", "exp2": "kv_exp2({x})", "log2": "kv_map(log2f, {x})", "sqrt": "kv_sqrt({x})",
-          "rsqrt": "(kv_broadcast(1.0f) / kv_sqrt({x}))", "relu": "kv_max(kv_zero(), {x})", "erf": "kv_map(erff, {x})"}
+
+
+def vunary(fn: str, x: str) -> str | None:
+    """The spelling of a unary op on float lanes (None: it has none)."""
+    cv = ops.BY_FN[fn].cv
+    return cv.format(x=x) if cv is not None else None
 
 
 def vkind(dt: dtypes.DType | None) -> str | None:
@@ -270,13 +239,7 @@ def vcast(v: str, src: dtypes.DType, to: dtypes.DType) -> str | None:
 
 
 def vbinary(fn: str, a: str, b: str, kind: str) -> str | None:
-    """Lane-wise ``binary`` of two vectors of ``kind``; comparisons give masks."""
-    if kind == "m":      # bools as 0 / -1 masks: max is or, min and mul are and; lt/le from the truth table
-        return {"max": f"({a} | {b})", "min": f"({a} & {b})", "mul": f"({a} & {b})", "eq": f"({a} == {b})",
-                "ne": f"({a} != {b})", "lt": f"(~{a} & {b})", "le": f"(~{a} | {b})"}.get(fn)
-    if fn in ("max", "min"):
-        return f"kv_{fn}nan({a}, {b})"
-    if fn == "pow":
-        return f"kv_map2(powf, {a}, {b})"
-    ops = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
-    return f"({a} {ops[fn]} {b})"
+    """Lane-wise ``binary`` of two vectors of ``kind`` ('m': bools as 0 / -1 masks); comparisons give masks."""
+    op = ops.BY_FN[fn]
+    tmpl = op.cv_mask if kind == "m" else op.cv
+    return tmpl.format(a=a, b=b) if tmpl is not None else None

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kumiko import ops
 from kumiko.region.srnf import children
 from kumiko.region.ssa import (
     Binary,
@@ -41,9 +42,6 @@ from kumiko.region.ssa import (
 )
 from kumiko.symbolic import Expr
 
-#: the value a reduction over N must receive on an elided column for dropping it to be exact
-IDENTITY = {"sum": 0.0, "max": -math.inf, "min": math.inf}
-
 
 @dataclass(frozen=True)
 class Fin:
@@ -58,15 +56,12 @@ class Elision:
     nonzero: set = field(default_factory=set)
 
 
-def _f32(fn, *xs) -> float:
+def _f32(op: ops.Op, *xs) -> float | None:
+    """The op on exact fp32 constants, by its numpy meaning (None for a comparison: not a float)."""
+    if op.kind not in ("unary", "binary"):
+        return None
     with np.errstate(all="ignore"):
-        return float(fn(*(np.float32(x) for x in xs)))
-
-
-_UNARY = {"neg": np.negative, "exp2": np.exp2, "sqrt": np.sqrt, "relu": lambda x: np.maximum(x, np.float32(0)),
-          "log2": np.log2}
-_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-           "max": np.maximum, "min": np.minimum}
+        return float(op.np(*(np.float32(x) for x in xs)))
 
 
 class _Eval:
@@ -101,38 +96,27 @@ class _Eval:
             return a if isinstance(a, float) and isinstance(b, float) and a == b else None
         if isinstance(e, Unary):
             x = self.ev(e.x)
-            return _f32(_UNARY[e.fn], x) if isinstance(x, float) and e.fn in _UNARY else None
+            return _f32(ops.BY_FN[e.fn], x) if isinstance(x, float) else None
         if isinstance(e, Binary):
             return self.binary(e.fn, self.ev(e.x), self.ev(e.y))
         return None          # Read, Gather, a nested Reduce: unknown
 
     def binary(self, fn: str, x, y):
+        op = ops.BY_FN[fn]
         if isinstance(x, float) and isinstance(y, float):
-            return _f32(_BINARY[fn], x, y) if fn in _BINARY else None
-        if x is None or y is None:
+            return _f32(op, x, y)
+        if x is None or y is None or op.kind != "binary":
             return None
         if isinstance(x, Fin) and isinstance(y, Fin):
             return None                            # finite op finite can overflow: unknown
         c, f, c_left = (x, y, True) if isinstance(x, float) else (y, x, False)
-        if math.isnan(c):
-            return c if fn in ("add", "sub", "mul", "div") else None
-        if fn in ("add", "sub"):
-            if math.isinf(c):                      # inf +- finite stays; finite - inf flips
-                return c if (fn == "add" or c_left) else -c
-            return None
-        if fn == "mul":
-            return 0.0 if c == 0.0 else None
-        if fn == "div":
-            if c_left and c == 0.0:                # 0 / f == 0 when f is nonzero
-                self.need.nonzero |= f.lets
-                return 0.0
-            return None
-        if fn in ("max", "min"):
-            if math.isinf(c):
-                absorbs = (c > 0) == (fn == "max")
-                return c if absorbs else f
-            return None
-        return None
+        v = ops.finite_fold(op, c, c_left)         # the op's algebra: identity, absorbing elements, NaN
+        if v == ops.OTHER:
+            return f
+        if isinstance(v, tuple):                   # e.g. 0 / f == 0 when f is nonzero
+            self.need.nonzero |= f.lets
+            return v[0]
+        return v
 
 
 def masked_elision(lets: tuple, acc: str, n: str, guards: tuple, out: str, types: dict) -> Elision | None:
@@ -150,10 +134,10 @@ def masked_elision(lets: tuple, acc: str, n: str, guards: tuple, out: str, types
         """Every reduction over N in ``e`` (at the top or nested) gets its identity on an elided column:
         its loops run over the block's prefix only, so what it would have seen past it must not count."""
         if isinstance(e, Reduce) and n in [a.name for a in e.axes]:
-            if [a.name for a in e.axes] != [n] or e.op not in IDENTITY:
+            if [a.name for a in e.axes] != [n] or e.op not in ops.REDUCE_BY_FN:
                 return False
             v = ev.ev(e.body)
-            if not isinstance(v, float) or v != IDENTITY[e.op]:
+            if not isinstance(v, float) or v != ops.REDUCE_BY_FN[e.op].identity:
                 return False
         return all(reductions_see_identity(k) for k in children(e))
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from kumiko import dtypes
+from kumiko import dtypes, ops
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import (
     Assign,
@@ -91,17 +91,11 @@ _EMITTERS = ("expr", "select", "reduce", "store", "emit_items")
 
 def let_refs(e: RExpr, red: tuple = ()) -> list[tuple[str, tuple]]:
     """(let name, reduce axes in scope at the reference) for every Ref inside ``e``."""
-    out: list = []
     if isinstance(e, Ref):
         return [(e.name, red)]
     if isinstance(e, Reduce):
-        return let_refs(e.body, red + tuple(a.name for a in e.axes))
-    for k in ("x", "y", "then", "other", "operand", "by"):
-        if hasattr(e, k):
-            out += let_refs(getattr(e, k), red)
-    if isinstance(e, Select) and not isinstance(e.pred, Guard):
-        out += let_refs(e.pred, red)
-    return out
+        red = red + tuple(a.name for a in e.axes)
+    return [r for k in children(e) for r in let_refs(k, red)]
 
 
 class CpuLowering(VectorEmitter):
@@ -266,9 +260,9 @@ class CpuLowering(VectorEmitter):
             self.uses_gather = True
             return v
         if isinstance(e, Unary):
-            ct = self.ctype(e)
-            if e.fn == "exp2" and ct == "float" and (self._nest or self.cpu_math):
-                return f"kumiko_exp2({self.expr(e.x, out)})"     # the scalar twin of the lanes' kv_exp2
+            ct, twin = self.ctype(e), ops.BY_FN[e.fn].c_cpu
+            if twin is not None and ct == "float" and (self._nest or self.cpu_math):
+                return twin.format(x=self.expr(e.x, out))     # the scalar twin of the lanes' kv_* helper
             return C.unary(e.fn, self.expr(e.x, out), ct)
         if isinstance(e, Cast):
             src = self.dt(e.x)
@@ -488,14 +482,9 @@ def _has_reduce(e: RExpr) -> bool:
 
 def reused_reduce_axes(e: RExpr, iters: set) -> set:
     """Iter axes that a reduction inside ``e`` reduces over (seed 001 §6.8.3: ``reduce(max, [n], S)``)."""
-    out: set = set()
-    if isinstance(e, Reduce):
-        out |= {a.name for a in e.axes if a.name in iters}
-    for k in ("x", "y", "then", "other", "operand", "by", "body"):
-        if hasattr(e, k):
-            out |= reused_reduce_axes(getattr(e, k), iters)
-    if isinstance(e, Select) and not isinstance(e.pred, Guard):
-        out |= reused_reduce_axes(e.pred, iters)
+    out = {a.name for a in e.axes if a.name in iters} if isinstance(e, Reduce) else set()
+    for k in children(e):
+        out |= reused_reduce_axes(k, iters)
     return out
 
 

@@ -36,11 +36,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from kumiko import dtypes
+from kumiko import dtypes, ops
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import Assign, Block, Decl, For, If, Stmt, VecStore
+from kumiko.region.srnf import children
 from kumiko.region.ssa import (
-    COMPARE_FNS,
     Binary,
     BroadcastInDim,
     Cast,
@@ -90,13 +90,7 @@ class VectorCtx:
 
 
 def _reads_memory(e: RExpr) -> bool:
-    if isinstance(e, (Read, Gather)):
-        return True
-    for k in ("x", "y", "then", "other", "operand", "by", "body", "pred"):
-        sub = getattr(e, k, None)
-        if sub is not None and not isinstance(sub, Guard) and _reads_memory(sub):
-            return True
-    return False
+    return isinstance(e, (Read, Gather)) or any(_reads_memory(k) for k in children(e))
 
 
 class VectorEmitter:
@@ -218,8 +212,7 @@ class VectorEmitter:
             if any(var in Expr.lift(c).symbols() for c, _ in e.pred.constraints):
                 return True
             return self.varies(e.then) or self.varies(e.other)
-        return any(self.varies(getattr(e, k)) for k in ("x", "y", "then", "other", "operand", "pred", "body")
-                   if hasattr(e, k))
+        return any(self.varies(k) for k in children(e))
 
     def _contiguous(self, off: Expr) -> str:
         if C.stride(off, self._vctx.var) != 1:
@@ -272,9 +265,10 @@ class VectorEmitter:
             return "f", self._vload(var, self.scratch_expr(dims), dtypes.fp32)
         if isinstance(e, Unary):
             k, x = self.vexpr(e.x, out)
-            if k != "f" or self.ctype(e) != "float":
+            v = C.vunary(e.fn, x)
+            if k != "f" or self.ctype(e) != "float" or v is None:
                 raise NotVector("unary type")
-            return "f", C.VUNARY[e.fn].format(x=x)
+            return "f", v
         if isinstance(e, Cast):
             src = self.dt(e.x) or e.to
             _, x = self.vexpr(e.x, out, src)
@@ -294,7 +288,7 @@ class VectorEmitter:
             v = C.vbinary(e.fn, a, b, ka) if ka == kb else None
             if v is None:
                 raise NotVector("binary")
-            return ("m" if e.fn in COMPARE_FNS else ka), v
+            return ("m" if ops.fn_kind(e.fn) == "compare" else ka), v
         if isinstance(e, (BroadcastInDim, Transpose)):
             return self.vexpr(e.operand, out, hint)
         if isinstance(e, Select):
@@ -381,11 +375,12 @@ class VectorEmitter:
 
     def _vupdate(self, op: str, acc: str, nan: str | None, v: str, stmts: list) -> None:
         """acc op= v on lanes; max/min note NaN lanes in ``nan`` (kv_max alone would drop them)."""
-        if op == "sum":
-            stmts.append(Assign(acc, f"{acc} + {v}"))
+        r = ops.REDUCE_BY_FN[op]
+        if not r.nan_lanes:
+            stmts.append(Assign(acc, r.cv.format(acc=acc, v=v)))
             return
         x = self.tmp()
-        stmts += [Decl("kv_t", x, v), Assign(nan, f"{nan} | ({x} != {x})"), Assign(acc, f"kv_{op}({acc}, {x})")]
+        stmts += [Decl("kv_t", x, v), Assign(nan, f"{nan} | ({x} != {x})"), Assign(acc, r.cv.format(acc=acc, v=x))]
 
     def _vbody(self, e: Reduce, out: list) -> str:
         k, v = self.vexpr(e.body, out, e.dtype)
@@ -399,7 +394,7 @@ class VectorEmitter:
     def _vacc(self, e: Reduce, out: list) -> tuple[str, str | None]:
         acc = self.tmp()
         out.append(Decl("kv_t", acc, f"kv_broadcast({C.literal(e.init, e.dtype)})"))
-        if e.op == "sum":
+        if not ops.REDUCE_BY_FN[e.op].nan_lanes:
             return acc, None
         nan = self.tmp()
         out.append(Decl("kvi_t", nan, "kv_mask_broadcast(0)"))
@@ -489,8 +484,7 @@ class VectorEmitter:
         inner: tuple = vloops + (For(last.name, f"({n}) / KUMIKO_VW * KUMIKO_VW", n, tuple(tail), tail=True),)
         for a in reversed(e.axes[:-1]):
             inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)
-        h = {"sum": f"kv_hsum({acc})", "max": f"kv_hmax_nan({acc}, {nan})", "min": f"kv_hmin_nan({acc}, {nan})"}[e.op]
-        fin = f"{res} + {h}" if e.op == "sum" else C.binary(e.op, res, h, ct)
+        fin = C.reduce_update(e.op, res, ops.REDUCE_BY_FN[e.op].cv_h.format(acc=acc, nan=nan), ct)
         out.append(Block(tuple(pre) + inner + combine + (Assign(res, fin),)))
         self._fused = fuse is not None
         return res

@@ -2,7 +2,8 @@
 buffers, outputs) sit outside and connect the kernels in execution order."""
 from __future__ import annotations
 
-from kumiko.region.ssa import Gather, Guard, Program, Read, Reduce, Ref, RExpr, Select
+from kumiko.region.srnf import children
+from kumiko.region.ssa import Gather, Program, Read, Reduce, Ref, RExpr
 from kumiko.util.drawing import Cluster, DrawEdge, Drawing, DrawNode
 
 
@@ -16,11 +17,8 @@ def _uses(e: RExpr) -> tuple[set, set]:
             reads.add(x.tensor)
         if isinstance(x, Ref):
             refs.add(x.name)
-        for k in ("x", "y", "then", "other", "operand", "body", "by"):
-            if hasattr(x, k):
-                walk(getattr(x, k))
-        if isinstance(x, Select) and not isinstance(x.pred, Guard):
-            walk(x.pred)
+        for k in children(x):
+            walk(k)
     walk(e)
     return reads, refs
 

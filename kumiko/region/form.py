@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kumiko import dtypes
+from kumiko import dtypes, ops
 from kumiko.region.index import injective, move_index
 from kumiko.region.srnf import children, normalize
 from kumiko.region.ssa import (
@@ -75,12 +75,6 @@ from kumiko.region.ssa import (
 )
 from kumiko.symbolic import Expr, expr_size
 from kumiko.tiny.ir import MOVEMENT, Node, TinyGraph, is_ref
-
-_UNARY = {"NEG": "neg", "EXP2": "exp2", "LOG2": "log2", "SQRT": "sqrt", "RSQRT": "rsqrt", "RELU": "relu",
-          "ERF": "erf"}
-_BINARY = {"ADD": "add", "SUB": "sub", "MUL": "mul", "FDIV": "div", "MAX": "max", "MIN": "min", "POW": "pow",
-           "CMPLT": "lt", "CMPLE": "le", "CMPEQ": "eq", "CMPNE": "ne"}
-
 
 #: the most tensors of comparable size (at least 1/8 of the value's elements) a value recomputed in several
 #: regions may read (R-fanout)
@@ -332,15 +326,16 @@ class Former:
             return self.reduce(b, n, index, scope)
         if u == "CAST":
             return Cast(self.inline(b, n.src[0], index, scope), n.dtype)
-        if u in _UNARY:
-            return Unary(_UNARY[u], self.inline(b, n.src[0], index, scope))
+        kind = ops.kind(u)
+        if kind == "unary":
+            return Unary(ops.ELEMENTWISE[u].fn, self.inline(b, n.src[0], index, scope))
         if u == "GATHER":
             return self.gather(b, n, index, scope)
-        ops = [self.inline(b, s, index, scope) if is_ref(s) else Const(s) for s in n.src]
-        if u in _BINARY:
-            return Binary(_BINARY[u], ops[0], ops[1])
+        args = [self.inline(b, s, index, scope) if is_ref(s) else Const(s) for s in n.src]
+        if kind in ("binary", "compare"):
+            return Binary(ops.ELEMENTWISE[u].fn, args[0], args[1])
         if u == "WHERE":
-            return Select(ops[0], ops[1], ops[2])
+            return Select(args[0], args[1], args[2])
         raise AssertionError(u)
 
     def reduce(self, b: _Build, n: Node, index: tuple, scope: tuple) -> RExpr:

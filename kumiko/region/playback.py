@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from kumiko import dtypes
+from kumiko import dtypes, ops
 from kumiko.diagnostics import KumikoError
 from kumiko.region.ssa import (
     Binary,
@@ -32,7 +32,6 @@ from kumiko.region.ssa import (
     typecheck,
 )
 from kumiko.symbolic import Expr, dim_eval
-from kumiko.tiny.evaluate import erf_ufunc
 
 NA = tuple  # (array, axes)
 
@@ -86,10 +85,7 @@ class _Region:
             return _unary(e.fn, arr), axes
         if isinstance(e, Cast):
             arr, axes = self.ev(e.x, mask)
-            if e.to.is_int and arr.dtype.kind == "f":
-                with np.errstate(invalid="ignore"):
-                    return np.trunc(arr).astype(e.to.np), axes
-            return (arr != 0 if e.to is dtypes.bool_ else arr.astype(_compute_np(e.to)).astype(e.to.np)), axes
+            return ops.cast(arr, e.to, via=_compute_np(e.to)), axes
         if isinstance(e, Binary):
             x, y = self.ev(e.x, mask), self.ev(e.y, mask)
             axes = self.canon(set(x[1]) | set(y[1]))
@@ -117,12 +113,10 @@ class _Region:
             red = tuple(full.index(n) for n in names)
             acc = _compute_np(e.dtype)
             arr = arr.astype(acc)
-            if e.op == "sum":
-                out = arr.sum(axis=red, dtype=acc)
-            elif arr.size == 0:
+            if arr.size == 0:
                 out = np.full([s for k, s in enumerate(arr.shape) if k not in red], e.init, dtype=acc)
             else:
-                out = (arr.max if e.op == "max" else arr.min)(axis=red)
+                out = ops.REDUCE_BY_FN[e.op].np(arr, axis=red).astype(acc, copy=False)
             return out.astype(e.dtype.np), tuple(a for a in full if a not in names)
         if isinstance(e, BroadcastInDim):
             return _align(self.ev(e.operand, mask), self.canon(e.axes)), self.canon(e.axes)
@@ -190,19 +184,12 @@ class _Region:
             o = next(o for o in self.r.outputs if o.name == y.to)
             arr = np.broadcast_to(_align(self.lets[y.src], iters), [self.sizes[a] for a in iters])
             dt = y.cast or o.memref.dtype
-            outs[y.to] = np.array(_cast(arr, dt), copy=True, order="C")
+            outs[y.to] = np.array(ops.cast(arr, dt), copy=True, order="C")
         return outs
 
 
 def _compute_np(dt: dtypes.DType) -> np.dtype:
     return np.dtype(np.float32) if dt in (dtypes.fp16, dtypes.bf16) else dt.np
-
-
-def _cast(arr: np.ndarray, dt: dtypes.DType) -> np.ndarray:
-    if dt.is_int and arr.dtype.kind == "f":
-        with np.errstate(invalid="ignore"):
-            return np.trunc(arr).astype(dt.np)
-    return arr.astype(dt.np)
 
 
 def _coerce(x: np.ndarray, y: np.ndarray):
@@ -218,22 +205,7 @@ def _unary(fn: str, x: np.ndarray) -> np.ndarray:
     dt = x.dtype
     xf = x.astype(np.float32) if dt.itemsize == 2 and dt.kind != "i" else x
     with np.errstate(all="ignore"):
-        if fn == "neg":
-            r = -xf
-        elif fn == "exp2":
-            r = np.exp2(xf)
-        elif fn == "log2":
-            r = np.log2(xf)
-        elif fn == "sqrt":
-            r = np.sqrt(xf)
-        elif fn == "rsqrt":
-            r = 1 / np.sqrt(xf)
-        elif fn == "relu":
-            r = np.maximum(xf, 0)
-        elif fn == "erf":
-            r = erf_ufunc(xf.astype(np.float64)).astype(xf.dtype) if xf.size else xf
-        else:
-            raise AssertionError(fn)
+        r = ops.BY_FN[fn].np(xf)
     return np.asarray(r).astype(dt)
 
 
@@ -242,10 +214,9 @@ def _binary(fn: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     half = dt.itemsize == 2 and dt.kind not in "iub"
     xf, yf = (x.astype(np.float32), y.astype(np.float32)) if half else (x, y)
     with np.errstate(all="ignore"):
-        r = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
-             "min": np.minimum, "pow": np.power, "lt": np.less, "le": np.less_equal, "eq": np.equal,
-             "ne": np.not_equal}[fn](xf, yf)
-    return r if fn in ("lt", "le", "eq", "ne") else np.asarray(r).astype(dt)
+        op = ops.BY_FN[fn]
+        r = op.np(xf, yf)
+    return r if op.kind == "compare" else np.asarray(r).astype(dt)
 
 
 def play_region(r: Region, buffers: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:

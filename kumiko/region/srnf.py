@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+from kumiko import ops
 from kumiko.diagnostics import KumikoError
 from kumiko.region.ssa import (
     Binary,
@@ -41,27 +42,28 @@ from kumiko.region.ssa import (
 )
 from kumiko.symbolic import Expr
 
+#: the fields of each expression node that hold sub-expressions, in order (a Select's ``pred`` is one
+#: unless it is an index Guard); ``children`` and ``map_children`` are the one walker every pass uses
+_CHILDREN: dict = {Unary: ("x",), Cast: ("x",), Binary: ("x", "y"), Select: ("pred", "then", "other"),
+                   Reduce: ("body",), BroadcastInDim: ("operand",), Transpose: ("operand",), Gather: ("by",)}
+
+
+def children(e: RExpr) -> list:
+    """The sub-expressions of ``e`` (none for Read, Const, Ref; a Guard predicate is not one)."""
+    return [k for k in (getattr(e, f) for f in _CHILDREN.get(type(e), ())) if not isinstance(k, Guard)]
+
+
+def map_children(e: RExpr, f: Callable[[RExpr], RExpr]) -> RExpr:
+    """``e`` with each sub-expression ``k`` replaced by ``f(k)``."""
+    fields = _CHILDREN.get(type(e), ())
+    if not fields:
+        return e
+    return replace(e, **{n: f(k) for n, k in ((n, getattr(e, n)) for n in fields) if not isinstance(k, Guard)})
+
 
 def _map(e: RExpr, f: Callable[[RExpr], RExpr]) -> RExpr:
     """Rebuild ``e`` bottom-up, applying ``f`` to every node after its children."""
-    if isinstance(e, Unary):
-        e = Unary(e.fn, _map(e.x, f))
-    elif isinstance(e, Cast):
-        e = Cast(_map(e.x, f), e.to)
-    elif isinstance(e, Binary):
-        e = Binary(e.fn, _map(e.x, f), _map(e.y, f))
-    elif isinstance(e, Select):
-        pred = e.pred if isinstance(e.pred, Guard) else _map(e.pred, f)
-        e = Select(pred, _map(e.then, f), _map(e.other, f))
-    elif isinstance(e, Reduce):
-        e = Reduce(e.op, e.axes, e.init, e.dtype, _map(e.body, f))
-    elif isinstance(e, BroadcastInDim):
-        e = BroadcastInDim(_map(e.operand, f), e.axes)
-    elif isinstance(e, Transpose):
-        e = Transpose(_map(e.operand, f), e.perm)
-    elif isinstance(e, Gather):
-        e = Gather(e.tensor, e.index, e.var, _map(e.by, f))
-    return f(e)
+    return f(map_children(e, lambda k: _map(k, f)))
 
 
 def _on_lets(r: Region, f: Callable[[RExpr], RExpr]) -> Region:
@@ -109,14 +111,16 @@ def merge_nested(r: Region) -> Region:
 
 # R1 -------------------------------------------------------------------------------------------------
 
-_HOIST = {"sum": "mul", "max": "add", "min": "add"}
+def _hoists(op: str) -> str:
+    """The binary op whose reduction-invariant operand leaves a reduction ``op`` (the op table's fact)."""
+    return ops.ELEMENTWISE[ops.REDUCE_BY_FN[op].hoists].fn
 
 
 def hoist_invariant(r: Region) -> Region:
     ty = _typer(r)
 
     def f(e: RExpr) -> RExpr:
-        if not isinstance(e, Reduce) or not isinstance(e.body, Binary) or e.body.fn != _HOIST[e.op]:
+        if not isinstance(e, Reduce) or not isinstance(e.body, Binary) or e.body.fn != _hoists(e.op):
             return e
         names = {a.name for a in e.axes}
         x, y = e.body.x, e.body.y
@@ -169,14 +173,8 @@ def hoist_accumulators(r: Region) -> Region:
                 counter[0] += 1
                 lets.append(Let(name, e))
                 return Ref(name)
-            if isinstance(e, Unary):
-                return Unary(e.fn, lift(e.x, False))
-            if isinstance(e, Cast):
-                return Cast(lift(e.x, False), e.to)
-            if isinstance(e, Binary):
-                return Binary(e.fn, lift(e.x, False), lift(e.y, False))
-            if isinstance(e, BroadcastInDim):
-                return BroadcastInDim(lift(e.operand, False), e.axes)
+            if isinstance(e, (Unary, Cast, Binary, BroadcastInDim)):
+                return map_children(e, lambda k: lift(k, False))
             return e
         lets.append(Let(let.name, lift(let.expr, True)))
     return replace(r, lets=tuple(lets))
@@ -188,7 +186,7 @@ def epilogue(r: Region) -> list[str]:
     accs = [x.name for x in r.lets if isinstance(x.expr, Reduce)]
     if not accs:
         return []
-    ops: list[str] = []
+    found: list[str] = []
     target = r.yields[0].src
     seen: set[str] = set()
 
@@ -201,20 +199,18 @@ def epilogue(r: Region) -> list[str]:
                 seen.add(e.name)
                 return walk(lets[e.name])
             return False
-        kids = {Unary: lambda x: [x.x], Cast: lambda x: [x.x], Binary: lambda x: [x.x, x.y],
-                BroadcastInDim: lambda x: [x.operand], Select: lambda x: [x.then, x.other]}
-        for t, get in kids.items():
-            if isinstance(e, t):
-                hit = [walk(k) for k in get(e)]
-                if any(hit):
-                    ops.append("cast" if isinstance(e, Cast) else "select" if isinstance(e, Select)
-                               else getattr(e, "fn", "broadcast"))
-                    return True
+        if not isinstance(e, (Unary, Cast, Binary, BroadcastInDim, Select)):
+            return False
+        kids = [e.then, e.other] if isinstance(e, Select) else children(e)     # not through a predicate
+        if any([walk(k) for k in kids]):
+            found.append("cast" if isinstance(e, Cast) else "select" if isinstance(e, Select)
+                         else getattr(e, "fn", "broadcast"))
+            return True
         return False
     walk(lets[target]) if target not in accs else None
     if r.yields[0].cast is not None:
-        ops.append("cast")
-    return [o for o in ops if o != "broadcast"]
+        found.append("cast")
+    return [o for o in found if o != "broadcast"]
 
 
 # C-CON1 and peepholes ----------------------------------------------------------------------------
@@ -229,22 +225,6 @@ def check_ccon1(r: Region) -> None:
             in_body(k, inside or isinstance(e, Reduce))
     for let in r.lets:
         in_body(let.expr, False)
-
-
-def children(e: RExpr) -> list:
-    if isinstance(e, (Unary, Cast)):
-        return [e.x]
-    if isinstance(e, Binary):
-        return [e.x, e.y]
-    if isinstance(e, Select):
-        return ([] if isinstance(e.pred, Guard) else [e.pred]) + [e.then, e.other]
-    if isinstance(e, Reduce):
-        return [e.body]
-    if isinstance(e, (BroadcastInDim, Transpose)):
-        return [e.operand]
-    if isinstance(e, Gather):
-        return [e.by]
-    return []
 
 
 def fold_guard_pred(r: Region) -> Region:

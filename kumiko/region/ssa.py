@@ -17,14 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
 
-from kumiko import dtypes
+from kumiko import dtypes, ops
 from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import Expr, dim_json
 
-UNARY_FNS = ("neg", "exp2", "log2", "sqrt", "rsqrt", "relu", "erf")
-BINARY_FNS = ("add", "sub", "mul", "div", "max", "min", "pow", "lt", "le", "eq", "ne")
-COMPARE_FNS = ("lt", "le", "eq", "ne")
-REDUCE_OPS = ("sum", "max", "min")
+# op names (``Unary.fn``, ``Binary.fn``, ``Reduce.op``) are the op table's region names (``kumiko.ops``)
 
 
 @dataclass(frozen=True)
@@ -256,7 +253,7 @@ class Typer:
             return e, self.lets[e.name]
         if isinstance(e, Unary):
             x, t = self.type_of(e.x, in_reduce)
-            if e.fn not in UNARY_FNS:
+            if ops.fn_kind(e.fn) != "unary":
                 raise KumikoError("E1006", at=self.where, why=f"unknown unary {e.fn!r}")
             return Unary(e.fn, x), t
         if isinstance(e, Cast):
@@ -267,7 +264,7 @@ class Typer:
         if isinstance(e, Select):
             return self._select(e, in_reduce)
         if isinstance(e, Reduce):
-            if e.op not in REDUCE_OPS:
+            if e.op not in ops.REDUCE_BY_FN:
                 raise KumikoError("E1006", at=self.where, why=f"unknown reduce op {e.op!r}")
             if e.dtype is None:
                 raise KumikoError("E1004", at=self.where, why="Reduce has no accumulator dtype")
@@ -296,7 +293,7 @@ class Typer:
         return BroadcastInDim(x, axes)
 
     def _binary(self, e: Binary, in_reduce: bool) -> tuple[RExpr, VType]:
-        if e.fn not in BINARY_FNS:
+        if ops.fn_kind(e.fn) not in ("binary", "compare"):
             raise KumikoError("E1006", at=self.where, why=f"unknown binary {e.fn!r}")
         x, tx = self.type_of(e.x, in_reduce)
         y, ty = self.type_of(e.y, in_reduce)
@@ -307,7 +304,7 @@ class Typer:
         axes = self.canon(set(tx.axes if tx else ()) | set(ty.axes if ty else ()))
         dt = (tx or ty).dtype
         out = Binary(e.fn, self._widen(x, tx, axes, in_reduce), self._widen(y, ty, axes, in_reduce))
-        return out, VType(dtypes.bool_ if e.fn in COMPARE_FNS else dt, axes)
+        return out, VType(dtypes.bool_ if ops.fn_kind(e.fn) == "compare" else dt, axes)
 
     def _select(self, e: Select, in_reduce: bool) -> tuple[RExpr, VType]:
         if isinstance(e.pred, Guard):

@@ -3,10 +3,11 @@
 FLOPs are counted on the Tiny IR, the one place every frontend op has been reduced to the same
 vocabulary, so a GEMM written as ``A @ B``, as an ONNX MatMul or as MUL -> REDUCE counts the same:
 
-- an elementwise op (unary, binary, comparison, WHERE) counts 1 per *output* element (after EXPAND,
-  so a broadcast operand costs its broadcast size: that is the work done);
-- a REDUCE counts 1 per *input* element (each element joins the accumulator once);
-- movement ops, INPUT, CONST, CAST and GATHER count 0 (they move data, they do not compute).
+- an elementwise op counts its op table ``flops`` (``kumiko.ops``: 1 for unary, binary, comparison and WHERE,
+  0 for CAST) per *output* element (after EXPAND, so a broadcast operand costs its broadcast size: that is
+  the work done);
+- a REDUCE counts its op's ``flops`` (1) per *input* element (each element joins the accumulator once);
+- movement ops, INPUT, CONST and GATHER count 0 (they move data, they do not compute).
 
 Hence MUL feeding REDUCE(SUM) counts 2 per multiply-accumulate: GEMM M x N x K is ``2*M*N*K``, the usual
 convention; a 3x3 convolution is ``2 * N*Co*Ho*Wo * Ci*9``. A frontend op that lowers to several
@@ -19,10 +20,9 @@ import statistics
 import time
 from typing import Callable, Mapping
 
+from kumiko import ops
 from kumiko.symbolic import dim_eval
-from kumiko.tiny.ir import BINARY, COMPARE, UNARY, TinyGraph
-
-ELEMENTWISE = frozenset(UNARY + BINARY + COMPARE + ("WHERE",))
+from kumiko.tiny.ir import TinyGraph
 
 
 def _numel(shape, env: Mapping[str, int]) -> int:
@@ -43,10 +43,10 @@ def count_flops(tiny: TinyGraph, env: Mapping[str, int] | None = None) -> int | 
     total = 0
     try:
         for n in tiny.nodes.values():
-            if n.uop in ELEMENTWISE:
-                total += _numel(n.shape, env)
+            if n.uop in ops.ELEMENTWISE:
+                total += ops.ELEMENTWISE[n.uop].flops * _numel(n.shape, env)
             elif n.uop == "REDUCE":
-                total += _numel(tiny.nodes[n.src[0]].shape, env)
+                total += ops.REDUCE[n.arg["op"]].flops * _numel(tiny.nodes[n.src[0]].shape, env)
     except KeyError:
         return None
     return total

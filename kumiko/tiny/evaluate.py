@@ -20,17 +20,14 @@ from typing import Mapping
 
 import numpy as np
 
-from kumiko import dtypes
+from kumiko import dtypes, ops
 from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import dim_eval
 from kumiko.tiny.inputs import check_array, input_shape
-from kumiko.tiny.ir import BINARY, COMPARE, UNARY, Node, TinyGraph, is_ref
+from kumiko.tiny.ir import Node, TinyGraph, is_ref
 from kumiko.tiny.limits import check_limits, check_symbols
 
 LOG2E = math.log2(math.e)
-
-erf_ufunc = np.frompyfunc(math.erf, 1, 1)
-
 
 def bind_symbols(g: TinyGraph, inputs: Mapping[str, np.ndarray], given: Mapping[str, int] | None = None,
                  defaults: bool = False) -> dict[str, int]:
@@ -182,16 +179,11 @@ def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool, fused: l
                           suggestion="Bind it through an input's shape (or give it with --shapes).") from None
     if u == "CONST":
         return np.asarray(a["value"], dtype=_store(n.dtype, fp64))
-    if u in UNARY + BINARY + COMPARE + ("WHERE",):
-        return _elementwise(n, srcs, fp64)
     x = srcs[0]
     if u == "CAST":
-        if n.dtype.is_int and x.dtype.kind == "f":
-            with np.errstate(invalid="ignore"):
-                return np.trunc(x).astype(n.dtype.np)   # C semantics: truncate toward zero
-        if n.dtype is dtypes.bool_:
-            return x != 0
-        return x.astype(_store(n.dtype, fp64))
+        return ops.cast(x, n.dtype, dest=_store(n.dtype, fp64))
+    if u in ops.ELEMENTWISE:
+        return _elementwise(n, srcs, fp64)
     if u == "REDUCE":
         acc = _compute(n.dtype, fp64) if not (fp64 and n.dtype.is_float) else np.dtype(np.float64)
         xa = x.astype(acc)
@@ -209,7 +201,7 @@ def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool, fused: l
             return _sequential_sum(terms, axes, acc)
         if any(x.shape[i] == 0 for i in axes):
             return np.full(shape, dtypes.neutral(a["op"], n.dtype), dtype=acc)
-        return (np.max if a["op"] == "MAX" else np.min)(xa, axis=axes)
+        return ops.REDUCE[a["op"]].np(xa, axis=axes)
     if u == "RESHAPE":
         return x.reshape(shape)
     if u == "PERMUTE":
@@ -256,47 +248,8 @@ def _elementwise(n: Node, srcs: list, fp64: bool) -> np.ndarray:
     with np.errstate(all="ignore"):
         if u == "WHERE":
             c = srcs[0] if isinstance(srcs[0], np.ndarray) else np.asarray(bool(srcs[0]))
-            return np.where(c, arr(srcs[1]), arr(srcs[2]))
-        if u in UNARY:
-            x = arr(srcs[0])
-            if u == "NEG":
-                return -x
-            if u == "EXP2":
-                return np.exp2(x)
-            if u == "LOG2":
-                return np.log2(x)
-            if u == "SQRT":
-                return np.sqrt(x)
-            if u == "RSQRT":
-                return 1 / np.sqrt(x)
-            if u == "RELU":
-                return np.maximum(x, 0)
-            if u == "ERF":
-                return erf_ufunc(x.astype(np.float64)).astype(x.dtype) if x.size else x
-        x, y = arr(srcs[0]), arr(srcs[1])
-        if u == "ADD":
-            return x + y
-        if u == "SUB":
-            return x - y
-        if u == "MUL":
-            return x * y
-        if u == "FDIV":
-            return x / y
-        if u == "MAX":
-            return np.maximum(x, y)
-        if u == "MIN":
-            return np.minimum(x, y)
-        if u == "POW":
-            return np.power(x, y)
-        if u == "CMPLT":
-            return x < y
-        if u == "CMPLE":
-            return x <= y
-        if u == "CMPEQ":
-            return x == y
-        if u == "CMPNE":
-            return x != y
-    raise AssertionError(u)
+            return ops.ELEMENTWISE[u].np(c, arr(srcs[1]), arr(srcs[2]))
+        return ops.ELEMENTWISE[u].np(*(arr(s) for s in srcs))
 
 
 def _interval(e, box: Mapping[str, tuple], env: Mapping[str, int]) -> tuple[int, int]:

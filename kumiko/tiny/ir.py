@@ -18,7 +18,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from kumiko import dtypes
+from kumiko import dtypes, ops
 from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import Expr, dim, dim_json, parse_expr, prod
 
@@ -29,6 +29,14 @@ COMPARE = ("CMPLT", "CMPLE", "CMPEQ", "CMPNE")
 OTHER = ("INPUT", "CONST", "CAST", "WHERE", "REDUCE", "GATHER")
 UOPS = frozenset(MOVEMENT + UNARY + BINARY + COMPARE + OTHER)
 REDUCE_OPS = ("SUM", "MAX", "MIN")
+# what each elementwise and reduce op means is written once, in the op table (``kumiko.ops``); an op
+# registered there (``ops.register``) is a uop too
+assert set(UNARY + BINARY + COMPARE + ("WHERE", "CAST")) <= set(ops.ELEMENTWISE) and set(REDUCE_OPS) == set(ops.REDUCE)
+
+
+def is_uop(uop: str) -> bool:
+    return uop in UOPS or uop in ops.ELEMENTWISE
+
 
 Immediate = (int, float, bool)
 
@@ -139,11 +147,12 @@ def _sizes(nid: str, uop: str, shape: Iterable) -> tuple:
 
 def infer(nid: str, uop: str, srcs: list, arg: Mapping) -> tuple[dtypes.DType, tuple]:
     """Return (dtype, shape) of a node; ``srcs`` holds Nodes for refs and raw scalars for immediates."""
-    if uop not in UOPS:
-        raise _err("E1006", nid, uop, f"'{uop}' is not a Tiny IR uop", suggestion=f"use one of {sorted(UOPS)}")
+    if not is_uop(uop):
+        raise _err("E1006", nid, uop, f"'{uop}' is not a Tiny IR uop",
+                   suggestion=f"use one of {sorted(UOPS | set(ops.ELEMENTWISE))}")
     nodes = [s for s in srcs if isinstance(s, Node)]
-    arity = {"INPUT": 0, "CONST": 0, "WHERE": 3, "GATHER": 2}.get(
-        uop, 2 if uop in BINARY + COMPARE else 1)
+    op = ops.ELEMENTWISE.get(uop)
+    arity = op.arity if op is not None else {"INPUT": 0, "CONST": 0, "GATHER": 2}.get(uop, 1)
     if len(srcs) != arity:
         raise _err("E1009", nid, uop, f"{uop} takes {arity} sources, got {len(srcs)}")
     if uop == "INPUT":
@@ -160,14 +169,14 @@ def infer(nid: str, uop: str, srcs: list, arg: Mapping) -> tuple[dtypes.DType, t
         if not _is_imm(arg.get("value")):
             raise _err("E1010", nid, uop, f"CONST needs a scalar 'value', got {arg.get('value')!r}")
         return dt, ()
-    if uop in BINARY + COMPARE + ("WHERE",):
+    if op is not None and op.arity > 1:
         return _infer_elementwise(nid, uop, srcs)
     if any(not isinstance(s, Node) for s in srcs):
         raise _err("E1009", nid, uop, f"{uop} needs node sources, not immediates")
     x = nodes[0]
-    if uop in UNARY:
-        if not x.dtype.is_float and (uop not in ("NEG", "RELU") or x.dtype is dtypes.bool_):
-            raise _err("E1012", nid, uop, f"{uop} needs a {'numeric' if uop in ('NEG', 'RELU') else 'float'} "
+    if op is not None and op.kind == "unary":
+        if not x.dtype.is_float and (not op.numeric or x.dtype is dtypes.bool_):
+            raise _err("E1012", nid, uop, f"{uop} needs a {'numeric' if op.numeric else 'float'} "
                        f"operand, got {x.dtype}")
         return x.dtype, x.shape
     if uop == "CAST":
@@ -221,9 +230,10 @@ def _infer_elementwise(nid: str, uop: str, srcs: list) -> tuple[dtypes.DType, tu
                 raise _err("E1005", nid, uop, f"operand dtypes {dt} and {s.dtype} differ (no implicit casts)")
     else:
         raise _err("E1009", nid, uop, "WHERE needs at least one node among its value operands")
-    if uop in COMPARE:
+    op = ops.ELEMENTWISE[uop]
+    if op.kind == "compare":
         return dtypes.bool_, shape
-    if uop in ("FDIV", "POW") and not dt.is_float:
+    if op.float_only and not dt.is_float:
         raise _err("E1012", nid, uop, f"{uop} needs float operands, got {dt}")
     return dt, shape
 
