@@ -15,10 +15,9 @@ from kumiko.accuracy import bound, rel_l2
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend import lower
 from kumiko.kernel import cexpr
+from kumiko.pipeline import compile_cuda, compile_program
 from kumiko.render import cuda
 from kumiko.runtime.flops import count_flops
-from kumiko.runtime.target_cpu import compile_cpu
-from kumiko.runtime.target_cuda import compile_cuda
 
 #: the one table entry: numpy meaning, C spelling (a helper per compute type, written into both preludes),
 #: the spelling on vector lanes; FLOPs, algebra and the rest keep their defaults
@@ -70,7 +69,7 @@ def test_the_table_entry_is_what_every_stage_reads(softsign):
     assert "static inline double kk_softsign_double(double x)" in cexpr.PRELUDE
     assert "__device__ __forceinline__ float kk_softsign_float(float x)" in cuda.prelude()
     g = _graph("fp32")
-    src = compile_cpu(g.tiny).source             # vector lanes and the scalar tail (37 is no multiple of a width)
+    src = compile_program(g.tiny, "cpu").source.source  # vector lanes and the scalar tail (37: no multiple of a width)
     assert "kv_map(kk_softsign_float, " in src and "kk_softsign_float(" in src.replace("kv_map(kk_softsign_float", "")
     if shutil.which("g++") is not None:
         assert "kk_softsign_float(" in compile_cuda(g.tiny).source.split("__global__", 1)[1]
