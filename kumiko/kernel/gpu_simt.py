@@ -12,7 +12,7 @@ accumulator that the MMA kernel wrote, see ``gpu_mma``). Expressions are the CPU
 
 Where a row is contiguous in memory (a softmax or layernorm over the last axis, a row sum), one thread
 per row would read rows a row apart in every warp instruction; the plan then binds a row to a *warp*
-(``bind.point = "warp"``, ``simt_binding``): the lanes stride over the row together (coalesced), the
+(``bind.point = "warp"``, ``kumiko.plan.gpu.simt_binding``): the lanes stride over the row together (coalesced), the
 row-level lets' top-level reductions become lane-strided loops combined by a shuffle butterfly (every
 lane gets the result), and the store loop is lane-strided too (lane 0 stores a point with no inner
 axes). Reductions nested inside another (per-lane) loop, and ones not in fp32, stay serial per lane -
@@ -25,10 +25,11 @@ from kumiko import dtypes
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.gpu_ir import Param, SimtKernel
 from kumiko.kernel.loops import Assign, Decl, For, If
-from kumiko.kernel.lower_cpu import CpuLowering, reused_reduce_axes
-from kumiko.region.srnf import children
-from kumiko.region.ssa import Guard, Read, Reduce, Ref, Region, RExpr, Select
-from kumiko.symbolic import Expr, prod
+from kumiko.kernel.lower_cpu import CpuLowering
+from kumiko.plan.gpu import WARP
+from kumiko.region.analysis import row_axes
+from kumiko.region.ssa import Guard, Reduce, Ref, Region, RExpr, Select
+from kumiko.symbolic import prod
 
 
 def decompose(lo: CpuLowering, flat: str, axes: tuple, out: list, sizes: tuple | None = None) -> None:
@@ -63,64 +64,6 @@ def status_params(lo: CpuLowering) -> tuple:
     thread's ``kk_bad`` (the lowering reads element 0 instead), and the kernel then stores
     ``STATUS_BAD_INDEX`` to ``*kk_status``, which the runtime reads after the launches (E1015, as on the CPU)."""
     return (Param("kk_status", "int"),) if lo.uses_gather else ()
-
-
-#: lanes of a warp (the warp binding's stride)
-WARP = 32
-
-
-def row_axes(region: Region, precomputed=()) -> tuple[tuple, tuple]:
-    """(inner, outer) iters: inner ones some let (other than the ``precomputed`` ones) reduces over."""
-    iters = [a.name for a in region.iters]
-    inner: set = set()
-    for let in region.lets:
-        if let.name not in precomputed:
-            inner |= reused_reduce_axes(let.expr, set(iters))
-    return tuple(a for a in iters if a in inner), tuple(a for a in iters if a not in inner)
-
-
-def _top_reduces(e: RExpr):
-    """The reductions in ``e`` that no other reduction encloses."""
-    if isinstance(e, Reduce):
-        yield e
-        return
-    for c in children(e):
-        yield from _top_reduces(c)
-
-
-def _last_indices(e: RExpr):
-    """The fastest-varying index of every Read in ``e``, when it is one bare axis (else None)."""
-    if isinstance(e, Read):
-        yield None if e.flat or not e.index else Expr.lift(e.index[-1]).as_symbol()
-    for c in children(e):
-        yield from _last_indices(c)
-
-
-def simt_binding(region: Region, precomputed=()) -> str:
-    """Whether a SIMT point (row) binds to a ``"warp"`` or a ``"thread"``, from the access maps: a warp when
-    its lanes would read memory in order - the rows (inner axes) include the fastest-varying iter (a softmax
-    or layernorm over the last axis), or the region reduces along the fastest index of what it reads and
-    reads nothing along its last outer iter (a row sum; a GEMM's B is read along N, which threads of
-    adjacent points read in order) - and the rows are not constantly shorter than a warp. Otherwise adjacent
-    threads take adjacent points, which is then the coalesced order."""
-    inner, outer = row_axes(region, precomputed)
-    iters = [a.name for a in region.iters]
-    if inner and iters[-1] in inner:
-        n = prod([a.size for a in region.iters if a.name in inner])
-        return "thread" if isinstance(n, int) and n < WARP else "warp"
-    along, across = [], False
-    for let in region.lets:
-        if let.name in precomputed:
-            continue
-        for r in _top_reduces(let.expr):
-            axes = {a.name for a in r.axes}
-            lasts = set(_last_indices(r.body))
-            if lasts & axes:
-                along.append(prod([a.size for a in r.axes]))
-            across |= bool(outer) and outer[-1] in lasts
-    if not along or across:
-        return "thread"
-    return "thread" if all(isinstance(n, int) and n < WARP for n in along) else "warp"
 
 
 class SimtLowering(CpuLowering):

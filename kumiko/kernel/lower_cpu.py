@@ -47,7 +47,7 @@ from kumiko.kernel.loops import (
     Store,
 )
 from kumiko.kernel.lower_vec import NotVector, VectorCtx, VectorEmitter
-from kumiko.region.srnf import children
+from kumiko.region.analysis import RegionFacts, analyze, contains, depth, let_refs, reused_reduce_axes
 from kumiko.region.ssa import (
     Binary,
     BroadcastInDim,
@@ -63,10 +63,8 @@ from kumiko.region.ssa import (
     RExpr,
     Select,
     Transpose,
-    Typer,
     Unary,
     VType,
-    typecheck,
 )
 from kumiko.symbolic import Expr, prod
 
@@ -89,35 +87,23 @@ _CSIZE = {"float": 4, "double": 8, "int32_t": 4, "int": 4}
 _EMITTERS = ("expr", "select", "reduce", "store", "emit_items")
 
 
-def let_refs(e: RExpr, red: tuple = ()) -> list[tuple[str, tuple]]:
-    """(let name, reduce axes in scope at the reference) for every Ref inside ``e``."""
-    out: list = []
-    if isinstance(e, Ref):
-        return [(e.name, red)]
-    if isinstance(e, Reduce):
-        return let_refs(e.body, red + tuple(a.name for a in e.axes))
-    for k in ("x", "y", "then", "other", "operand", "by"):
-        if hasattr(e, k):
-            out += let_refs(getattr(e, k), red)
-    if isinstance(e, Select) and not isinstance(e.pred, Guard):
-        out += let_refs(e.pred, red)
-    return out
-
-
 class CpuLowering(VectorEmitter):
-    def __init__(self, region: Region, syms: tuple, name: str, parallel: bool = True):
-        self.r, self.types = typecheck(region)
+    """The region's loop nest; its facts (types, sizes, loop order, levels) come from ``facts``
+    (``kumiko.region.analysis.analyze(region)`` when not given), copied: the lowering extends them."""
+
+    def __init__(self, region: Region, syms: tuple, name: str, parallel: bool = True,
+                 facts: RegionFacts | None = None):
+        self.facts = facts if facts is not None else analyze(region)
+        self.r, self.types = self.facts.region, dict(self.facts.types)
         self.syms = syms
         self.name = name
         self.parallel = parallel
-        self.sizes = {a.name: a.size for a in self.r.iters}
+        self.sizes = dict(self.facts.sizes)
         self.extent: dict = {}                   # axis -> loop trip count when it differs from its size
-        self.iters = _loop_order([a.name for a in self.r.iters], self.r.lets, self.types)
-        self.memrefs = dict(self.r.inputs)
-        self.memrefs.update({o.name: o.memref for o in self.r.outputs})
+        self.iters = list(self.facts.iters)
+        self.memrefs = dict(self.facts.memrefs)
         self.cname = {n: f"b{k}" for k, n in enumerate(list(self.memrefs))}
-        self.ty = Typer(self.r.name, self.r.iters, self.memrefs)
-        self.ty.lets.update(self.types)
+        self.ty = self.facts.typer()
         self.n_tmp = 0
         self.storage: dict[str, tuple] = {}      # let -> ("scalar", var) | ("array", var, axes)
         self.red_axes: list = []                 # reduce axes (and gather vars) in scope while emitting
@@ -134,8 +120,7 @@ class CpuLowering(VectorEmitter):
 
     # scheduling ------------------------------------------------------------------------------------
     def level(self, let_name: str) -> int:
-        axes = self.types[let_name].axes
-        return max((self.iters.index(a) + 1 for a in axes), default=0)
+        return depth(self.types[let_name].axes, self.iters)
 
     def cap(self, let: Let) -> int:
         """A let reducing over an iter axis x needs every x: it lives outside x's loop (level <= x)."""
@@ -398,7 +383,7 @@ class CpuLowering(VectorEmitter):
         return (isinstance(e, Reduce) and len(e.axes) == 1 and e.axes[0].name == it.axis
                 and Expr.lift(self.trip(it.axis)) == Expr.lift(self.trip(it.axis, e.axes[0].size))
                 and self.storage.get(nxt.let.name, ("",))[0] == "scalar"
-                and not any(_has_reduce(x.let.expr) for x in it.items))
+                and not any(contains(x.let.expr, (Reduce,)) for x in it.items))
 
     def _fused_loop(self, it, path: tuple, red: Let) -> list:
         """The loop ``it`` inside the vector loops of the reduction ``red`` (one pass over the row instead
@@ -480,41 +465,6 @@ class CpuLowering(VectorEmitter):
                        for n, m in self.memrefs.items())
         return Kernel(self.name, params, self.syms, tuple(body), self.r.notes, gather_check=self.uses_gather,
                       no_loop_vectorize=self.reversed_reduce)
-
-
-def _has_reduce(e: RExpr) -> bool:
-    return isinstance(e, Reduce) or any(_has_reduce(k) for k in children(e))
-
-
-def reused_reduce_axes(e: RExpr, iters: set) -> set:
-    """Iter axes that a reduction inside ``e`` reduces over (seed 001 §6.8.3: ``reduce(max, [n], S)``)."""
-    out: set = set()
-    if isinstance(e, Reduce):
-        out |= {a.name for a in e.axes if a.name in iters}
-    for k in ("x", "y", "then", "other", "operand", "by", "body"):
-        if hasattr(e, k):
-            out |= reused_reduce_axes(getattr(e, k), iters)
-    if isinstance(e, Select) and not isinstance(e.pred, Guard):
-        out |= reused_reduce_axes(e.pred, iters)
-    return out
-
-
-def _loop_order(iters: list, lets: tuple, types: dict) -> list:
-    """Loop order: an axis that a let reduces over runs inside that let's own axes, so the reduction
-    sees the whole axis (a softmax over axis 0 iterates columns outermost). Stable otherwise; when the
-    constraints cycle, the original order is kept and such lets become array phases."""
-    after: dict = {a: set() for a in iters}
-    for let in lets:
-        for x in reused_reduce_axes(let.expr, set(iters)):
-            after[x] |= {a for a in types[let.name].axes if a != x}
-    order, left = [], list(iters)
-    while left:
-        pick = next((a for a in left if not (after[a] & set(left))), None)
-        if pick is None:
-            return list(iters)
-        order.append(pick)
-        left.remove(pick)
-    return order
 
 
 def _strip_scratch(s: Stmt, found: list) -> Stmt:
