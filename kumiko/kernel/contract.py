@@ -64,7 +64,6 @@ class ContractionLowering(PanelPacking):
 
     def __init__(self, lo: CpuLowering, c: Contraction, plan: Plan, constants: frozenset = frozenset()):
         self.lo, self.c, self.plan = lo, c, plan
-        lo.cpu_math = True       # the epilogue's exp2 is kumiko_cpu.h's polynomial (vectorisable), not exp2f
         self.mr, self.nr = plan.micro
         self.vw = plan.vector_width
         self.mc, self.nc, self.kc = plan.tile
@@ -365,17 +364,7 @@ class ContractionLowering(PanelPacking):
 def pointwise_epilogue(lo: CpuLowering, c: Contraction) -> list:
     """The region's other lets and its store at one point, with the accumulator in the C scalar ``kk_acc``
     (the point's axes are declared by the caller)."""
-    lo.storage = {c.let: ("scalar", "kk_acc")}
-    out: list = []
-    lo.red_axes = []
-    for let in lo.r.lets:
-        if let.name == c.let:
-            continue
-        v = lo.expr(let.expr, out, lo.types[let.name].dtype)
-        lo.storage[let.name] = ("scalar", f"v_{let.name}")
-        out.append(Decl(C.COMPUTE[lo.types[let.name].dtype.name], f"v_{let.name}", v))
-    out += lo.store(Ref(lo.r.yields[0].src))
-    return out
+    return lo.point_code(c.let, "kk_acc")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ computed where it is used (inside the reduction over its row, or in the final st
 inner axes), once per use scope. A row softmax is therefore three passes over its row per thread -
 max, sum, store - each recomputing the row's values from the inputs (or from a contraction's
 accumulator that the MMA kernel wrote, see ``gpu_mma``). Expressions are the CPU emitter's C strings
-(``CpuLowering.expr``): CUDA C accepts the same math, with the prelude's device helpers.
+(``RegionEmitter.expr``, ``kumiko.kernel.lower_base``): CUDA C accepts the same math, with the prelude's
+device helpers.
 
 Where a row is contiguous in memory (a softmax or layernorm over the last axis, a row sum), one thread
 per row would read rows a row apart in every warp instruction; the plan then binds a row to a *warp*
@@ -25,14 +26,14 @@ from kumiko import dtypes
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.gpu_ir import Param, SimtKernel
 from kumiko.kernel.loops import Assign, Decl, For, If
-from kumiko.kernel.lower_cpu import CpuLowering
+from kumiko.kernel.lower_base import RegionEmitter
 from kumiko.plan.gpu import WARP
 from kumiko.region.analysis import row_axes
 from kumiko.region.ssa import Guard, Reduce, Ref, Region, RExpr, Select
 from kumiko.symbolic import prod
 
 
-def decompose(lo: CpuLowering, flat: str, axes: tuple, out: list, sizes: tuple | None = None) -> None:
+def decompose(lo: RegionEmitter, flat: str, axes: tuple, out: list, sizes: tuple | None = None) -> None:
     """``long long a = ...`` for each axis from a row-major flat index over ``axes`` (of ``sizes``, C
     expressions; default: the axes' sizes)."""
     rest = flat
@@ -46,11 +47,11 @@ def decompose(lo: CpuLowering, flat: str, axes: tuple, out: list, sizes: tuple |
             rest = f"({rest}) / {size}"
 
 
-def extent(lo: CpuLowering, axes) -> str:
+def extent(lo: RegionEmitter, axes) -> str:
     return C.index(prod([lo.sizes[a] for a in axes]) if axes else 1, set())
 
 
-def kernel_params(lo: CpuLowering, extra: tuple = ()) -> tuple:
+def kernel_params(lo: RegionEmitter, extra: tuple = ()) -> tuple:
     """The ABI every generated kernel of a region shares: its MemRefs (inputs const), then scratch
     arrays, then the program's size symbols as ``long long`` scalars (sorted names)."""
     ps = [Param(lo.cname[n], C.STORAGE[m.dtype.name], const=n in dict(lo.r.inputs)) for n, m in lo.memrefs.items()]
@@ -59,20 +60,20 @@ def kernel_params(lo: CpuLowering, extra: tuple = ()) -> tuple:
     return tuple(ps)
 
 
-def status_params(lo: CpuLowering) -> tuple:
+def status_params(lo: RegionEmitter) -> tuple:
     """The status word of a kernel that checks data-dependent (gather) indices: an out-of-range index sets the
     thread's ``kk_bad`` (the lowering reads element 0 instead), and the kernel then stores
     ``STATUS_BAD_INDEX`` to ``*kk_status``, which the runtime reads after the launches (E1015, as on the CPU)."""
     return (Param("kk_status", "int"),) if lo.uses_gather else ()
 
 
-class SimtLowering(CpuLowering):
-    """CpuLowering whose Refs to row-varying lets are recomputed at the use (memoised per scope);
+class SimtLowering(RegionEmitter):
+    """The shared expression emitter whose Refs to row-varying lets are recomputed at the use (memoised per scope);
     ``warp``: a row per warp, its top-level row reductions lane-strided and combined by shuffles."""
 
     def __init__(self, region: Region, syms: tuple, name: str, precomputed: dict | None = None,
                  warp: bool = False):
-        super().__init__(region, syms, name, parallel=False)
+        super().__init__(region, syms, name)
         self.precomputed = dict(precomputed or {})          # let -> ("array", var, axes) in gmem scratch
         self.inner, self.outer = row_axes(self.r, self.precomputed)
         self.warp = warp
