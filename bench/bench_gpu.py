@@ -42,8 +42,11 @@ import kumiko  # noqa: E402
 from kumiko import Tensor  # noqa: E402
 from kumiko.accuracy import bound, rel_l2  # noqa: E402
 from kumiko.diagnostics import KumikoError  # noqa: E402
-from kumiko.kernel.gpu_mma import RELEASES  # noqa: E402
-from kumiko.plan.gpu import describe_gpu_plan, mma_threads  # noqa: E402
+from kumiko.plan.gpu import (  # noqa: E402
+    RELEASES,  # noqa: E402
+    describe_gpu_plan,
+    mma_threads,
+)
 from kumiko.runtime.cuda_driver import CudaDevice, device_available  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("kumiko_bench_cpu", HERE / "bench.py")

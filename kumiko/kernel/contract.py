@@ -2,12 +2,13 @@
 BLIS-style blocked GEMM with packed panels and a register-blocked micro-kernel whose shape comes from
 the Plan (``micro=(MR, NR)``, ``vectorize.width``, ``tile=(MC, NC, KC)``).
 
-Nothing here knows op names. The axes of the contraction are classified from the region itself:
-output axes that only ``x`` reads are M, those only ``y`` reads are N, those both read are batch, and
-the reduce axes are K.
+Nothing here knows op names. The contraction and the roles of its axes are the region's own facts
+(``kumiko.region.analysis.find_contraction``: output axes that only ``x`` reads are M, those only ``y``
+reads are N, those both read are batch, and the reduce axes are K), and so is the operands' orientation
+(``kumiko.region.operands``).
 
-The code lives in three modules: this one finds the contraction and drives the kernel (blocks, thread
-splits, epilogues); ``kumiko.kernel.pack`` orients the operands and packs their panels (index tables);
+The code lives in three modules: this one drives the kernel (blocks, thread splits, epilogues);
+``kumiko.kernel.pack`` packs the operands' panels (index tables);
 ``kumiko.kernel.micro`` generates the micro-kernels and the C helpers they need (``kk_scratch``,
 ``kk_pack_rows8``); ``kumiko.kernel.stage`` reads a zero-padded B operand in place instead of packing it.
 
@@ -32,116 +33,16 @@ from dataclasses import dataclass
 from kumiko import dtypes
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import Assign, Block, Comment, Decl, For, If, Kernel, Param, Raw, Store
-from kumiko.kernel.lower_cpu import CpuLowering, let_refs, parallelize
+from kumiko.kernel.lower_cpu import CpuLowering, parallelize
 from kumiko.kernel.micro import micro_name, stage_micro_name
-from kumiko.kernel.pack import PanelPacking, Side, advance_counter, panel_sides, stage_bounds, unit_rows
+from kumiko.kernel.pack import PanelPacking, Side, advance_counter, panel_sides
 from kumiko.kernel.stage import Stage
 from kumiko.plan.plan import Plan
+from kumiko.region.analysis import Contraction
+from kumiko.region.operands import stage_bounds, unit_rows
 from kumiko.region.srnf import children, free_axes
-from kumiko.region.ssa import Binary, Cast, Read, Reduce, Ref, RExpr, Unary, VType
+from kumiko.region.ssa import Read, Ref, RExpr, VType
 from kumiko.symbolic import Expr, prod
-
-
-@dataclass(frozen=True)
-class Contraction:
-    let: str                  # the let holding the accumulator
-    x: RExpr                  # the M-side operand
-    y: RExpr                  # the N-side operand
-    batch: tuple              # axis names
-    m_axes: tuple
-    n_axes: tuple
-    k_axes: tuple             # reduce Axis objects
-    pointwise: bool           # every other let is a pointwise epilogue at full depth
-    outer: Reduce | None = None   # compute-at: an outer reduction over window axes around the contraction
-    f: RExpr | None = None        # the pointwise map between them, with the accumulator as Ref("__acc")
-
-
-def _strip(e: RExpr) -> RExpr:
-    return e.x if isinstance(e, Cast) else e
-
-
-def _has(e: RExpr, kinds: tuple) -> bool:
-    if isinstance(e, kinds):
-        return True
-    return any(_has(getattr(e, k), kinds) for k in ("x", "y", "then", "other", "operand", "by", "body")
-               if hasattr(e, k)) or (hasattr(e, "pred") and not hasattr(e.pred, "constraints") and
-                                     _has(e.pred, kinds))
-
-
-def _is_contraction(e: RExpr) -> bool:
-    if not (isinstance(e, Reduce) and e.op == "sum" and e.dtype.name == "fp32"):
-        return False
-    body = _strip(e.body)
-    return isinstance(body, Binary) and body.fn == "mul" and not any(
-        _has(o, (Ref, Reduce)) for o in (body.x, body.y))
-
-
-def _inner_contractions(e: RExpr) -> list:
-    if _is_contraction(e):
-        return [e]
-    out = []
-    for k in ("x", "y", "then", "other", "operand", "body"):
-        if hasattr(e, k):
-            out += _inner_contractions(getattr(e, k))
-    return out
-
-
-def _substitute(e: RExpr, target: RExpr, by: RExpr) -> RExpr:
-    if e == target:
-        return by
-    if isinstance(e, Unary):
-        return Unary(e.fn, _substitute(e.x, target, by))
-    if isinstance(e, Cast):
-        return Cast(_substitute(e.x, target, by), e.to)
-    if isinstance(e, Binary):
-        return Binary(e.fn, _substitute(e.x, target, by), _substitute(e.y, target, by))
-    return e
-
-
-def find_contraction(lo: CpuLowering) -> Contraction | None:
-    """The first top-level let that is ``sum_K x*y`` - or ``reduce_W f(sum_K x*y)`` with f pointwise
-    (a consumer reduction computed at the contraction: seed 003's Conv -> ReLU -> MaxPool)."""
-    r = lo.r
-    for let in r.lets:
-        e, outer, f = let.expr, None, None
-        if isinstance(e, Reduce) and not _is_contraction(e):
-            inner = set(_inner_contractions(e.body))
-            if len(inner) != 1:
-                continue
-            (c,) = inner
-            f = _substitute(e.body, c, Ref("__acc"))
-            if _has(f, (Reduce,)) or any(name != "__acc" for name, _ in let_refs(f)) or \
-                    not all(isinstance(a.size, int) for a in e.axes):
-                continue
-            outer, e = let.expr, c
-        if not _is_contraction(e):
-            continue
-        body = _strip(e.body)
-        x, y = body.x, body.y
-        w_names = tuple(a.name for a in outer.axes) if outer is not None else ()
-        out_axes = lo.types[let.name].axes + w_names
-        k_names = {a.name for a in e.axes}
-        fx = {a for a in free_axes(x) if a in lo.sizes or a in k_names or a in w_names}
-        fy = {a for a in free_axes(y) if a in lo.sizes or a in k_names or a in w_names}
-        if any(a in fy for a in w_names):
-            continue
-        batch = tuple(a for a in out_axes if a in fx and a in fy)
-        m_axes = tuple(a for a in out_axes if a not in fy and a not in w_names) + w_names
-        n_axes = tuple(a for a in out_axes if a in fy and a not in fx)
-        if not m_axes or not n_axes:
-            continue
-        others = [x2 for x2 in r.lets if x2.name != let.name]
-        full = len(lo.iters)
-        unit = {a.name for a in r.iters if lo.sizes.get(a.name) == 1}     # points compare modulo size-1 axes
-        pointwise = tuple(a for a in lo.types[let.name].axes if a not in unit) == tuple(
-            a.name for a in r.iters if a.name not in unit) and all(
-            lo.level(o.name) == full and not _has(o.expr, (Reduce,)) and all(
-                not red for _, red in let_refs(o.expr)) for o in others) and r.lets.index(let) == 0
-        if outer is not None and not pointwise:
-            continue
-        return Contraction(let.name, x, y, batch, m_axes, n_axes, e.axes, pointwise, outer, f)
-    return None
-
 
 _MACS_PER_THREAD = 1 << 17   # the least work (multiply-adds) worth another thread of a contraction
 _ARES = 65536              # floats of A a thread packs once per batch point for every K (half of a 512 KiB L2)
@@ -163,7 +64,6 @@ class ContractionLowering(PanelPacking):
 
     def __init__(self, lo: CpuLowering, c: Contraction, plan: Plan, constants: frozenset = frozenset()):
         self.lo, self.c, self.plan = lo, c, plan
-        lo.cpu_math = True       # the epilogue's exp2 is kumiko_cpu.h's polynomial (vectorisable), not exp2f
         self.mr, self.nr = plan.micro
         self.vw = plan.vector_width
         self.mc, self.nc, self.kc = plan.tile
@@ -464,17 +364,7 @@ class ContractionLowering(PanelPacking):
 def pointwise_epilogue(lo: CpuLowering, c: Contraction) -> list:
     """The region's other lets and its store at one point, with the accumulator in the C scalar ``kk_acc``
     (the point's axes are declared by the caller)."""
-    lo.storage = {c.let: ("scalar", "kk_acc")}
-    out: list = []
-    lo.red_axes = []
-    for let in lo.r.lets:
-        if let.name == c.let:
-            continue
-        v = lo.expr(let.expr, out, lo.types[let.name].dtype)
-        lo.storage[let.name] = ("scalar", f"v_{let.name}")
-        out.append(Decl(C.COMPUTE[lo.types[let.name].dtype.name], f"v_{let.name}", v))
-    out += lo.store(Ref(lo.r.yields[0].src))
-    return out
+    return lo.point_code(c.let, "kk_acc")
 
 
 @dataclass(frozen=True)
@@ -491,17 +381,12 @@ class Prepack:
     sources: tuple
 
 
-def lower_contraction_region(lo: CpuLowering, plan: Plan) -> Kernel | None:
-    """The region as contraction (+ in-tile epilogue, or + generic rest over a scratch accumulator)."""
-    out = lower_contraction_kernels(lo, plan)
-    return out[0] if out is not None else None
-
-
 def lower_contraction_kernels(lo: CpuLowering, plan: Plan, constants: frozenset = frozenset()
                               ) -> tuple[Kernel, tuple[Prepack, ...]] | None:
-    """``lower_contraction_region``, with the operands that read only ``constants`` (inputs bound once,
-    the weights) packed by functions of their own: (the kernel, its Prepacks)."""
-    c = find_contraction(lo)
+    """The region as contraction (+ in-tile epilogue, or + generic rest over a scratch accumulator), with
+    the operands that read only ``constants`` (inputs bound once, the weights) packed by functions of their
+    own: (the kernel, its Prepacks); None when the region holds no contraction."""
+    c = lo.facts.contraction
     if c is None:
         return None
     cl = ContractionLowering(lo, c, plan, constants)

@@ -1,8 +1,8 @@
 """Instantiating the one MMA skeleton for a contraction region (seed 001 §9.1, SM80 path).
 
-The contraction is found structurally by ``kumiko.kernel.contract.find_contraction`` (batch, M, N, K axes
-and the operands ``x``, ``y``); nothing here knows an op name. The Plan is injected: tile (BM, BN, BK),
-stages, warp tile, the tail predicates, the epilogue and ``async.epilogue_overlap``. Each operand is
+The contraction is found structurally by the region analysis (``kumiko.region.analysis.find_contraction``:
+batch, M, N, K axes and the operands ``x``, ``y``); nothing here knows an op name. The Plan is injected:
+tile (BM, BN, BK), stages, warp tile, the tail predicates, the epilogue and ``async.epilogue_overlap``. Each operand is
 staged into a shared-memory ring either by cp.async, when it is a plain row-major tile of a MemRef (its
 M/N and K axes are the trailing indices, in one of the two orders; rows 16-byte aligned, checked at run
 time), or by a guarded scalar gather that evaluates the operand's expression at each (row, k) point -
@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel import cexpr as C
-from kumiko.kernel.contract import Contraction, find_contraction
 from kumiko.kernel.gpu_ir import (
     Barrier,
     CommitGroup,
@@ -47,20 +46,14 @@ from kumiko.kernel.gpu_ir import (
 )
 from kumiko.kernel.gpu_simt import decompose, extent, kernel_params, status_params
 from kumiko.kernel.loops import Assign, Decl, Store
-from kumiko.kernel.lower_cpu import CpuLowering
+from kumiko.kernel.lower_base import RegionEmitter
 from kumiko.kernel.pack import advance_counter
+from kumiko.plan.gpu import MMA_DTYPES, mma_operand_dtype, ring_release
 from kumiko.plan.plan import Plan
-from kumiko.region.ssa import Read, Ref, Region, RExpr, VType
+from kumiko.region.analysis import Contraction, analyze
+from kumiko.region.ssa import Read, Region, RExpr, VType
 from kumiko.symbolic import Expr
 
-MMA_DTYPES = ("fp16", "bf16")
-#: plan async.release: how a K loop iteration frees the stage it read (see lower_mma)
-RELEASES = ("trailing", "merged", "registers")
-
-
-def ring_release(plan: Plan) -> str:
-    """The plan's ring schedule (``async.release``); a plan without one has the two-barrier ring."""
-    return plan.get("async_", "release", "trailing")
 PAD = 8                     # halves of padding per smem row: rows stay 16-byte aligned, banks rotate
 
 
@@ -73,20 +66,7 @@ class MmaLowering:
     scratch: tuple | None = None
 
 
-def mma_operand_dtype(lo: CpuLowering, c: Contraction) -> str | None:
-    """The 16-bit dtype both operands have (the MMA path's requirement), else None."""
-    tx, ty = lo.dt(c.x), lo.dt(c.y)
-    if tx is None or ty is None or tx is not ty or tx.name not in MMA_DTYPES:
-        return None
-    return tx.name
-
-
-def probe(region: Region, syms: tuple) -> tuple[CpuLowering, Contraction | None]:
-    lo = CpuLowering(region, syms, "probe")
-    return lo, find_contraction(lo)
-
-
-def _vec_access(lo: CpuLowering, e: RExpr, s_axes: tuple, k_axes: tuple) -> tuple[str, VecAccess] | None:
+def _vec_access(lo: RegionEmitter, e: RExpr, s_axes: tuple, k_axes: tuple) -> tuple[str, VecAccess] | None:
     """(layout, access) when ``e`` is a plain 2-D tile of a 16-bit MemRef: the trailing indices are
     exactly the operand's s axes then its K axes (``sk``: K contiguous) or K then s (``ks``), bare, with
     the MemRef's extents equal to the axes' sizes; leading indices use neither."""
@@ -121,7 +101,7 @@ def _below(size, limit: int) -> bool:
     return n is not None and n < limit
 
 
-def _operand(lo: CpuLowering, c: Contraction, side: str, ring: str, allow_ks: bool) -> tuple[OperandLoad, str]:
+def _operand(lo: RegionEmitter, c: Contraction, side: str, ring: str, allow_ks: bool) -> tuple[OperandLoad, str]:
     e = c.x if side == "x" else c.y
     s_axes = c.m_axes if side == "x" else c.n_axes
     k_axes = tuple(a.name for a in c.k_axes)
@@ -148,30 +128,16 @@ def _operand(lo: CpuLowering, c: Contraction, side: str, ring: str, allow_ks: bo
                        tuple(gather), vec, tuple(run_k), advance_k), layout
 
 
-def _epilogue_code(lo: CpuLowering, c: Contraction, acc_var: str, skip: str) -> tuple:
-    """The region's lets after the accumulator at one element, then the store (as contract.py does)."""
-    lo.storage = {skip: ("scalar", acc_var)}
-    out: list = []
-    lo.red_axes = []
-    for let in lo.r.lets:
-        if let.name == skip:
-            continue
-        v = lo.expr(let.expr, out, lo.types[let.name].dtype)
-        lo.storage[let.name] = ("scalar", f"v_{let.name}")
-        out.append(Decl(C.COMPUTE[lo.types[let.name].dtype.name], f"v_{let.name}", v))
-    out += lo.store(Ref(lo.r.yields[0].src))
-    return tuple(out)
-
-
 def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering:
     """Instantiate the MMA skeleton for ``region`` under ``plan`` (raises E1801 when it does not apply)."""
-    lo, c = probe(region, syms)
-    lo.name = name
+    facts = analyze(region)
+    c = facts.contraction
+    lo = RegionEmitter(region, syms, name, facts=facts)
     at = f"region {region.name}"
     if c is None:
         raise KumikoError("E1801", at=at, why="an MMA plan needs a contraction and this region has none",
                           suggestion='use algo_choice {"region": "simt"}')
-    dt = mma_operand_dtype(lo, c)
+    dt = mma_operand_dtype(facts, c)
     if dt is None:
         raise KumikoError("E1801", at=at, why=f"mma.sync needs fp16 or bf16 operands, the contraction's are "
                           f"{lo.dt(c.x)} and {lo.dt(c.y)}", suggestion='use algo_choice {"region": "simt"}')
@@ -215,7 +181,7 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
         used = " ".join(repr(x) for x in body)      # a window axis is declared where the window row's code uses it
         wcode = [d for d in decl_m_w if re.search(rf"\b{d.name}\b", used)] + body
         outer_let = next(x.name for x in lo.r.lets if x.expr == c.outer)
-        code = _epilogue_code(lo, c, "kk_red", outer_let)
+        code = tuple(lo.point_code(outer_let, "kk_red"))
         ws = 1
         for a in c.outer.axes:
             ws *= int(a.size)
@@ -224,7 +190,7 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
     else:
         decompose(lo, "kk_gm", c.m_axes, decl_m)
         if c.pointwise:
-            code = _epilogue_code(lo, c, "kk_acc", c.let)
+            code = tuple(lo.point_code(c.let, "kk_acc"))
         else:
             axes = lo.types[c.let].axes
             var = f"a_{c.let}"

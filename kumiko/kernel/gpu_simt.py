@@ -8,11 +8,12 @@ computed where it is used (inside the reduction over its row, or in the final st
 inner axes), once per use scope. A row softmax is therefore three passes over its row per thread -
 max, sum, store - each recomputing the row's values from the inputs (or from a contraction's
 accumulator that the MMA kernel wrote, see ``gpu_mma``). Expressions are the CPU emitter's C strings
-(``CpuLowering.expr``): CUDA C accepts the same math, with the prelude's device helpers.
+(``RegionEmitter.expr``, ``kumiko.kernel.lower_base``): CUDA C accepts the same math, with the prelude's
+device helpers.
 
 Where a row is contiguous in memory (a softmax or layernorm over the last axis, a row sum), one thread
 per row would read rows a row apart in every warp instruction; the plan then binds a row to a *warp*
-(``bind.point = "warp"``, ``simt_binding``): the lanes stride over the row together (coalesced), the
+(``bind.point = "warp"``, ``kumiko.plan.gpu.simt_binding``): the lanes stride over the row together (coalesced), the
 row-level lets' top-level reductions become lane-strided loops combined by a shuffle butterfly (every
 lane gets the result), and the store loop is lane-strided too (lane 0 stores a point with no inner
 axes). Reductions nested inside another (per-lane) loop, and ones not in fp32, stay serial per lane -
@@ -25,13 +26,14 @@ from kumiko import dtypes
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.gpu_ir import Param, SimtKernel
 from kumiko.kernel.loops import Assign, Decl, For, If
-from kumiko.kernel.lower_cpu import CpuLowering, reused_reduce_axes
-from kumiko.region.srnf import children
-from kumiko.region.ssa import Guard, Read, Reduce, Ref, Region, RExpr, Select
-from kumiko.symbolic import Expr, prod
+from kumiko.kernel.lower_base import RegionEmitter
+from kumiko.plan.gpu import WARP
+from kumiko.region.analysis import row_axes
+from kumiko.region.ssa import Guard, Reduce, Ref, Region, RExpr, Select
+from kumiko.symbolic import prod
 
 
-def decompose(lo: CpuLowering, flat: str, axes: tuple, out: list, sizes: tuple | None = None) -> None:
+def decompose(lo: RegionEmitter, flat: str, axes: tuple, out: list, sizes: tuple | None = None) -> None:
     """``long long a = ...`` for each axis from a row-major flat index over ``axes`` (of ``sizes``, C
     expressions; default: the axes' sizes)."""
     rest = flat
@@ -45,11 +47,11 @@ def decompose(lo: CpuLowering, flat: str, axes: tuple, out: list, sizes: tuple |
             rest = f"({rest}) / {size}"
 
 
-def extent(lo: CpuLowering, axes) -> str:
+def extent(lo: RegionEmitter, axes) -> str:
     return C.index(prod([lo.sizes[a] for a in axes]) if axes else 1, set())
 
 
-def kernel_params(lo: CpuLowering, extra: tuple = ()) -> tuple:
+def kernel_params(lo: RegionEmitter, extra: tuple = ()) -> tuple:
     """The ABI every generated kernel of a region shares: its MemRefs (inputs const), then scratch
     arrays, then the program's size symbols as ``long long`` scalars (sorted names)."""
     ps = [Param(lo.cname[n], C.STORAGE[m.dtype.name], const=n in dict(lo.r.inputs)) for n, m in lo.memrefs.items()]
@@ -58,78 +60,20 @@ def kernel_params(lo: CpuLowering, extra: tuple = ()) -> tuple:
     return tuple(ps)
 
 
-def status_params(lo: CpuLowering) -> tuple:
+def status_params(lo: RegionEmitter) -> tuple:
     """The status word of a kernel that checks data-dependent (gather) indices: an out-of-range index sets the
     thread's ``kk_bad`` (the lowering reads element 0 instead), and the kernel then stores
     ``STATUS_BAD_INDEX`` to ``*kk_status``, which the runtime reads after the launches (E1015, as on the CPU)."""
     return (Param("kk_status", "int"),) if lo.uses_gather else ()
 
 
-#: lanes of a warp (the warp binding's stride)
-WARP = 32
-
-
-def row_axes(region: Region, precomputed=()) -> tuple[tuple, tuple]:
-    """(inner, outer) iters: inner ones some let (other than the ``precomputed`` ones) reduces over."""
-    iters = [a.name for a in region.iters]
-    inner: set = set()
-    for let in region.lets:
-        if let.name not in precomputed:
-            inner |= reused_reduce_axes(let.expr, set(iters))
-    return tuple(a for a in iters if a in inner), tuple(a for a in iters if a not in inner)
-
-
-def _top_reduces(e: RExpr):
-    """The reductions in ``e`` that no other reduction encloses."""
-    if isinstance(e, Reduce):
-        yield e
-        return
-    for c in children(e):
-        yield from _top_reduces(c)
-
-
-def _last_indices(e: RExpr):
-    """The fastest-varying index of every Read in ``e``, when it is one bare axis (else None)."""
-    if isinstance(e, Read):
-        yield None if e.flat or not e.index else Expr.lift(e.index[-1]).as_symbol()
-    for c in children(e):
-        yield from _last_indices(c)
-
-
-def simt_binding(region: Region, precomputed=()) -> str:
-    """Whether a SIMT point (row) binds to a ``"warp"`` or a ``"thread"``, from the access maps: a warp when
-    its lanes would read memory in order - the rows (inner axes) include the fastest-varying iter (a softmax
-    or layernorm over the last axis), or the region reduces along the fastest index of what it reads and
-    reads nothing along its last outer iter (a row sum; a GEMM's B is read along N, which threads of
-    adjacent points read in order) - and the rows are not constantly shorter than a warp. Otherwise adjacent
-    threads take adjacent points, which is then the coalesced order."""
-    inner, outer = row_axes(region, precomputed)
-    iters = [a.name for a in region.iters]
-    if inner and iters[-1] in inner:
-        n = prod([a.size for a in region.iters if a.name in inner])
-        return "thread" if isinstance(n, int) and n < WARP else "warp"
-    along, across = [], False
-    for let in region.lets:
-        if let.name in precomputed:
-            continue
-        for r in _top_reduces(let.expr):
-            axes = {a.name for a in r.axes}
-            lasts = set(_last_indices(r.body))
-            if lasts & axes:
-                along.append(prod([a.size for a in r.axes]))
-            across |= bool(outer) and outer[-1] in lasts
-    if not along or across:
-        return "thread"
-    return "thread" if all(isinstance(n, int) and n < WARP for n in along) else "warp"
-
-
-class SimtLowering(CpuLowering):
-    """CpuLowering whose Refs to row-varying lets are recomputed at the use (memoised per scope);
+class SimtLowering(RegionEmitter):
+    """The shared expression emitter whose Refs to row-varying lets are recomputed at the use (memoised per scope);
     ``warp``: a row per warp, its top-level row reductions lane-strided and combined by shuffles."""
 
     def __init__(self, region: Region, syms: tuple, name: str, precomputed: dict | None = None,
                  warp: bool = False):
-        super().__init__(region, syms, name, parallel=False)
+        super().__init__(region, syms, name)
         self.precomputed = dict(precomputed or {})          # let -> ("array", var, axes) in gmem scratch
         self.inner, self.outer = row_axes(self.r, self.precomputed)
         self.warp = warp

@@ -27,10 +27,7 @@ from __future__ import annotations
 
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.gpu_ir import Barrier, CommitGroup, Compute, KLoop, LoadFrag, LoadTile, MmaFrag, MmaKernel, WaitGroup
-
-#: per-block shared memory limits (bytes) and the register file limit per thread
-SMEM_LIMIT = {"sm80": 166912, "sm90": 232448}
-MAX_REGISTERS = 255
+from kumiko.plan.gpu import MAX_REGISTERS, SMEM_LIMIT
 
 
 def _fail(k: MmaKernel, hazard: str, why: str, suggestion: str | None = None) -> KumikoError:

@@ -22,9 +22,10 @@ iterations on the borders. A reduction in scalar context is vectorised along its
 of the emitter is the ``VectorEmitter`` mixin in ``kumiko.kernel.lower_vec`` (which says what vectorises
 and what stays scalar).
 
-Vector code is only emitted by a plain ``CpuLowering`` in ``emit_items`` (the CPU target): subclasses
-that override the element emitters (the CUDA SIMT lowering, the stream row program) and the CUDA
-paths that call ``expr`` directly get the scalar C they always got.
+The expression emitter itself (reads, gathers, selects, scalar reductions, the store) is the shared
+``RegionEmitter`` (``kumiko.kernel.lower_base``), which the CUDA lowerings use too; vector code is only
+emitted by ``CpuLowering.emit_items``, and a caller that emits expressions outside a nest (a contraction's
+packing and epilogue) gets scalar C with the CPU's math.
 """
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ from dataclasses import dataclass, field
 from kumiko import dtypes, ops
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import (
-    Assign,
     Block,
     Decl,
     For,
@@ -46,27 +46,16 @@ from kumiko.kernel.loops import (
     Stmt,
     Store,
 )
+from kumiko.kernel.lower_base import RegionEmitter
 from kumiko.kernel.lower_vec import NotVector, VectorCtx, VectorEmitter
-from kumiko.region.srnf import children
+from kumiko.region.analysis import RegionFacts, contains, depth, let_refs, reused_reduce_axes
 from kumiko.region.ssa import (
-    Binary,
-    BroadcastInDim,
-    Cast,
-    Const,
-    Gather,
-    Guard,
     Let,
-    Read,
     Reduce,
     Ref,
     Region,
     RExpr,
-    Select,
-    Transpose,
-    Typer,
-    Unary,
     VType,
-    typecheck,
 )
 from kumiko.symbolic import Expr, prod
 
@@ -85,42 +74,20 @@ class _Item:
 #: a scratch array of at most this many bytes with a constant size lives on the stack
 STACK_SCRATCH_BYTES = 16384
 _CSIZE = {"float": 4, "double": 8, "int32_t": 4, "int": 4}
-#: the element emitters a subclass may override; one that does gets scalar code only
-_EMITTERS = ("expr", "select", "reduce", "store", "emit_items")
 
 
-def let_refs(e: RExpr, red: tuple = ()) -> list[tuple[str, tuple]]:
-    """(let name, reduce axes in scope at the reference) for every Ref inside ``e``."""
-    if isinstance(e, Ref):
-        return [(e.name, red)]
-    if isinstance(e, Reduce):
-        red = red + tuple(a.name for a in e.axes)
-    return [r for k in children(e) for r in let_refs(k, red)]
+class CpuLowering(VectorEmitter, RegionEmitter):
+    """The region's loop nest (see the module docstring) on the shared expression emitter, with the CPU's
+    own math: a float exp2 is ``kumiko_cpu.h``'s ``kumiko_exp2``, the scalar twin of the lanes' ``kv_exp2``
+    (vectorisable, and the same bits in a vector loop's lanes and its tail, or in a GEMM's epilogue)."""
 
-
-class CpuLowering(VectorEmitter):
-    def __init__(self, region: Region, syms: tuple, name: str, parallel: bool = True):
-        self.r, self.types = typecheck(region)
-        self.syms = syms
-        self.name = name
+    def __init__(self, region: Region, syms: tuple, name: str, parallel: bool = True,
+                 facts: RegionFacts | None = None):
+        super().__init__(region, syms, name, facts)
         self.parallel = parallel
-        self.sizes = {a.name: a.size for a in self.r.iters}
-        self.extent: dict = {}                   # axis -> loop trip count when it differs from its size
-        self.iters = _loop_order([a.name for a in self.r.iters], self.r.lets, self.types)
-        self.memrefs = dict(self.r.inputs)
-        self.memrefs.update({o.name: o.memref for o in self.r.outputs})
-        self.cname = {n: f"b{k}" for k, n in enumerate(list(self.memrefs))}
-        self.ty = Typer(self.r.name, self.r.iters, self.memrefs)
-        self.ty.lets.update(self.types)
-        self.n_tmp = 0
-        self.storage: dict[str, tuple] = {}      # let -> ("scalar", var) | ("array", var, axes)
-        self.red_axes: list = []                 # reduce axes (and gather vars) in scope while emitting
-        self.uses_gather = False                 # the kernel checks data-dependent indices (kk_bad)
-        self.reversed_reduce = False             # a scalar reduction reads backwards (Kernel.no_loop_vectorize)
         self.staged = False                      # a contraction reads B from a stage (stage micro-kernel)
-        self.vectorize = True                    # kv_* loops where safe (CPU nests of a plain CpuLowering)
-        self._nest = False                       # emitting a CPU nest: kumiko_cpu.h's vectors and exp2
-        self.cpu_math = False                    # kumiko_cpu.h's exp2 outside a nest too (a GEMM's epilogue)
+        self.vectorize = True                    # kv_* loops where safe
+        self._nest = False                       # emitting a loop nest (vector loops may be made)
         self._vctx: VectorCtx | None = None      # the vector loop (or reduction) being emitted
         self._vnames: set = set()                # lets held as vectors right now (never read as scalars)
         self._fuse: tuple | None = None          # (emit a loop's body, Reduce): hreduce may run it in its loops
@@ -128,8 +95,7 @@ class CpuLowering(VectorEmitter):
 
     # scheduling ------------------------------------------------------------------------------------
     def level(self, let_name: str) -> int:
-        axes = self.types[let_name].axes
-        return max((self.iters.index(a) + 1 for a in axes), default=0)
+        return depth(self.types[let_name].axes, self.iters)
 
     def cap(self, let: Let) -> int:
         """A let reducing over an iter axis x needs every x: it lives outside x's loop (level <= x)."""
@@ -207,131 +173,34 @@ class CpuLowering(VectorEmitter):
                 self.storage[name] = ("array", f"a_{name}", dims)
                 self.decl_at.setdefault(it.path[:shared], []).append(name)
 
-    # emission ----------------------------------------------------------------------------------------
-    def trip(self, axis: str, size=None):
-        """How far the loops over ``axis`` run: its size, unless ``extent`` cuts them short (a caller that
-        computes a prefix of the axis; array strides keep using ``sizes``)."""
-        return self.extent.get(axis, self.sizes[axis] if size is None else size)
+    # the vector half's hooks into the scalar emitter -----------------------------------------------------
+    def expr(self, e: RExpr, out: list, hint: dtypes.DType | None = None) -> str:
+        if isinstance(e, Ref) and e.name in self._vnames:
+            raise NotVector(e.name)
+        return super().expr(e, out, hint)
 
-    def tmp(self) -> str:
-        self.n_tmp += 1
-        return f"t{self.n_tmp}"
-
-    def ctype(self, e: RExpr) -> str:
-        t = self.ty.type_of(e)[1]
-        return C.COMPUTE[t.dtype.name] if t is not None else "float"
-
-    def dt(self, e: RExpr) -> dtypes.DType | None:
-        t = self.ty.type_of(e)[1]
-        return t.dtype if t is not None else None
-
-    def axes_in_scope(self) -> set:
-        return set(self.iters) | set(self.red_axes)
-
-    def expr(self, e: RExpr, out: list, hint: dtypes.DType | None = None) -> str:  # noqa: C901
-        if isinstance(e, Const):
-            return C.literal(e.value, e.dtype or hint)
-        if isinstance(e, Ref):
-            if e.name in self._vnames:
-                raise NotVector(e.name)
-            kind = self.storage[e.name]
-            if kind[0] == "scalar":
-                return kind[1]
-            return f"{kind[1]}[{self.scratch_offset(kind[2])}]"
-        if isinstance(e, Read):
-            m = self.memrefs[e.tensor]
-            off_e = Expr.lift(e.index[0]) if e.flat else C.offset_expr(e.index, m.shape)
-            strides = [C.stride(off_e, a) for a in self.red_axes if a in off_e.symbols()]
-            if any(k is None or k < 0 for k in strides):   # backwards, or through a floor division
-                self.reversed_reduce = True
-            return C.load(self.cname[e.tensor], C.index(off_e, self.axes_in_scope()), m.dtype)
-        if isinstance(e, Gather):
-            by = self.expr(e.by, out)
-            var = e.var
-            out.append(Decl("long long", var, f"(long long)({by})"))
-            self.red_axes.append(var)
-            m = self.memrefs[e.tensor]
-            off = C.offset(e.index, m.shape, self.axes_in_scope())
-            total = C.index(prod(m.shape) if m.shape else 1, set())
-            # a data-dependent index is checked: out of range sets the kernel's error flag, reads element 0
-            out.append(If(f"({off}) < 0 || ({off}) >= {total}", (Assign("kk_bad", "1"), Assign(var, "0"))))
-            v = C.load(self.cname[e.tensor], off, m.dtype)
-            self.red_axes.remove(var)
-            self.uses_gather = True
-            return v
-        if isinstance(e, Unary):
-            ct, twin = self.ctype(e), ops.BY_FN[e.fn].c_cpu
-            if twin is not None and ct == "float" and (self._nest or self.cpu_math):
-                return twin.format(x=self.expr(e.x, out))     # the scalar twin of the lanes' kv_* helper
-            return C.unary(e.fn, self.expr(e.x, out), ct)
-        if isinstance(e, Cast):
-            src = self.dt(e.x)
-            return C.cast(self.expr(e.x, out), src or e.to, e.to)
-        if isinstance(e, Binary):
-            hint2 = self.dt(e.x) or self.dt(e.y)
-            a, b = self.expr(e.x, out, hint2), self.expr(e.y, out, hint2)
-            return C.binary(e.fn, a, b, C.COMPUTE[hint2.name] if hint2 else "float")
-        if isinstance(e, (BroadcastInDim, Transpose)):
-            return self.expr(e.operand, out, hint)
-        if isinstance(e, Select):
-            return self.select(e, out, hint)
-        if isinstance(e, Reduce):
-            return self.reduce(e, out)
-        raise TypeError(e)
-
-    def select(self, e: Select, out: list, hint) -> str:
-        ct = self.ctype(e)
-        dt = self.dt(e) or hint
-        v = self.tmp()
-        if isinstance(e.pred, Guard):
-            cond = " && ".join(f"({C.index(c, self.axes_in_scope())} {'>=' if op == 'ge' else '=='} 0)"
-                               for c, op in e.pred.constraints)
-            then: list = []
-            tv = self.expr(e.then, then, dt)
-            other: list = []
-            ov = self.expr(e.other, other, dt)
-            out.append(Decl(ct, v))
-            out.append(If(cond, tuple(then) + (Assign(v, tv),), tuple(other) + (Assign(v, ov),)))
-            return v
-        p = self.expr(e.pred, out)
-        tv, ov = self.expr(e.then, out, dt), self.expr(e.other, out, dt)
-        out.append(Decl(ct, v, f"({p}) ? ({tv}) : ({ov})"))
-        return v
+    def unary(self, fn: str, x: str, ct: str) -> str:
+        twin = ops.BY_FN[fn].c_cpu
+        if twin is not None and ct == "float":
+            return twin.format(x=x)     # kumiko_cpu.h's scalar twin of the lanes' kv_* helper
+        return super().unary(fn, x, ct)
 
     def reduce(self, e: Reduce, out: list) -> str:
         if self._nest:
             acc = self.hreduce(e, out)
             if acc is not None:
                 return acc
-        ct = C.COMPUTE[e.dtype.name]
-        acc = self.tmp()
-        out.append(Decl(ct, acc, C.literal(e.init, e.dtype)))
-        self.ty.add_axes(e.axes)
-        for a in e.axes:
-            self.red_axes.append(a.name)
-        body: list = []
-        v = self.expr(e.body, body, e.dtype)
-        bt = self.dt(e.body)
-        if bt is not None and bt is not e.dtype:
-            v = C.cast(v, bt, e.dtype)
-        upd = C.reduce_update(e.op, acc, v, ct)
-        inner: tuple = tuple(body) + (Assign(acc, upd),)
-        for a in reversed(e.axes):
-            inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)
-        for a in e.axes:
-            self.red_axes.remove(a.name)
-        out.append(Block(inner))
-        return acc
+        return super().reduce(e, out)
 
-    def scratch_expr(self, dims: tuple) -> Expr:
-        return C.offset_expr(tuple(Expr.sym(a) for a in dims), tuple(self.sizes[a] for a in dims))
+    def store(self, value: RExpr) -> list:
+        if self._vctx is not None:
+            return self.vstore(value)
+        return super().store(value)
 
-    def scratch_offset(self, dims: tuple) -> str:
-        return C.offset(tuple(Expr.sym(a) for a in dims), tuple(self.sizes[a] for a in dims), self.axes_in_scope())
-
+    # emission ----------------------------------------------------------------------------------------
     def emit_items(self, items: list, path: tuple) -> list:
         outer = self._nest
-        self._nest = self.vectorize and all(getattr(type(self), m) is getattr(CpuLowering, m) for m in _EMITTERS)
+        self._nest = self.vectorize
         try:
             return self._emit_items(items, path)
         finally:
@@ -392,7 +261,7 @@ class CpuLowering(VectorEmitter):
         return (isinstance(e, Reduce) and len(e.axes) == 1 and e.axes[0].name == it.axis
                 and Expr.lift(self.trip(it.axis)) == Expr.lift(self.trip(it.axis, e.axes[0].size))
                 and self.storage.get(nxt.let.name, ("",))[0] == "scalar"
-                and not any(_has_reduce(x.let.expr) for x in it.items))
+                and not any(contains(x.let.expr, (Reduce,)) for x in it.items))
 
     def _fused_loop(self, it, path: tuple, red: Let) -> list:
         """The loop ``it`` inside the vector loops of the reduction ``red`` (one pass over the row instead
@@ -450,20 +319,6 @@ class CpuLowering(VectorEmitter):
             loops = (For(a, "0", C.index(self.trip(a), set()), loops),)
         return Block(loops)
 
-    def store(self, value: RExpr) -> list:
-        if self._vctx is not None:
-            return self.vstore(value)
-        stmts: list = []
-        v = self.expr(value, stmts)
-        src = self.types[self.r.yields[0].src].dtype
-        for y in self.r.yields:
-            m = self.memrefs[y.to]
-            w = C.cast(v, src, y.cast) if y.cast is not None else v
-            out_axes = tuple(a.name for a in self.r.iters)        # the MemRef's layout, not the loop order
-            off = C.offset(tuple(Expr.sym(a) for a in out_axes), m.shape, set(out_axes))
-            stmts.append(Store(self.cname[y.to], off, C.store_value(w, m.dtype)))
-        return stmts
-
     def lower(self) -> Kernel:
         tree = self.schedule()
         self.plan_storage(tree)
@@ -474,36 +329,6 @@ class CpuLowering(VectorEmitter):
                        for n, m in self.memrefs.items())
         return Kernel(self.name, params, self.syms, tuple(body), self.r.notes, gather_check=self.uses_gather,
                       no_loop_vectorize=self.reversed_reduce)
-
-
-def _has_reduce(e: RExpr) -> bool:
-    return isinstance(e, Reduce) or any(_has_reduce(k) for k in children(e))
-
-
-def reused_reduce_axes(e: RExpr, iters: set) -> set:
-    """Iter axes that a reduction inside ``e`` reduces over (seed 001 §6.8.3: ``reduce(max, [n], S)``)."""
-    out = {a.name for a in e.axes if a.name in iters} if isinstance(e, Reduce) else set()
-    for k in children(e):
-        out |= reused_reduce_axes(k, iters)
-    return out
-
-
-def _loop_order(iters: list, lets: tuple, types: dict) -> list:
-    """Loop order: an axis that a let reduces over runs inside that let's own axes, so the reduction
-    sees the whole axis (a softmax over axis 0 iterates columns outermost). Stable otherwise; when the
-    constraints cycle, the original order is kept and such lets become array phases."""
-    after: dict = {a: set() for a in iters}
-    for let in lets:
-        for x in reused_reduce_axes(let.expr, set(iters)):
-            after[x] |= {a for a in types[let.name].axes if a != x}
-    order, left = [], list(iters)
-    while left:
-        pick = next((a for a in left if not (after[a] & set(left))), None)
-        if pick is None:
-            return list(iters)
-        order.append(pick)
-        left.remove(pick)
-    return order
 
 
 def _strip_scratch(s: Stmt, found: list) -> Stmt:

@@ -1,7 +1,7 @@
 """The staged B operand of the packed contraction path (``kumiko.kernel.contract``): read B in place
 from a zero-padded copy of its source instead of packing panels.
 
-When every guard of the B operand is a bound of one of its source's dimensions (``pack.stage_bounds``:
+When every guard of the B operand is a bound of one of its source's dimensions (``region.operands.stage_bounds``:
 a convolution's padding), a padded copy of the source - the stage, each dimension widened by the
 farthest its index reaches below 0 or past its end, the border zero - makes every read valid: the
 element behind a failed guard is a border zero. A stage offset is affine in the rows and in K again

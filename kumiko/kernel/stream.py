@@ -36,12 +36,14 @@ import math
 from dataclasses import dataclass
 
 from kumiko.kernel import cexpr as C
-from kumiko.kernel.contract import Contraction, ContractionLowering, find_contraction, pointwise_epilogue
+from kumiko.kernel.contract import ContractionLowering, pointwise_epilogue
 from kumiko.kernel.elide import Elision, masked_elision, prefix_bound
 from kumiko.kernel.loops import Block, Comment, Decl, For, If, Kernel, Param, Raw, Store
-from kumiko.kernel.lower_cpu import CpuLowering, hoisted, reused_reduce_axes
+from kumiko.kernel.lower_cpu import CpuLowering, hoisted
 from kumiko.kernel.micro import micro_name
 from kumiko.plan.plan import Plan
+from kumiko.region.analysis import Contraction, RegionFacts, analyze, reused_reduce_axes
+from kumiko.region.srnf import children
 from kumiko.region.ssa import Guard, Program, Read, Reduce, Ref, RExpr, Select
 from kumiko.symbolic import Expr
 
@@ -51,9 +53,9 @@ BLOCK_MICRO_ROWS = 4
 
 @dataclass
 class RowPipe:
-    lo0: CpuLowering
+    f0: RegionFacts            # the producer region's facts
     c0: Contraction
-    lo1: CpuLowering
+    f1: RegionFacts            # the consumer's
     c1: Contraction
     p: str                     # the deferred buffer the pair never writes
     guards: tuple              # Guard, ...: the accumulator of c0 is only consumed where one holds
@@ -65,11 +67,8 @@ def _reads(e: RExpr) -> set:
     if isinstance(e, Read):
         return {e.tensor}
     out: set = set()
-    for k in ("x", "y", "then", "other", "operand", "by", "body"):
-        if hasattr(e, k):
-            out |= _reads(getattr(e, k))
-    if isinstance(e, Select) and not isinstance(e.pred, Guard):
-        out |= _reads(e.pred)
+    for k in children(e):
+        out |= _reads(k)
     return out
 
 
@@ -97,14 +96,8 @@ def acc_guards(lets: tuple, acc: str, yielded: tuple = ()) -> tuple | None:
                 return None
             return t or o
         hit = False
-        for k in ("x", "y", "then", "other", "operand", "by", "body"):
-            if hasattr(e, k):
-                r = walk(getattr(e, k), guard, reduced or isinstance(e, Reduce))
-                if r is None:
-                    return None
-                hit = hit or r
-        if isinstance(e, Select) and not isinstance(e.pred, Guard):
-            r = walk(e.pred, guard, reduced)
+        for k in children(e):
+            r = walk(k, guard, reduced or isinstance(e, Reduce))
             if r is None:
                 return None
             hit = hit or r
@@ -139,19 +132,19 @@ def find_pipe(program: Program, k: int, syms: tuple, plans: dict) -> RowPipe | N
             any(p in dict(r.inputs) for j, r in enumerate(program.regions) if j != k + 1) or \
             p not in dict(r1.inputs) or len(r0.yields) != 1 or r0.yields[0].cast is not None:
         return None
-    lo0 = CpuLowering(r0, syms, "probe0")
-    c0 = find_contraction(lo0)
+    f0 = analyze(r0)
+    c0 = f0.contraction
     if c0 is None or c0.outer is not None or len(c0.m_axes) != 1 or len(c0.n_axes) != 1:
         return None
     (m0,), (n0,) = c0.m_axes, c0.n_axes
     iters0 = [a.name for a in r0.iters]
-    if set(lo0.types[c0.let].axes) != set(iters0) or iters0 != [*c0.batch, m0, n0]:
+    if set(f0.types[c0.let].axes) != set(iters0) or iters0 != [*c0.batch, m0, n0]:
         return None       # P is laid out [batch..., M, N]: a block's rows are one contiguous slab
     rest = [x for x in r0.lets if x.name != c0.let]
     if any(not reused_reduce_axes(x.expr, set(iters0)) <= {n0} for x in rest):
         return None
-    lo1 = CpuLowering(r1, syms, "probe1")
-    c1 = find_contraction(lo1)
+    f1 = analyze(r1)
+    c1 = f1.contraction
     if c1 is None or c1.outer is not None or not c1.pointwise or len(c1.m_axes) != 1 or len(c1.k_axes) != 1:
         return None
     x1 = c1.x
@@ -165,15 +158,15 @@ def find_pipe(program: Program, k: int, syms: tuple, plans: dict) -> RowPipe | N
     to1 = dict(zip(iters0, names))
     if to1[n0] != c1.k_axes[0].name or to1[m0] != c1.m_axes[0] or tuple(to1[a] for a in c0.batch) != c1.batch:
         return None
-    size1 = dict(lo1.sizes, **{a.name: a.size for a in c1.k_axes})
-    if any(Expr.lift(lo0.sizes[a]) != Expr.lift(size1[to1[a]]) for a in iters0):
+    size1 = dict(f1.sizes, **{a.name: a.size for a in c1.k_axes})
+    if any(Expr.lift(f0.sizes[a]) != Expr.lift(size1[to1[a]]) for a in iters0):
         return None
     guards = acc_guards(r0.lets, c0.let, tuple(y.src for y in r0.yields)) or ()
     elide, bound = None, ""
     if guards:
         bound = prefix_bound(guards, m0, n0, "kk_mhi", set(iters0), lambda e: C.index(e, {"kk_mhi"})) or ""
-        elide = masked_elision(r0.lets, c0.let, n0, guards, r0.yields[0].src, lo0.types) if bound else None
-    return RowPipe(lo0, c0, lo1, c1, p, guards, elide, bound if elide is not None else "")
+        elide = masked_elision(r0.lets, c0.let, n0, guards, r0.yields[0].src, f0.types) if bound else None
+    return RowPipe(f0, c0, f1, c1, p, guards, elide, bound if elide is not None else "")
 
 
 def _rewrite(s, on_for):
@@ -219,13 +212,15 @@ def block_rows(mr0: int, mr1: int) -> int:
 
 def lower_pipe(pipe: RowPipe, plan0: Plan, plan1: Plan, syms: tuple, name: str, cname: dict,
                notes: tuple) -> Kernel:
-    lo0, c0, lo1, c1 = pipe.lo0, pipe.c0, pipe.lo1, pipe.c1
+    c0, c1 = pipe.c0, pipe.c1
+    lo0 = CpuLowering(pipe.f0.region, syms, name, facts=pipe.f0)
+    lo1 = CpuLowering(pipe.f1.region, syms, name, facts=pipe.f1)
     lo0.cname = lo1.cname = cname
     try:
-        rp = _row_program(pipe)
+        rp = _row_program(pipe, lo0)
     except ValueError:             # the elision's row checks have nowhere to go: every column, every block
         pipe = dataclasses.replace(pipe, elide=None, bound="")
-        rp = _row_program(pipe)
+        rp = _row_program(pipe, lo0)
     (mr, nr), (mr1, nr1) = plan0.micro, plan1.micro
     vw = plan0.vector_width
     kc, kc1 = plan0.tile[2], plan1.tile[2]
@@ -348,7 +343,7 @@ def lower_pipe(pipe: RowPipe, plan0: Plan, plan1: Plan, syms: tuple, name: str, 
                 f"kk_O + ir*kk_N1p + jr, kk_N1p, pc > kk_klo);\n"
                 "}")
     tiles1 = For("jr", "0", "kk_N1p", (For("ir", "0", "kk_mcb1", (call1,), step=str(mr1)),), step=str(nr1))
-    blk += [Block(tuple(bat0) + (pack_a, tiles)), rp, krange, tiles1, _epilogue1(pipe, cl1)]
+    blk += [Block(tuple(bat0) + (pack_a, tiles)), rp, krange, tiles1, _epilogue1(c1, cl1)]
     # the thread's tiles and the shared panels persist between calls (kk_scratch: no fresh pages per call)
     s.append(Raw("#pragma omp parallel\n{\n"
                  f"float* kk_A0 = (float*)kk_scratch(7, sizeof(float) * (size_t)({bm} * kk_K0));\n"
@@ -368,12 +363,12 @@ def _params(pipe: RowPipe) -> dict:
     """The fused kernel's buffers, in ABI order: the producer's inputs, the consumer's inputs but P,
     then the consumer's outputs. name -> (MemRef, read-only)."""
     out: dict = {}
-    for n, m in pipe.lo0.r.inputs:
+    for n, m in pipe.f0.region.inputs:
         out[n] = (m, True)
-    for n, m in pipe.lo1.r.inputs:
+    for n, m in pipe.f1.region.inputs:
         if n != pipe.p:
             out.setdefault(n, (m, True))
-    for o in pipe.lo1.r.outputs:
+    for o in pipe.f1.region.outputs:
         out[o.name] = (o.memref, False)
     return out
 
@@ -388,7 +383,7 @@ def _skip_condition(pipe: RowPipe, mr: int, nr: int) -> str:
         return ""
     (m0,), (n0,) = pipe.c0.m_axes, pipe.c0.n_axes
     box = {m0: ("kk_mlo", "kk_mhi"), n0: ("kk_nlo", "kk_nhi")}
-    scope = set(pipe.lo0.iters) | {"kk_mlo", "kk_mhi", "kk_nlo", "kk_nhi"}
+    scope = set(pipe.f0.iters) | {"kk_mlo", "kk_mhi", "kk_nlo", "kk_nhi"}
     fails = []
     for g in pipe.guards:
         dead = []
@@ -404,13 +399,13 @@ def _skip_condition(pipe: RowPipe, mr: int, nr: int) -> str:
     return "({ " + bounds + " " + " && ".join(fails) + "; })"
 
 
-def _row_program(pipe: RowPipe) -> Block:
+def _row_program(pipe: RowPipe, lo0: CpuLowering) -> Block:
     """The producer's lets after its contraction on the block's rows, by the generic loop-nest emitter
     (vectorised along N like any row program). Its accumulator is the S tile and its output P the P
     tile: both are named through pointers offset so that the region's own row-major indexing
     (``[batch..., m, n]``) lands in the block's tile - the block's rows are one contiguous slab of P,
     and the S tile has the same row length."""
-    lo0, c0 = pipe.lo0, pipe.c0
+    c0 = pipe.c0
     (m0,), (n0,) = c0.m_axes, c0.n_axes
     rp = copy.copy(lo0)
     rp.r = dataclasses.replace(lo0.r, lets=tuple(x for x in lo0.r.lets if x.name != c0.let))
@@ -473,8 +468,8 @@ def _append_in_loop(stmts: tuple, var: str, names: list, stmt) -> tuple:
     return out
 
 
-def _epilogue1(pipe: RowPipe, cl1: ContractionLowering) -> For:
-    lo, c = pipe.lo1, pipe.c1
+def _epilogue1(c: Contraction, cl1: ContractionLowering) -> For:
+    lo = cl1.lo
     ep: list = []
     cl1.decompose("kk_ic + ii", c.m_axes, ep)
     en: list = []

@@ -8,15 +8,14 @@ follow the usual analysis for a 32 KiB L1 / >= 512 KiB L2: a KC x NR panel of B 
 MC x KC block of A in L2 (MC a multiple of MR near 120), NC large. These are upper bounds: the kernel
 evens the blocks out at run time (equal K blocks, the rows of each thread in equal MR-multiples, N blocks
 of whole window groups when a pooling window is fused). A region whose structure is a contraction (found
-by ``kumiko.kernel.contract.find_contraction``, never by op name) gets the packed algorithm; every other
-region the generic loop nest with its outer loops in parallel.
+by the region analysis, ``kumiko.region.analysis.find_contraction``, never by op name) gets the packed
+algorithm; every other region the generic loop nest with its outer loops in parallel.
 """
 from __future__ import annotations
 
-from kumiko.kernel.contract import find_contraction
-from kumiko.kernel.lower_cpu import CpuLowering
-from kumiko.kernel.pack import panel_sides
 from kumiko.plan.plan import Plan, make_plan
+from kumiko.region.analysis import Contraction, RegionFacts, analyze
+from kumiko.region.operands import orient
 from kumiko.region.srnf import epilogue
 from kumiko.region.ssa import Program, Region
 from kumiko.symbolic import Expr
@@ -65,11 +64,11 @@ def micro_tile(vw: int, rows: int | None = None, cols: int | None = None) -> tup
     return m, vw * max(2, 2 * mr // m)
 
 
-def _panel_extents(c, lo: CpuLowering) -> tuple[int | None, int | None]:
+def _panel_extents(c: Contraction, facts: RegionFacts) -> tuple[int | None, int | None]:
     """How many rows the packed A panels hold and how wide the B side is (the M and N axes, swapped when
     the operands swap), each when it is a compile-time constant."""
-    _, _, swapped = panel_sides(c, lo.memrefs, 1, 1)
-    sizes = {**lo.sizes, **{a.name: a.size for a in (c.outer.axes if c.outer is not None else ())}}
+    swapped = orient(c, facts.memrefs).swapped
+    sizes = {**facts.sizes, **{a.name: a.size for a in (c.outer.axes if c.outer is not None else ())}}
 
     def extent(axes) -> int | None:
         n = 1
@@ -85,12 +84,12 @@ def _panel_extents(c, lo: CpuLowering) -> tuple[int | None, int | None]:
 
 def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
     arch, vw = machine_arch(features)
-    lo = CpuLowering(region, syms, "probe")
-    c = find_contraction(lo)
+    facts = analyze(region)
+    c = facts.contraction
     if c is None:
         return make_plan(arch, algo_choice={"region": "loops"}, vectorize={"width": vw},
                          bind={"outer": "omp"}, epilogue=tuple(epilogue(region)))
-    mr, nr = micro_tile(vw, *_panel_extents(c, lo))
+    mr, nr = micro_tile(vw, *_panel_extents(c, facts))
     mc = max(mr, 120 // mr * mr)
     return make_plan(arch, algo_choice={"contraction": "packed"}, micro=(mr, nr), tile=(mc, 2048 // nr * nr, 256),
                      vectorize={"width": vw, "axis": "n"}, bind={"m.o": "omp", "n.o(pack)": "omp"},

@@ -26,16 +26,81 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_mma import RELEASES, mma_operand_dtype, probe, ring_release
-from kumiko.kernel.gpu_simt import simt_binding
-from kumiko.kernel.gpu_verify import MAX_REGISTERS, SMEM_LIMIT
 from kumiko.plan.plan import Plan, make_plan
-from kumiko.region.srnf import epilogue
-from kumiko.region.ssa import Region
-from kumiko.symbolic import prod
+from kumiko.region.analysis import Contraction, RegionFacts, analyze, row_axes
+from kumiko.region.srnf import children, epilogue
+from kumiko.region.ssa import Read, Reduce, Region, RExpr
+from kumiko.symbolic import Expr, prod
 
 GPU_ARCHS = ("sm80", "sm90")
 SIMT_BINDINGS = ("thread", "warp")
+#: per-block shared memory limits (bytes) and the register file limit per thread: what a plan must fit, what the
+#: GPU IR verifier checks and the emulator enforces
+SMEM_LIMIT = {"sm80": 166912, "sm90": 232448}
+MAX_REGISTERS = 255
+#: lanes of a warp (the SIMT warp binding's stride)
+WARP = 32
+#: the operand dtypes mma.sync takes
+MMA_DTYPES = ("fp16", "bf16")
+#: plan async.release: how a K loop iteration of the MMA skeleton frees the stage it read (``kumiko.kernel.gpu_mma``)
+RELEASES = ("trailing", "merged", "registers")
+
+
+def ring_release(plan: Plan) -> str:
+    """The plan's ring schedule (``async.release``); a plan without one has the two-barrier ring."""
+    return plan.get("async_", "release", "trailing")
+
+
+def mma_operand_dtype(facts: RegionFacts, c: Contraction) -> str | None:
+    """The 16-bit dtype both operands of ``c`` have (the MMA path's requirement), else None."""
+    tx, ty = facts.dtype_of(c.x), facts.dtype_of(c.y)
+    if tx is None or ty is None or tx is not ty or tx.name not in MMA_DTYPES:
+        return None
+    return tx.name
+
+
+def _top_reduces(e: RExpr):
+    """The reductions in ``e`` that no other reduction encloses."""
+    if isinstance(e, Reduce):
+        yield e
+        return
+    for c in children(e):
+        yield from _top_reduces(c)
+
+
+def _last_indices(e: RExpr):
+    """The fastest-varying index of every Read in ``e``, when it is one bare axis (else None)."""
+    if isinstance(e, Read):
+        yield None if e.flat or not e.index else Expr.lift(e.index[-1]).as_symbol()
+    for c in children(e):
+        yield from _last_indices(c)
+
+
+def simt_binding(region: Region, precomputed=()) -> str:
+    """Whether a SIMT point (row) binds to a ``"warp"`` or a ``"thread"``, from the access maps: a warp when
+    its lanes would read memory in order - the rows (inner axes) include the fastest-varying iter (a softmax
+    or layernorm over the last axis), or the region reduces along the fastest index of what it reads and
+    reads nothing along its last outer iter (a row sum; a GEMM's B is read along N, which threads of
+    adjacent points read in order) - and the rows are not constantly shorter than a warp. Otherwise adjacent
+    threads take adjacent points, which is then the coalesced order."""
+    inner, outer = row_axes(region, precomputed)
+    iters = [a.name for a in region.iters]
+    if inner and iters[-1] in inner:
+        n = prod([a.size for a in region.iters if a.name in inner])
+        return "thread" if isinstance(n, int) and n < WARP else "warp"
+    along, across = [], False
+    for let in region.lets:
+        if let.name in precomputed:
+            continue
+        for r in _top_reduces(let.expr):
+            axes = {a.name for a in r.axes}
+            lasts = set(_last_indices(r.body))
+            if lasts & axes:
+                along.append(prod([a.size for a in r.axes]))
+            across |= bool(outer) and outer[-1] in lasts
+    if not along or across:
+        return "thread"
+    return "thread" if all(isinstance(n, int) and n < WARP for n in along) else "warp"
 
 
 @dataclass(frozen=True)
@@ -91,15 +156,17 @@ def _fills_gpu(m: int | None, n: int | None, batch: int | None) -> bool:
 def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
     if arch not in GPU_ARCHS:
         raise KumikoError("E1801", at=f"plan of {region.name}", why=f"{arch!r} is not a GPU arch {GPU_ARCHS}")
-    lo, c = probe(region, syms)
-    dt = mma_operand_dtype(lo, c) if c is not None else None
+    facts = analyze(region)
+    c = facts.contraction
+    dt = mma_operand_dtype(facts, c) if c is not None else None
     if c is None or dt is None:
         why = "no contraction" if c is None else "fp32 operands (mma.sync takes fp16/bf16)"
         return make_plan(arch, algo_choice={"region": "simt"}, threads=256, bind={"point": simt_binding(region)},
                          epilogue=tuple(epilogue(region)), layout_hints={"why_simt": why})
-    m = _const(prod([lo.sizes[a] if a in lo.sizes else 1 for a in c.m_axes]))
-    n = _const(prod([lo.sizes[a] for a in c.n_axes]))
-    batch = _const(prod([lo.sizes[a] for a in c.batch])) if c.batch else 1
+    sizes = facts.sizes
+    m = _const(prod([sizes[a] if a in sizes else 1 for a in c.m_axes]))
+    n = _const(prod([sizes[a] for a in c.n_axes]))
+    batch = _const(prod([sizes[a] for a in c.batch])) if c.batch else 1
     if _fills_gpu(m, n, batch) and c.outer is None:
         # a large problem: 128x128 CTA tiles of 64x64 warp tiles (32 MMAs per k16 step for 8 ldmatrix.x4,
         # twice the 32x32 warp tile's ratio), 4 warps and a 4-stage ring (76 KB), so two CTAs share an SM
@@ -147,8 +214,9 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
                               f"{SIMT_BINDINGS} (a warp needs a multiple of 32 threads)")
     if plan.algo != "mma":
         return plan
-    lo, c = probe(region, syms)
-    if c is None or mma_operand_dtype(lo, c) is None:
+    facts = analyze(region)
+    c = facts.contraction
+    if c is None or mma_operand_dtype(facts, c) is None:
         raise KumikoError("E1801", at=at, why="an MMA plan needs a contraction with fp16/bf16 operands",
                           suggestion='use algo_choice {"region": "simt"}')
     if len(plan.tile) != 3 or not plan.warp_tile or "x" not in str(plan.warp_tile):

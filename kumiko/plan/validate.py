@@ -7,10 +7,9 @@ has; any plan must be for this machine's arch family (a CUDA plan cannot drive t
 from __future__ import annotations
 
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.contract import find_contraction
-from kumiko.kernel.lower_cpu import CpuLowering
 from kumiko.plan.choose import machine_arch
 from kumiko.plan.plan import Plan
+from kumiko.region.analysis import analyze
 from kumiko.region.ssa import Region
 
 
@@ -24,7 +23,7 @@ def validate(plan: Plan, region: Region, syms: tuple, features: dict) -> Plan:
                           suggestion=f"use a width of at most {vw} (arch {arch})")
     if plan.algo != "packed":
         return plan
-    if find_contraction(CpuLowering(region, syms, "probe")) is None:
+    if analyze(region).contraction is None:
         raise KumikoError("E1801", at=at, why="a packed plan needs a contraction (Reduce(sum) of a product) and "
                           "this region has none", suggestion="use algo_choice {\"region\": \"loops\"}")
     if len(plan.micro) != 2 or len(plan.tile) != 3:

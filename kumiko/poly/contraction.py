@@ -54,6 +54,15 @@ class ContractionPattern:
         return d
 
 
+def axis_roles(outs, lhs, rhs) -> dict[str, str]:
+    """The one batch/M/N classifier of a sum of products (this module's patterns and the Region layer's
+    ``kumiko.region.analysis.find_contraction`` both use it): an output dim that both operands read is
+    ``"batch"``, one only the lhs reads ``"m"``, one only the rhs reads ``"n"``, one neither reads
+    ``"free"`` (a size-1 or broadcast dim)."""
+    lhs, rhs = set(lhs), set(rhs)
+    return {v: ("batch" if v in rhs else "m") if v in lhs else "n" if v in rhs else "free" for v in outs}
+
+
 def _ordered_vars(exprs) -> list[str]:
     out: list[str] = []
     for e in exprs:
@@ -100,9 +109,8 @@ def detect(red: IndexInfo, lhs: Access, rhs: Access, lhs_name: str, rhs_name: st
                                   offsets=tuple(offs), affine_offsets=tuple(aff))
     if not all(_plain(e) for e in L + R):
         return ContractionPattern("contraction", **base)
-    batch = tuple(v for v in outs if v in lv and v in rv)
-    m = tuple(v for v in outs if v in lv and v not in rv)
-    n = tuple(v for v in outs if v in rv and v not in lv)
+    roles = axis_roles(outs, lv, rv)
+    batch, m, n = (tuple(v for v in outs if roles[v] == role) for role in ("batch", "m", "n"))
     if any(not (r in lv and r in rv) for r in reds):
         return ContractionPattern("contraction", **base)
     if m and n:

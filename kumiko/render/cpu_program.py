@@ -39,6 +39,7 @@ from kumiko.kernel.lower_cpu import CpuLowering
 from kumiko.kernel.micro import micro_kernel, stage_micro_kernel, vector_types
 from kumiko.kernel.stream import find_pipe, lower_pipe, pipe_buffers
 from kumiko.plan.plan import Plan
+from kumiko.region.analysis import analyze
 from kumiko.region.ssa import Program
 from kumiko.render.c import HEADER, declared_names, render_kernel, render_unit
 
@@ -136,19 +137,18 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             fused_into.add(r1.name)
             calls.append((len(pieces) - 1, (r.name, r1.name), pipe_buffers(pipe), ()))
             continue
-        lo = CpuLowering(r, syms, name)
+        facts = analyze(r)
         kern, micros, packs = None, (), []
-        if plan.algo == "packed":
-            got = lower_contraction_kernels(lo, plan, constants)
-            if got is not None:
-                kern, prepacks = got
-                m = (plan.micro[0], plan.micro[1], plan.vector_width)
-                micros = (("p", *m),) + ((("s", *m),) if lo.staged else ())
-                for pk in prepacks:
-                    pieces.append(_Piece(pk.kernel, (("p", *m),), plan.vector_width))
-                    packs.append((len(pieces) - 1, pk, f"{r.name}.pack_{pk.key}"))
+        if plan.algo == "packed" and facts.contraction is not None:
+            lo = CpuLowering(r, syms, name, facts=facts)
+            kern, prepacks = lower_contraction_kernels(lo, plan, constants)
+            m = (plan.micro[0], plan.micro[1], plan.vector_width)
+            micros = (("p", *m),) + ((("s", *m),) if lo.staged else ())
+            for pk in prepacks:
+                pieces.append(_Piece(pk.kernel, (("p", *m),), plan.vector_width))
+                packs.append((len(pieces) - 1, pk, f"{r.name}.pack_{pk.key}"))
         if kern is None:
-            kern = CpuLowering(r, syms, name).lower()
+            kern = CpuLowering(r, syms, name, facts=facts).lower()
         pieces.append(_Piece(kern, micros, plan.vector_width))
         calls.append((len(pieces) - 1, (r.name,), tuple(n for n, _ in r.inputs) + tuple(o.name for o in r.outputs)
                       + tuple(b for _, _, b in packs), tuple(packs)))

@@ -12,10 +12,10 @@ import pytest
 
 import kumiko
 from kumiko import Tensor
-from kumiko.kernel.contract import ContractionLowering, find_contraction
+from kumiko.kernel.contract import ContractionLowering
 from kumiko.kernel.lower_cpu import CpuLowering
-from kumiko.kernel.pack import stage_bounds
 from kumiko.kernel.stage import span
+from kumiko.region.operands import stage_bounds
 from kumiko.runtime.program import program_symbols
 from kumiko.symbolic import Expr
 from tests.kernel.test_contract_packing import SMALL, check
@@ -26,7 +26,7 @@ def _lowering(g):
     prog = exe._run.program
     (r,) = prog.regions
     lo = CpuLowering(r, program_symbols(prog), "k")
-    return ContractionLowering(lo, find_contraction(lo), exe._run.plans[r.name])
+    return ContractionLowering(lo, lo.facts.contraction, exe._run.plans[r.name])
 
 
 def test_span_of_affine_index_parts():
