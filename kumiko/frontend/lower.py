@@ -143,7 +143,7 @@ def lower_graph(inputs, outputs, tensors, nodes, symbols, name) -> tuple[dict, T
     return table, tiny
 
 
-OP_ALIASES = {"matmul": "MatMul", "gemm": "MatMul", "conv": "Conv2D", "conv2d": "Conv2D"}
+OP_ALIASES = {"matmul": "MatMul", "gemm": "MatMul", "conv": "ConvND", "conv2d": "Conv2D"}
 
 
 def lower_op(b: TinyBuilder, node: Any, args: list) -> list[str]:

@@ -1,8 +1,8 @@
 """Lowering of contractions, windows, normalisation, reductions, gather and cumsum to naive Tiny IR.
 
 Contractions follow tinygrad's dot exactly (reshape -> transpose -> broadcast -> MUL -> REDUCE(SUM)
-over the last axis, seed 000 §0); Conv2D is pad + a sliding-window VIEW + MUL + REDUCE (seed 002
-§5.2); pooling is pad + VIEW + REDUCE; attention is two contractions around the seed's row softmax
+over the last axis, seed 000 §0); windows (Conv, ConvTranspose, pooling in any spatial rank) are in
+``lower_window``, registered with this module; attention is two contractions around the seed's row softmax
 (REDUCE MAX, SUB, MUL log2e, EXP2, REDUCE SUM, FDIV; seed 002 §5.3). A causal mask is a PAD of ones
 seen through an affine VIEW, so later stages see it as the affine predicate ``n <= m``.
 """
@@ -68,180 +68,6 @@ def lower_matmul(ctx: Ctx, args: list) -> str:
             t = ctx.b.permute(t, perm)
             a, w = (t, w) if which == 0 else (a, t)
     return dot(ctx, a, w, ctx.acc_dtype(dt), ctx.dtype_attr("out_dtype", dt))
-
-
-def _pair(ctx: Ctx, key: str, default: Any, n: int = 2) -> tuple:
-    """A window attribute (kernel, stride, dilation): an int or ``n`` ints, each >= 1. A zero or
-    negative one has no meaning (a 0 kernel pools nothing: -inf or nan; stride 0 never advances)."""
-    v = ctx.attr(key, default)
-    v = (v,) * n if isinstance(v, int) else tuple(v) if isinstance(v, (list, tuple)) else ()
-    if len(v) != n or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
-        raise ctx.err("E1010", f"{key} must be an int or {n} ints, got {ctx.attr(key)!r}")
-    if any(e < 1 for e in v):
-        raise ctx.err("E1010", f"{key} must be >= 1, got {list(v)}")
-    return v
-
-
-def _padding(ctx: Ctx) -> tuple:
-    """``padding``: int, [ph, pw] or [top, bottom, left, right] -> ((top, bottom), (left, right))."""
-    p = ctx.attr("padding", 0)
-    if isinstance(p, int):
-        p = (p, p, p, p)
-    p = tuple(p) if isinstance(p, (list, tuple)) else (p,)
-    if len(p) == 2:
-        p = (p[0], p[0], p[1], p[1])
-    if len(p) != 4 or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in p):
-        raise ctx.err("E1010", f"padding must be an int, [ph, pw] or [top, bottom, left, right] >= 0, got {p!r}")
-    return (p[0], p[1]), (p[2], p[3])
-
-
-def windows(ctx: Ctx, x: str, kernel: tuple, stride: tuple, dilation: tuple, out: tuple) -> str:
-    """The sliding-window VIEW ``[..., H, W] -> [..., Oy, Ox, Kh, Kw]`` (affine: ``s*o + d*k``)."""
-    shape = ctx.shape(x)
-    lead = len(shape) - 2
-    rs = shape[:lead] + tuple(out) + tuple(kernel)
-    i = [Expr.sym(f"i{k}") for k in range(len(rs))]
-    imap = i[:lead] + [stride[0] * i[lead] + dilation[0] * i[lead + 2],
-                       stride[1] * i[lead + 1] + dilation[1] * i[lead + 3]]
-    return ctx.b.add("VIEW", [x], result_shape=rs, index_map=imap)
-
-
-def _out_size(size: Any, lo: int, hi: int, k: Any, s: int, d: int) -> Any:
-    return dim((Expr.lift(size) + lo + hi - d * (Expr.lift(k) - 1) - 1).floordiv(s) + 1)
-
-
-@op("Conv2D")
-def lower_conv2d(ctx: Ctx, args: list) -> str:
-    if len(args) not in (2, 3) or not all(isinstance(a, str) for a in args):
-        raise ctx.err("E1009", "Conv2D takes inputs [x, weight] or [x, weight, bias]")
-    b = ctx.b
-    x, w = args[:2]
-    dt = _numeric(ctx, x)
-    same_dtype(ctx, [x, w])
-    xs, ws = ctx.shape(x), ctx.shape(w)
-    if len(xs) != 4 or len(ws) != 4:
-        raise ctx.err("E1011", f"Conv2D takes x [N, C, H, W] and weight [Cout, Cin/groups, Kh, Kw]; got ranks "
-                      f"{len(xs)} and {len(ws)}")
-    stride, dil = _pair(ctx, "stride", 1), _pair(ctx, "dilation", 1)
-    (pt, pb), (pl, pr) = _padding(ctx)
-    g = ctx.attr("groups", 1, int)
-    if isinstance(g, bool) or g < 1:
-        raise ctx.err("E1010", f"groups must be an int >= 1, got {g!r}")
-    n, cin_total, h, wd = xs
-    cout, cin, kh, kw = ws
-    if any(isinstance(k, int) and k < 1 for k in (kh, kw)):
-        raise ctx.err("E1010", f"the kernel {kh}x{kw} is empty: weight [Cout, Cin/groups, Kh, Kw] needs Kh, Kw >= 1")
-    if dim(Expr.lift(cin) * g) != cin_total:
-        raise ctx.err("E1011", f"input channels {cin_total} != groups ({g}) x weight's Cin ({cin})")
-    rcout = Expr.lift(cout).exact_div(g)
-    if rcout is None:
-        raise ctx.err("E1011", f"output channels {cout} are not divisible by groups ({g})")
-    rcout = dim(rcout)
-    oy = _out_size(h, pt, pb, kh, stride[0], dil[0])
-    ox = _out_size(wd, pl, pr, kw, stride[1], dil[1])
-    if any(isinstance(o, int) and o <= 0 for o in (oy, ox)):
-        raise ctx.err("E1011", f"the kernel does not fit: output size would be {oy} x {ox}")
-    xp = b.pad(x, [(0, 0), (0, 0), (pt, pb), (pl, pr)])
-    xw = windows(ctx, xp, (kh, kw), stride, dil, (oy, ox))
-    x1 = b.reshape(xw, (n, g, cin, 1, oy, ox, kh, kw))
-    x2 = b.expand(x1, (n, g, cin, rcout, oy, ox, kh, kw))
-    x3 = b.permute(x2, (0, 1, 3, 4, 5, 2, 6, 7))
-    full = (n, g, rcout, oy, ox, cin, kh, kw)
-    w3 = b.expand(b.reshape(w, (1, g, rcout, 1, 1, cin, kh, kw)), full)
-    acc = ctx.acc_dtype(dt)
-    y = b.reduce(b.add("MUL", [x3, w3]), "SUM", (5, 6, 7), acc)
-    y = b.reshape(y, (n, cout, oy, ox))
-    if len(args) == 3:
-        bias = args[2]
-        if ctx.shape(bias) != (cout,):
-            raise ctx.err("E1011", f"bias must have shape [{cout}], got {[str(d) for d in ctx.shape(bias)]}")
-        y = b.add("ADD", [y, b.expand(b.reshape(b.cast(bias, acc), (1, cout, 1, 1)), (n, cout, oy, ox))])
-    return b.cast(y, ctx.dtype_attr("out_dtype", dt))
-
-
-# ------------------------------------------------------------------------------------------------
-# pooling
-
-
-def _pool_geometry(ctx: Ctx, x: str):
-    shape = ctx.shape(x)
-    if len(shape) < 3:
-        raise ctx.err("E1011", f"{ctx.node.op} needs [..., H, W] with at least one leading axis")
-    kernel = _pair(ctx, "kernel", None) if ctx.attr("kernel") is not None else None
-    if kernel is None:
-        raise ctx.err("E1010", f"{ctx.node.op} needs a 'kernel' size")
-    stride = _pair(ctx, "stride", list(kernel)) if ctx.attr("stride") is not None else kernel
-    dil = _pair(ctx, "dilation", 1)
-    pads = _padding(ctx)
-    ceil = bool(ctx.attr("ceil_mode", False))
-    out, extra = [], []
-    for ax in range(2):
-        size, (lo, hi), k, s, d = shape[-2 + ax], pads[ax], kernel[ax], stride[ax], dil[ax]
-        if max(lo, hi) >= d * (k - 1) + 1:
-            # kumiko's rule (docs/frontend.md): a pad must be smaller than the window's extent, so an
-            # undilated window always holds an input element (ONNX allows e.g. pads 2 for a 3 kernel,
-            # which PyTorch's pad <= kernel//2 would refuse); a window of padding alone is -inf / nan
-            raise ctx.err("E1010", f"padding {max(lo, hi)} on axis {ax - 2} is not smaller than the window extent "
-                          f"{d * (k - 1) + 1} (kernel {k}, dilation {d}): a window could hold only padding",
-                          suggestion="use a padding below the kernel size, or a larger kernel")
-        if ceil:
-            if not isinstance(size, int):
-                raise ctx.err("E1010", "ceil_mode needs concrete spatial sizes")
-            span = size + lo + hi - d * (k - 1) - 1
-            o = -(-span // s) + 1
-            if (o - 1) * s >= size + lo:   # PyTorch: the last window must start inside the input or left pad
-                o -= 1
-            extra.append(max(0, (o - 1) * s + d * (k - 1) + 1 - (size + lo + hi)))
-        else:
-            o = _out_size(size, lo, hi, k, s, d)
-            extra.append(0)
-        if isinstance(o, int) and o <= 0:
-            raise ctx.err("E1011", f"the pooling window does not fit axis {ax - 2} (size {size})")
-        out.append(o)
-    return shape, kernel, stride, dil, pads, extra, tuple(out)
-
-
-@op("MaxPool", "MaxPool2D")
-def lower_maxpool(ctx: Ctx, args: list) -> str:
-    x = one_input(ctx, args)
-    dt = _numeric(ctx, x)
-    shape, kernel, stride, dil, pads, extra, out = _pool_geometry(ctx, x)
-    lead = [(0, 0)] * (len(shape) - 2)
-    low = dtypes.neutral("MAX", dt).item()
-    xp = ctx.b.pad(x, lead + [(pads[0][0], pads[0][1] + extra[0]), (pads[1][0], pads[1][1] + extra[1])], low)
-    xw = windows(ctx, xp, kernel, stride, dil, out)
-    r = len(ctx.shape(xw))
-    return ctx.b.reduce(xw, "MAX", (r - 2, r - 1), dt)
-
-
-@op("AvgPool", "AvgPool2D")
-def lower_avgpool(ctx: Ctx, args: list) -> str:
-    """Window sums over the window's element count; the count follows ``count_include_pad`` (default
-    true, as PyTorch and tinygrad) and never includes ceil_mode's overflow (PyTorch semantics)."""
-    x = one_input(ctx, args)
-    dt = _numeric(ctx, x)
-    if not dt.is_float:
-        raise ctx.err("E1012", f"AvgPool needs a float input, got {dt}")
-    b = ctx.b
-    shape, kernel, stride, dil, pads, extra, out = _pool_geometry(ctx, x)
-    include = bool(ctx.attr("count_include_pad", True))
-    acc = ctx.acc_dtype(dt)
-    lead = [(0, 0)] * (len(shape) - 2)
-    full = [(pads[0][0], pads[0][1] + extra[0]), (pads[1][0], pads[1][1] + extra[1])]
-    xw = windows(ctx, b.pad(x, lead + full), kernel, stride, dil, out)
-    r = len(ctx.shape(xw))
-    s = b.reduce(xw, "SUM", (r - 2, r - 1), acc)
-    if include and not any(extra) or not any(p for pair in pads for p in pair) and not any(extra):
-        return b.cast(ew(ctx, "FDIV", s, float(kernel[0] * kernel[1])), dt)
-    # the per-window element count, from an indicator of what counts (ones), pooled the same way
-    ones = b.const(1.0, acc, shape[-2:])
-    if include:
-        ones = b.pad(ones, [pads[0], pads[1]], 1.0)
-        ones = b.pad(ones, [(0, extra[0]), (0, extra[1])], 0.0)
-    else:
-        ones = b.pad(ones, full, 0.0)
-    cnt = b.reduce(windows(ctx, ones, kernel, stride, dil, out), "SUM", (2, 3), acc)
-    return b.cast(b.add("FDIV", [s, b.broadcast_to(cnt, ctx.shape(s))]), dt)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -451,3 +277,6 @@ def lower_cumsum(ctx: Ctx, args: list) -> str:
         y = b.flip(y, [r - 1])
     inv = [perm.index(k) for k in range(r)]
     return b.permute(y, inv)
+
+
+from kumiko.frontend import lower_window  # noqa: E402,F401  (registers the window ops; it uses _numeric)

@@ -76,11 +76,15 @@ def conv_activation(imp: Importer, node: OnnxNode) -> str:
 @converter("PRelu")
 def conv_prelu(imp: Importer, node: OnnxNode) -> str:
     """where(x < 0, slope * x, x); the slope broadcasts to x's shape one way only (ONNX's unidirectional
-    broadcast), so the output has x's shape."""
+    broadcast), so the output has x's shape. Models written for opset 6 give a per-channel slope [C]."""
     x = imp.tensor(node.input(0))
     xs = imp.shape(x)
     sn = node.input(1)
     ss = imp.consts[sn].shape if sn in imp.consts else imp.shape(imp.tensor(sn))
+    if imp.source_opset < 7 and len(ss) == 1 and ss[0] != 1 and len(xs) > 2 and ss[0] == xs[1]:
+        # opset 6 (before broadcasting): a slope of C values is one per channel (axis 1)
+        slope = imp.reshape(imp.tensor(sn), (ss[0],) + (1,) * (len(xs) - 2))
+        return imp.ew("where", imp.ew("lt", x, 0), imp.ew("mul", x, slope), x)
     if len(ss) > len(xs) or any(d not in (1, e) for d, e in zip(reversed(ss), reversed(xs))):
         raise node.err("E1011", f"the slope's shape {[str(d) for d in ss]} does not broadcast to the input's "
                        f"{[str(d) for d in xs]}")

@@ -1,5 +1,5 @@
 """ONNX indexing and shape ops that exported transformers use: Split, Trilu, GatherElements, GatherND,
-ScatterND, ScatterElements, ArgMax/ArgMin, Einsum and TopK (k = 1).
+ScatterND, ScatterElements, ArgMax/ArgMin, Einsum, TopK (static K <= TOPK_MAX_K) and Tile.
 
 Everything here is built from frontend ops (Slice, Gather, Elementwise where/compare, Reduce,
 MatMul, Permute, Reshape); no Tiny IR op is added for ONNX. Three ideas carry most of it:
@@ -321,20 +321,78 @@ def fold_argmax(node: OnnxNode, v: list) -> list:
     return [np.expand_dims(i, axis).astype(np.int64) if node.attr("keepdims", 1) else i.astype(np.int64)]
 
 
+#: the largest K TopK builds: each of the K rounds is a max reduction, a compare and two selects over the
+#: whole input, so the cost grows as K times the input (a sort would not, but Tiny IR has none)
+TOPK_MAX_K = 32
+
+
 @converter("TopK", attrs="axis largest sorted")
 def conv_topk(imp: Importer, node: OnnxNode) -> list[str]:
-    """k = 1 only: the max (min) and its first index, as ONNX orders ties (lower index first). A larger k
-    needs a sort or a k-step selection, which kumiko does not build."""
+    """K rounds of arg-max-and-mask for a static K <= TOPK_MAX_K: round r takes the max (min) of what
+    is not yet taken and its lowest index among the untaken (ONNX's order for ties), then marks that
+    index taken. Values and indices come out sorted (largest first, or smallest for ``largest=0``),
+    which ``sorted=0`` also allows. NaN is not ordered (ONNX puts it first; here it is never the max)."""
     k = _ints(imp.const(node.input(1), "K"))
-    if k != [1]:
-        raise node.err("E1010", f"TopK with K={k[0] if len(k) == 1 else k} is not supported: only K=1 (a max or "
-                       "min reduction) is; a larger K needs a sort, which Tiny IR does not have",
-                       suggestion="use ArgMax/ReduceMax for K=1, or compute the top-K outside the model")
+    if len(k) != 1 or k[0] < 1:
+        raise node.err("E1010", f"TopK needs one K >= 1, got {k}")
+    k = k[0]
+    if k > TOPK_MAX_K:
+        raise node.err("E1010", f"TopK with K={k} is not supported: kumiko builds K rounds of a max reduction "
+                       f"and a mask, up to K={TOPK_MAX_K} (a larger K needs a sort, which Tiny IR does not have)",
+                       suggestion=f"use K <= {TOPK_MAX_K}, or compute the top-K outside the model")
     x = imp.tensor(node.input(0))
-    axis = _axis(node, int(node.attr("axis", -1)), len(imp.shape(x)))
-    fn = "max" if node.attr("largest", 1) else "min"
-    values = imp.emit("Reduce", [x], fn=fn, axes=[axis], keepdim=True)
-    return [values, _arg(imp, x, axis, True, fn, False) if node.wants_output(1) else None]
+    shape = imp.shape(x)
+    axis = _axis(node, int(node.attr("axis", -1)), len(shape))
+    if isinstance(shape[axis], int) and k > shape[axis]:
+        raise node.err("E1011", f"TopK's K={k} exceeds the size {shape[axis]} of axis {axis}")
+    largest = bool(node.attr("largest", 1))
+    fn = "max" if largest else "min"
+    if k == 1:
+        values = imp.emit("Reduce", [x], fn=fn, axes=[axis], keepdim=True)
+        return [values, _arg(imp, x, axis, True, fn, False) if node.wants_output(1) else None]
+    dt = imp.dtype(x)
+    worst = dtypes.neutral("MAX" if largest else "MIN", dt).item()
+    iota = _iota(imp, shape[axis], len(shape), axis)
+    cur, taken, vals, idxs = x, None, [], []
+    for r in range(k):
+        ext = imp.emit("Reduce", [cur], fn=fn, axes=[axis], keepdim=True)
+        cand = imp.ew("where", imp.ew("eq", cur, ext), iota, _I32_MAX)
+        if taken is not None:
+            cand = imp.ew("where", taken, _I32_MAX, cand)
+        idx = imp.emit("Reduce", [cand], fn="min", axes=[axis], keepdim=True)
+        vals.append(ext)
+        idxs.append(idx)
+        if r + 1 < k:
+            hit = imp.ew("eq", iota, idx)
+            cur = imp.ew("where", hit, worst, cur)
+            taken = hit if taken is None else imp.ew("where", hit, True, taken)
+    values = imp.emit("Concat", vals, axis=axis)
+    return [values, imp.emit("Concat", idxs, axis=axis) if node.wants_output(1) else None]
+
+
+# ------------------------------------------------------------------------------------------------
+# Tile
+
+@converter("Tile")
+def conv_tile(imp: Importer, node: OnnxNode) -> str:
+    """numpy.tile with constant repeats: [d0, d1, ...] -> [1, d0, 1, d1, ...] -> expand to
+    [r0, d0, r1, d1, ...] -> reshape to [r0*d0, r1*d1, ...]."""
+    x = imp.tensor(node.input(0))
+    shape = imp.shape(x)
+    reps = _ints(imp.const(node.input(1), "repeats", "E1010"))
+    if len(reps) != len(shape) or any(r < 0 for r in reps):
+        raise node.err("E1010", f"Tile's repeats {reps} must give one count >= 0 per axis of the rank-{len(shape)} "
+                       "input")
+    if 0 in reps:
+        raise node.err("E1011", f"Tile's repeats {reps} make an empty tensor")
+    y = imp.reshape(x, tuple(e for d in shape for e in (1, d)))
+    y = imp.emit("Expand", [y], shape=[e for r, d in zip(reps, shape) for e in (r, d)])
+    return imp.reshape(y, tuple(prod([r, d]) for r, d in zip(reps, shape)))
+
+
+@folder("Tile")
+def fold_tile(node: OnnxNode, v: list) -> list:
+    return [np.tile(v[0], [int(r) for r in v[1].reshape(-1)])]
 
 
 # ------------------------------------------------------------------------------------------------

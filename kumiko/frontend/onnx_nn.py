@@ -1,8 +1,8 @@
 """ONNX Conv, pooling and Attention: the converters with real convention work in them.
 
 ONNX spells windows N-dimensionally (pads as ``[x1_begin, x2_begin, ..., x1_end, x2_end]``,
-``auto_pad``); the frontend has 2-D windows with ``padding=[top, bottom, left, right]``. 1-D
-windows are imported as 2-D ones over a unit height; 3-D windows are a diagnostic. Attention
+``auto_pad``); the frontend's windows are N-dimensional too, with ``padding=[x1_begin, x1_end,
+x2_begin, x2_end, ...]`` (2-D: ``[top, bottom, left, right]``). Attention
 (opset 23) maps onto the frontend Attention op where it can (the common case) and onto explicit
 MatMul / Softmax / MatMul otherwise (softcap, the qk_matmul output), following onnx's reference
 implementation: bottom-right causal alignment with a KV cache, GQA by repeating each KV head.
@@ -44,37 +44,74 @@ def _window_pads(imp: Importer, node: OnnxNode, spatial: tuple, kernel: list, st
 
 def _spatial(imp: Importer, node: OnnxNode, x: str) -> int:
     n = len(imp.shape(x)) - 2
-    if n not in (1, 2):
-        raise node.err("E1010", f"{n}-D {node.op_type} is not supported (kumiko has 1-D and 2-D windows)")
+    if n < 1:
+        raise node.err("E1011", f"{node.op_type} needs an input [N, C, spatial...], got rank {n + 2}")
     return n
 
 
-def _as_2d(imp: Importer, x: str) -> str:
-    s = imp.shape(x)
-    return imp.reshape(x, s[:2] + (1,) + s[2:])
+def _flat(pads: list[tuple[int, int]]) -> list[int]:
+    """ONNX's per-axis (begin, end) pairs as the frontend's ``padding`` ``[a1_begin, a1_end, ...]``."""
+    return [p for pair in pads for p in pair]
 
 
-def _from_2d(imp: Importer, y: str) -> str:
-    s = imp.shape(y)
-    return imp.reshape(y, s[:2] + s[3:])
+_CONV = {1: "Conv1D", 2: "Conv2D", 3: "Conv3D"}
+
+
+def _kernel(imp: Importer, node: OnnxNode, w: str) -> list:
+    kernel = list(imp.shape(w)[2:])
+    if node.ints("kernel_shape") not in (None, kernel):
+        raise node.err("E1011", f"kernel_shape {node.ints('kernel_shape')} differs from the weight's {kernel}")
+    return kernel
 
 
 @converter("Conv", attrs="auto_pad dilations group kernel_shape pads strides")
 def conv_conv(imp: Importer, node: OnnxNode) -> str:
     x, w = imp.tensor(node.input(0)), imp.tensor(node.input(1))
     n = _spatial(imp, node, x)
-    kernel = list(imp.shape(w)[2:])
-    if node.ints("kernel_shape") not in (None, kernel):
-        raise node.err("E1011", f"kernel_shape {node.ints('kernel_shape')} differs from the weight's {kernel}")
+    kernel = _kernel(imp, node, w)
     strides, dil = node.ints("strides", [1] * n), node.ints("dilations", [1] * n)
     pads = _window_pads(imp, node, imp.shape(x)[2:], kernel, strides, dil)
     bias = [imp.tensor(node.input(2))] if node.input(2) else []
-    if n == 1:
-        x, w = _as_2d(imp, x), _as_2d(imp, w)
-        strides, dil, pads = [1, *strides], [1, *dil], [(0, 0), *pads]
-    y = imp.emit("Conv2D", [x, w, *bias], stride=strides, dilation=dil, groups=int(node.attr("group", 1)),
-                 padding=[pads[0][0], pads[0][1], pads[1][0], pads[1][1]])
-    return _from_2d(imp, y) if n == 1 else y
+    return imp.emit(_CONV.get(n, "ConvND"), [x, w, *bias], stride=strides, dilation=dil,
+                    groups=int(node.attr("group", 1)), padding=_flat(pads))
+
+
+@converter("ConvTranspose", attrs="auto_pad dilations group kernel_shape output_padding output_shape pads strides")
+def conv_conv_transpose(imp: Importer, node: OnnxNode) -> str:
+    """Pads from ``pads``, or from ``output_shape`` / ``auto_pad`` as onnx's reference computes them
+    (total = s*(I-1) + output_padding + d*(k-1) + 1 - out; SAME_UPPER puts the odd one at the end)."""
+    x, w = imp.tensor(node.input(0)), imp.tensor(node.input(1))
+    n = _spatial(imp, node, x)
+    kernel = _kernel(imp, node, w)
+    strides, dil = node.ints("strides", [1] * n), node.ints("dilations", [1] * n)
+    extra = node.ints("output_padding", [0] * n)
+    if any(len(v) != n for v in (strides, dil, extra)):
+        raise node.err("E1010", f"strides, dilations and output_padding need {n} values each")
+    auto = node.attr("auto_pad", "NOTSET") or "NOTSET"
+    if auto not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise node.err("E1010", f"auto_pad={auto!r} is not supported")
+    out = node.ints("output_shape")
+    if out is not None and len(out) == n + 2:
+        out = out[2:]
+    if out is None and auto in ("SAME_UPPER", "SAME_LOWER"):
+        out = [imp.shape(x)[2 + a] * strides[a] for a in range(n)]
+    if out is None:
+        pads = node.ints("pads", [0] * 2 * n) if auto == "NOTSET" else [0] * 2 * n
+        if len(pads) != 2 * n:
+            raise node.err("E1010", f"pads needs {2 * n} values, got {pads}")
+        pads = [(pads[a], pads[a + n]) for a in range(n)]
+    else:
+        sizes = imp.shape(x)[2:]
+        if len(out) != n or not all(isinstance(v, int) for v in (*sizes, *kernel)):
+            raise node.err("E1010", f"output_shape {out} needs {n} values and static input and kernel sizes")
+        pads = []
+        for a in range(n):
+            total = strides[a] * (sizes[a] - 1) + extra[a] + (kernel[a] - 1) * dil[a] + 1 - out[a]
+            small, big = total // 2, total - total // 2
+            pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
+    bias = [imp.tensor(node.input(2))] if node.input(2) else []
+    return imp.emit("ConvTranspose", [x, w, *bias], stride=strides, dilation=dil, output_padding=extra,
+                    groups=int(node.attr("group", 1)), padding=_flat(pads))
 
 
 @converter("MaxPool", attrs="auto_pad ceil_mode dilations kernel_shape pads storage_order strides")
@@ -89,17 +126,11 @@ def conv_pool(imp: Importer, node: OnnxNode) -> str:
         raise node.err("E1010", f"kernel_shape must give {n} sizes, got {kernel}")
     strides, dil = node.ints("strides", [1] * n), node.ints("dilations", [1] * n)
     pads = _window_pads(imp, node, imp.shape(x)[2:], kernel, strides, dil)
-    ceil = bool(node.attr("ceil_mode", 0))
-    if n == 1:
-        x = _as_2d(imp, x)
-        kernel, strides, dil, pads = [1, *kernel], [1, *strides], [1, *dil], [(0, 0), *pads]
-    attrs = dict(kernel=kernel, stride=strides, dilation=dil, ceil_mode=ceil,
-                 padding=[pads[0][0], pads[0][1], pads[1][0], pads[1][1]])
+    attrs = dict(kernel=kernel, stride=strides, dilation=dil, ceil_mode=bool(node.attr("ceil_mode", 0)),
+                 padding=_flat(pads))
     if node.op_type == "AveragePool":
-        y = imp.emit("AvgPool", [x], count_include_pad=bool(node.attr("count_include_pad", 0)), **attrs)
-    else:
-        y = imp.emit("MaxPool", [x], **attrs)
-    return _from_2d(imp, y) if n == 1 else y
+        return imp.emit("AvgPool", [x], count_include_pad=bool(node.attr("count_include_pad", 0)), **attrs)
+    return imp.emit("MaxPool", [x], **attrs)
 
 
 # ------------------------------------------------------------------------------------------------

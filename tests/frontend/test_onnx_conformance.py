@@ -43,11 +43,12 @@ OPS |= {"Elu", "Selu", "Celu", "Softplus", "Softsign", "HardSwish", "HardSigmoid
         "GroupNormalization", "LRN"}
 #: resampling (onnx_resize.py)
 OPS |= {"Resize", "Upsample"}
+#: N-D windows and the rest of the real exports' ops (onnx_nn.py, onnx_index.py)
+OPS |= {"ConvTranspose", "Tile"}
 #: ONNX elem types kumiko imports (INT64 narrowed to i32, DOUBLE to fp32)
 DTYPES = {1: "FLOAT", 10: "FLOAT16", 16: "BFLOAT16", 6: "INT32", 7: "INT64", 9: "BOOL", 11: "DOUBLE"}
 #: features outside the list's scope: (test-name pattern, reason); the importer must reject these
 KNOWN = [
-    (r"test_(maxpool|averagepool)_3d", "3-D pooling (kumiko has 1-D and 2-D windows)"),
     (r"test_maxpool_with_argmax", "MaxPool's Indices output"),
     (r"test_resize_.*cubic", "Resize mode cubic"),
     (r"test_resize_.*antialias", "Resize antialias"),
@@ -55,7 +56,6 @@ KNOWN = [
     (r"test_div_int32", "integer Div (Tiny IR has no integer division)"),
     (r"test_pow_types_int(32|64)_", "integer Pow (Tiny IR has no integer powers)"),
     (r"test_einsum_batch_diagonal", "Einsum with '...' and a diagonal"),
-    (r"test_top_k", "TopK with K > 1 (needs a sort)"),
     (r"test_batchnorm_.*_training_mode", "BatchNormalization in training mode"),
     (r"test_training_dropout(_mask)?$|test_training_dropout_default", "Dropout in training mode (random)"),
 ]

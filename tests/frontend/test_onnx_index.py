@@ -1,5 +1,5 @@
 """The ONNX indexing and shape ops of kumiko/frontend/onnx_index.py (Split, Trilu, GatherElements,
-GatherND, ScatterND/ScatterElements, ArgMax/ArgMin, Einsum, TopK k=1) and int64/float64 at the call:
+GatherND, ScatterND/ScatterElements, ArgMax/ArgMin, Einsum, TopK, Tile) and int64/float64 at the call:
 each model is built with onnx.helper, imported, compiled for the evaluator and the CPU, and compared
 with onnxruntime on fresh random inputs (integers exactly, fp32 to a relative L2 of 1e-4). Refused
 cases must be diagnostics naming the node and what is missing.
@@ -212,11 +212,53 @@ def test_topk_one(target, largest):
     check(m, {"x": RNG.integers(0, 3, (3, 5)).astype(np.float32)}, target)
 
 
-def test_topk_above_one_is_refused():
-    m = model([h.make_node("TopK", ["x", "k"], ["v", "i"], name="tk")], [("x", F, [3, 5])],
-              [("v", F, [3, 2]), ("i", I64, [3, 2])], [const("k", np.array([2], np.int64))])
-    e = refused(m)
-    assert "'tk' (TopK)" in e.at and "K=2" in e.why and "sort" in e.why
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape,axis,k,largest,dtype", [
+    ([3, 7], 1, 3, 1, np.float32), ([3, 7], 1, 4, 0, np.float32), ([4, 5, 6], 0, 4, 1, np.float32),
+    ([2, 9], -1, 9, 1, np.int32), ([2, 6, 3], 1, 2, 0, np.int32)],
+    ids=["largest", "smallest", "axis0-all-but-none", "k-is-the-axis", "int-smallest"])
+def test_topk_above_one(target, shape, axis, k, largest, dtype):
+    """Few distinct values, so ties are many: onnxruntime orders them by the lower index, and so must kumiko."""
+    out = list(shape)
+    out[axis] = k
+    et = F if dtype == np.float32 else TP.INT32
+    m = model([h.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest)], [("x", et, shape)],
+              [("v", et, out), ("i", I64, out)], [const("k", np.array([k], np.int64))])
+    x = RNG.integers(-3, 3, shape).astype(dtype)
+    if dtype == np.float32:
+        x[..., 0] = -np.inf                  # an infinity is a value like the others
+    check(m, {"x": x}, target)
+
+
+def test_topk_values_only_and_unsorted():
+    """sorted=0 leaves the order to the implementation (kumiko's is sorted); the set of values is ONNX's."""
+    m = model([h.make_node("TopK", ["x", "k"], ["v", "i"], sorted=0)], [("x", F, [2, 8])],
+              [("v", F, [2, 3]), ("i", I64, [2, 3])], [const("k", np.array([3], np.int64))])
+    x = RNG.standard_normal((2, 8)).astype(np.float32)
+    got = kumiko.compile(kumiko.from_onnx(m))(x=x)
+    np.testing.assert_array_equal(got["v"], -np.sort(-x, axis=1)[:, :3])
+    np.testing.assert_array_equal(np.take_along_axis(x, got["i"].astype(np.int64), 1), got["v"])
+
+
+@pytest.mark.parametrize("k,size,code,what", [(33, 40, "E1010", "K=33"), (6, 5, "E1011", "exceeds"),
+                                              (0, 5, "E1010", "K >= 1")], ids=["above-limit", "above-axis", "zero"])
+def test_topk_refusals(k, size, code, what):
+    from kumiko.frontend.onnx_index import TOPK_MAX_K
+    m = model([h.make_node("TopK", ["x", "k"], ["v", "i"], name="tk")], [("x", F, [3, size])],
+              [("v", F, [3, k]), ("i", I64, [3, k])], [const("k", np.array([k], np.int64))])
+    e = refused(m, code)
+    assert "'tk' (TopK)" in e.at and what in e.why
+    if k > TOPK_MAX_K:
+        assert f"K <= {TOPK_MAX_K}" in e.suggestion
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("reps", [[2, 1, 3], [1, 1, 1], [3, 2, 1]])
+def test_tile(target, reps):
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    m = model([h.make_node("Tile", ["x", "r"], ["y"])], [("x", F, [2, 3, 4])],
+              [("y", F, [2 * reps[0], 3 * reps[1], 4 * reps[2]])], [const("r", np.array(reps, np.int64))])
+    check(m, {"x": x}, target)
 
 
 # ------------------------------------------------------------------------------------------------
