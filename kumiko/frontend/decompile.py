@@ -15,7 +15,8 @@ import re
 from typing import Any
 
 from kumiko.diagnostics import KumikoError
-from kumiko.frontend.dsl import DSL_DTYPE, DTYPES, IDENT, LITERALS, RESERVED
+from kumiko.frontend.dsl import DSL_DTYPE, DTYPES, LITERALS, RESERVED
+from kumiko.frontend.dsl_lex import IDENT
 from kumiko.frontend.dsl_vocab import OPERATORS, spelling
 from kumiko.frontend.graph import Graph, SigInput, TensorType
 from kumiko.symbolic import Expr, dim, dim_json, parse_expr

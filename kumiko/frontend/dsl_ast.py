@@ -128,4 +128,4 @@ class GraphDef:
 @dataclass(frozen=True)
 class Program:
     graphs: tuple
-    source: Any                 # the dsl.Source it was parsed from
+    source: Any                 # the dsl_lex.Source it was parsed from

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
-from kumiko.frontend.dsl import DTYPES, closest_match
+from kumiko.frontend.dsl import DTYPES
 from kumiko.frontend.dsl_ast import Binary, Call, ListLit, Name, Num, Str, TypeAst, Unary, left_spine
+from kumiko.frontend.dsl_lex import closest_match
 from kumiko.frontend.graph import TensorType
 from kumiko.symbolic import Expr, dim, dim_json
 

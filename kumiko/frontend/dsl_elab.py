@@ -16,7 +16,7 @@ from typing import Any
 
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
-from kumiko.frontend.dsl import DSL_DTYPE, QUALIFIERS, Source, closest_match
+from kumiko.frontend.dsl import DSL_DTYPE, QUALIFIERS
 from kumiko.frontend.dsl_ast import (
     Assign,
     Binary,
@@ -33,6 +33,7 @@ from kumiko.frontend.dsl_ast import (
     left_spine,
 )
 from kumiko.frontend.dsl_consts import Constants
+from kumiko.frontend.dsl_lex import Source, closest_match
 from kumiko.frontend.dsl_vocab import OPERATORS, vocabulary
 from kumiko.frontend.graph import Graph, OpNode, SigInput, TensorType
 from kumiko.symbolic import Expr

@@ -42,7 +42,8 @@ def vocabulary() -> dict[str, tuple[Builtin, ...]]:
     (``Conv2D`` -> ``conv2d``) and by its exact op name (``GEMM``, ``Cast``), which is the spelling
     of last resort that always names exactly that op."""
     from kumiko.frontend import lower_nn  # noqa: F401  (registers the nn ops)
-    from kumiko.frontend.lower import BINARY_FNS, COMPARE_FNS, OPS, UNARY_FNS
+    from kumiko.frontend.lower import OPS
+    from kumiko.frontend.lower_ew import BINARY_FNS, COMPARE_FNS, UNARY_FNS
     return _vocabulary(tuple(OPS), tuple(UNARY_FNS), tuple(BINARY_FNS), tuple(COMPARE_FNS))
 
 

@@ -12,7 +12,8 @@ import math
 import numpy as np
 
 from kumiko import dtypes
-from kumiko.frontend.onnx_import import Importer, OnnxNode
+from kumiko.frontend.onnx_import import Importer
+from kumiko.frontend.onnx_model import OnnxNode
 from kumiko.frontend.onnx_ops import _axes_arg, converter
 
 _FLOATS = (dtypes.fp32, dtypes.fp16, dtypes.bf16)

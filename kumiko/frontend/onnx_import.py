@@ -5,6 +5,11 @@ the evaluator, the backends) never hears of ONNX. The importer is deliberately a
 op, dtype or attribute it cannot express is a ``KumikoError`` naming the ONNX node, the op and what
 is missing, and no Graph is returned, so nothing half-imported can run.
 
+This module holds the dtype mapping, the op registries (``CONVERTERS``, ``ATTRS``, ``FOLDERS``), shape
+values and the ``Importer``, which walks the graph: folding what is known, converting the rest.
+Reading the model (loading, opset conversion, nodes, attributes, tensors) is ``onnx_model``'s; the
+converters are in ``onnx_ops`` (and the ``onnx_*`` modules it imports), the folders in ``onnx_fold``.
+
 Rules (docs/onnx.md has the user-facing version):
 
 * Initializers become ``param`` signature inputs (storage ``const_pool``) named after the
@@ -29,8 +34,7 @@ Rules (docs/onnx.md has the user-facing version):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -38,15 +42,20 @@ import numpy as np
 from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph, OpNode, SigInput, TensorType
+from kumiko.frontend.onnx_model import (
+    SOURCE_OPSET,
+    OnnxNode,
+    _check_arity,
+    _decode_attrs,
+    _default_opset,
+    _symbol,
+    load_model,
+    tensor_array,
+)
 from kumiko.symbolic import Expr, dim
 from kumiko.tiny.build import TinyBuilder
 from kumiko.tiny.ir import FrozenDict
 
-#: the oldest default-domain opset imported as is; older models go through the version converter
-MIN_OPSET = 13
-#: metadata key under which load_model records a converted model's original opset (Resize before opset 11
-#: meant another coordinate mapping, which the version converter does not carry over)
-SOURCE_OPSET = "kumiko.source_opset"
 #: ONNX TensorProto elem types kumiko represents (INT64 narrowed to i32, DOUBLE to fp32)
 ONNX_DTYPES = {1: dtypes.fp32, 10: dtypes.fp16, 16: dtypes.bf16, 6: dtypes.i32, 7: dtypes.i32, 9: dtypes.bool_,
                11: dtypes.fp32}
@@ -81,90 +90,6 @@ def kumiko_dtype(t: int, where: str) -> dtypes.DType:
     return dt
 
 
-@dataclass
-class OnnxNode:
-    """One ONNX node with its attributes decoded, plus what diagnostics need to name it."""
-    proto: Any
-    index: int
-    opset: int
-    attrs: dict
-
-    @property
-    def op_type(self) -> str:
-        return self.proto.op_type
-
-    @property
-    def name(self) -> str:
-        return self.proto.name or f"{self.op_type}_{self.index}"
-
-    @property
-    def inputs(self) -> list[str]:
-        return list(self.proto.input)
-
-    @property
-    def outputs(self) -> list[str]:
-        return list(self.proto.output)
-
-    def input(self, k: int) -> str:
-        """The k-th input's name, '' when it is absent (ONNX's optional inputs)."""
-        return self.proto.input[k] if k < len(self.proto.input) else ""
-
-    def wants_output(self, k: int) -> bool:
-        return k < len(self.proto.output) and self.proto.output[k] != ""
-
-    def where(self) -> str:
-        return f"onnx node {self.name!r} ({self.op_type})"
-
-    def err(self, code: str, why: str, **kw) -> KumikoError:
-        return KumikoError(code, at=self.where(), why=why, **kw)
-
-    def attr(self, key: str, default: Any = None) -> Any:
-        return self.attrs.get(key, default)
-
-    def ints(self, key: str, default: Any = None) -> list[int] | None:
-        v = self.attrs.get(key)
-        return default if v is None else [int(x) for x in v]
-
-
-def _decode_attrs(proto) -> dict:
-    from onnx import AttributeProto, helper
-    out = {}
-    for a in proto.attribute:
-        if a.type == AttributeProto.TENSOR:
-            out[a.name] = tensor_array(a.t, f"onnx node {proto.name or proto.op_type!r} attribute {a.name!r}")
-        elif a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS, AttributeProto.SPARSE_TENSOR,
-                        AttributeProto.TENSORS, AttributeProto.SPARSE_TENSORS, AttributeProto.TYPE_PROTO,
-                        AttributeProto.TYPE_PROTOS):
-            out[a.name] = a   # kept raw; the converters that meet one reject it by name
-        else:
-            v = helper.get_attribute_value(a)
-            if isinstance(v, bytes):
-                v = v.decode()
-            elif isinstance(v, list) and v and isinstance(v[0], bytes):
-                v = [x.decode() for x in v]
-            out[a.name] = v
-    return out
-
-
-def tensor_array(t, where: str) -> np.ndarray:
-    """An ONNX TensorProto's value, checked against its dims first: a negative dim, or data that does
-    not hold exactly prod(dims) elements, is E1010 (numpy_helper would reshape some of these into a
-    silently different array, and raise a plain ValueError for others)."""
-    from onnx import numpy_helper
-    dims = [int(d) for d in t.dims]
-    if any(d < 0 for d in dims):
-        raise KumikoError("E1010", at=where, why=f"tensor {t.name!r} has negative dims {dims}")
-    try:
-        arr = numpy_helper.to_array(t)
-    except Exception as e:  # onnx raises ValueError, TypeError or its own errors on inconsistent data
-        raise KumikoError("E1010", at=where, why=f"tensor {t.name!r}: its data does not match its dims {dims} "
-                          f"({type(e).__name__}: {e})") from None
-    if list(arr.shape) != dims:
-        raise KumikoError("E1010", at=where, why=f"tensor {t.name!r} holds {arr.size} elements, its dims {dims} "
-                          f"say {int(np.prod(dims, dtype=object))}")
-    return arr
-
-
 class SymbolicValue(ValueError):
     """A folder met a shape value it cannot evaluate at import (a comparison the sizes do not decide, a
     float cast, a symbolic index or bound): the node is then converted instead, its symbolic operands
@@ -194,30 +119,6 @@ def shape_value(arr) -> np.ndarray:
 def is_symbolic(arr) -> bool:
     return isinstance(arr, np.ndarray) and arr.dtype == object
 
-
-def _symbol(name: str) -> Expr:
-    """An ONNX ``dim_param`` as a kumiko size symbol (non-identifier characters become '_')."""
-    s = re.sub(r"\W", "_", name)
-    return Expr.sym(s if s and not s[0].isdigit() else f"d_{s}")
-
-
-
-def _check_arity(node: "OnnxNode") -> None:
-    """E1009 when a node has fewer or more inputs or outputs than its ONNX schema allows at the model's opset
-    (a converter indexes its inputs by position)."""
-    try:
-        from onnx import defs
-        schema = defs.get_schema(node.op_type, node.opset, "")
-    except Exception:   # noqa: BLE001 - no schema for this op/opset: the converter's own checks apply
-        return
-    n_in = len(node.inputs)
-    n_out = len(node.outputs)
-    for what, n, lo, hi in (("inputs", n_in, schema.min_input, schema.max_input),
-                            ("outputs", n_out, schema.min_output, schema.max_output)):
-        if not lo <= n <= hi:
-            allowed = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi < 2 ** 30 else f"at least {lo}"
-            raise node.err("E1009", f"{node.op_type} has {n} {what}; opset {node.opset} allows {allowed}",
-                           suggestion="fix the node's input/output list (onnx.checker.check_model reports it)")
 
 class Importer:
     """Walks the ONNX graph in order, folding what is known and emitting frontend ops for the rest.
@@ -623,46 +524,6 @@ def _freeze(v: Any) -> Any:
     if isinstance(v, np.generic):
         return v.item()
     return v
-
-
-def _default_opset(model) -> int:
-    for o in model.opset_import:
-        if o.domain in ("", "ai.onnx"):
-            return int(o.version)
-    return 1
-
-
-def load_model(model):
-    """A ModelProto from a path or a ModelProto, converted to opset >= 13 if it is older."""
-    import onnx
-    if isinstance(model, (str, Path)):
-        try:
-            model = onnx.load(str(model))
-        except Exception as e:  # onnx raises OSError, DecodeError or its own errors here
-            raise KumikoError("E1502", at=str(model), why=f"cannot read the ONNX model: {e}") from None
-    if not isinstance(model, onnx.ModelProto):
-        raise KumikoError("E1010", at="from_onnx", why=f"from_onnx takes a path or an onnx.ModelProto, got "
-                          f"{type(model).__name__}")
-    newest = onnx.defs.onnx_opset_version()
-    if not 1 <= _default_opset(model) <= newest:
-        raise KumikoError("E1010", at="onnx model", why=f"default-domain opset {_default_opset(model)} is not one "
-                          f"kumiko imports: opsets 1 to {newest} (the newest the installed onnx {onnx.__version__} "
-                          f"defines; opsets older than {MIN_OPSET} are converted to {MIN_OPSET} first)",
-                          suggestion=f"export the model with an opset from {MIN_OPSET} to {newest}")
-    if model.functions:      # exporters wrap layers in model-local functions; import their bodies
-        from onnx import inliner
-        model = inliner.inline_local_functions(model)
-    if _default_opset(model) < MIN_OPSET:
-        from onnx import version_converter
-        old = _default_opset(model)
-        try:
-            model = version_converter.convert_version(model, MIN_OPSET)
-        except Exception as e:  # the converter raises plain RuntimeErrors
-            raise KumikoError("E1010", at="onnx model", why=f"opset {old} could not be converted to opset "
-                              f"{MIN_OPSET}: {e}", suggestion=f"convert the model to opset {MIN_OPSET} or newer "
-                              "(kumiko imports those as they are)") from None
-        model.metadata_props.add(key=SOURCE_OPSET, value=str(old))
-    return model
 
 
 def supported_ops() -> list[str]:

@@ -25,8 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from kumiko import dtypes
-from kumiko.frontend.onnx_import import Importer, OnnxNode
-from kumiko.frontend.onnx_ops import _ints, converter, folder
+from kumiko.frontend.onnx_fold import _ints, folder
+from kumiko.frontend.onnx_import import Importer
+from kumiko.frontend.onnx_model import OnnxNode
+from kumiko.frontend.onnx_ops import converter
 from kumiko.symbolic import prod
 
 _I32_MAX = int(np.iinfo(np.int32).max)

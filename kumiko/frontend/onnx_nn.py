@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 from kumiko import dtypes
-from kumiko.frontend.onnx_import import Importer, OnnxNode
+from kumiko.frontend.onnx_import import Importer
+from kumiko.frontend.onnx_model import OnnxNode
 from kumiko.frontend.onnx_ops import converter
 
 

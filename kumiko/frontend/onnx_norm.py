@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from kumiko import dtypes
-from kumiko.frontend.onnx_import import CONVERTERS, Importer, OnnxNode
+from kumiko.frontend.onnx_import import CONVERTERS, Importer
+from kumiko.frontend.onnx_model import OnnxNode
 from kumiko.frontend.onnx_ops import converter, dtype_name
 
 _FLOATS = (dtypes.fp32, dtypes.fp16, dtypes.bf16)

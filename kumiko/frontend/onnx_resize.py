@@ -25,9 +25,11 @@ import math
 import numpy as np
 
 from kumiko import dtypes
-from kumiko.frontend.onnx_import import Importer, OnnxNode
+from kumiko.frontend.onnx_fold import _ints
+from kumiko.frontend.onnx_import import Importer
 from kumiko.frontend.onnx_index import _axis, _static
-from kumiko.frontend.onnx_ops import _ints, converter
+from kumiko.frontend.onnx_model import OnnxNode
+from kumiko.frontend.onnx_ops import converter
 
 #: the most slices an index map is cut into before it is a Gather instead
 MAX_PIECES = 8
