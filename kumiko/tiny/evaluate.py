@@ -2,8 +2,9 @@
 
 It is the oracle every later stage is tested against, so it is deliberately simple: each node's
 result is rounded to the node's dtype (fp16/bf16 math is done in fp32 and rounded back, as a GPU
-does per op; fp64 math is float64 throughout); REDUCE accumulates in its declared dtype. ``fp64=True`` instead computes every float
-node in float64 (an "ideal" reference for judging rounding error of the other targets).
+does per op; fp64 math is float64 throughout); REDUCE accumulates in its declared dtype. ``fp64=True``
+instead computes every float node in float64 (an "ideal" reference for judging rounding error of the
+other targets).
 
 A float SUM follows what the compiled kernels compute, because where values overflow the order and
 the fusion decide the result (``_sequential_sum``): the terms are added one at a time in row-major
