@@ -235,8 +235,9 @@ class Graph:
     def with_float_dtype(self, dtype: str, only: str | None = None) -> "Graph":
         """The same graph with every floating-point tensor (and float param value) stored as ``dtype``:
         how an fp32 example becomes the fp16 or bf16 program the tensor-core path compiles. Accumulator
-        dtypes (``acc_dtype``) are attributes and stay; an op whose own attributes name a dtype that no
-        longer fits (a Cast to fp32 feeding an fp16 add) is reported by the frontend's checks as usual.
+        dtypes (``acc_dtype``) are attributes and stay, unless narrower than ``dtype`` (fp32 ones in an fp64
+        graph widen to fp64); an op whose own attributes name a dtype that no longer fits (a Cast to fp32
+        feeding an fp16 add) is reported by the frontend's checks as usual.
 
         ``only`` (a float dtype) retypes just the tensors and params of that dtype, and the dtype attributes
         (``to``, ``acc_dtype``, ``out_dtype``) naming it: ``with_float_dtype("fp32", only="fp64")`` narrows
@@ -255,9 +256,13 @@ class Graph:
         for t in d["tensors"].values():
             if hit(t["dtype"]):
                 t["dtype"] = dt.name
-        for n in d["graph"] if src is not None else ():
+        for n in d["graph"]:
             attrs = n.get("attrs", {})
-            attrs.update({k: dt.name for k in ("to", "acc_dtype", "out_dtype") if hit(attrs.get(k))})
+            if src is not None:
+                attrs.update({k: dt.name for k in ("to", "acc_dtype", "out_dtype") if hit(attrs.get(k))})
+            acc = dtypes.lookup(attrs.get("acc_dtype"))
+            if acc is not None and acc.is_float and acc.itemsize < dt.itemsize:
+                attrs["acc_dtype"] = dt.name        # an accumulator narrower than the values widens with them
         g = Graph.from_json(d, f"{self.name} as {dt.name}")
         params = {}
         for k, v in self.params.items():

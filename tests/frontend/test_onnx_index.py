@@ -358,6 +358,20 @@ def test_float64_inputs_and_initializers_stay_float64(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_a_double_model_matches_onnxruntime(target):
+    # softmax over rows past 4096, a row sum of exps and a scaled difference, all DOUBLE
+    nodes = [h.make_node("Softmax", ["x"], ["s"], axis=1), h.make_node("Exp", ["x"], ["e"]),
+             h.make_node("ReduceSum", ["e", "ax"], ["r"], keepdims=1), h.make_node("Sub", ["x", "r"], ["d"]),
+             h.make_node("Mul", ["d", "k"], ["y"])]
+    m = model(nodes, [("x", TP.DOUBLE, [3, 4099])], [("s", TP.DOUBLE, [3, 4099]), ("y", TP.DOUBLE, [3, 4099])],
+              [const("ax", np.array([1], np.int64)), const("k", np.array([0.37]))])
+    x = RNG.standard_normal((3, 4099)) * 4
+    got, want = kumiko.compile(kumiko.from_onnx(m), target)(x=x), onnxruntime_run(m, {"x": x})
+    for name, w in zip("sy", want):
+        assert got[name].dtype == np.float64 and rel_l2(got[name], w) <= 1e-12, name
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_float64_inputs_and_initializers_are_narrowed_on_request(target):
     m = _double_matmul()
     x = RNG.standard_normal((2, 4))

@@ -114,3 +114,47 @@ def test_fp64_cpu_kernels_have_no_float_lanes():
     x = Tensor.input("x", (4, 1025), "fp64")
     exe = kumiko.compile((x.exp() * 3).sum(1).graph("y"), "cpu")
     assert "kv_t" not in exe._run.source and "double" in exe._run.source
+
+
+# the CUDA targets: fp64 runs on the SIMT skeleton (one thread per row, double arithmetic; warp-shuffle
+# reductions and the MMA skeleton are float/fp16-only and not chosen for it)
+def _cuda_cases():
+    x = Tensor.input("x", (3, 4099), "fp64")
+    a, b = Tensor.input("a", (33, 47), "fp64"), Tensor.input("b", (47, 21), "fp64")
+    c, w = Tensor.input("c", (1, 2, 9, 10), "fp64"), Tensor.input("w", (3, 2, 3, 3), "fp64")
+    X, A, B, Cc, W = rnd(3, 4099), rnd(33, 47), rnd(47, 21), rnd(1, 2, 9, 10), rnd(3, 2, 3, 3)
+    e = np.exp(X - X.max(1, keepdims=True))
+    return [(x.softmax(1).graph("y"), {"x": X}, e / e.sum(1, keepdims=True)),
+            ((x * x + 1).sum(1).graph("y"), {"x": X}, (X * X + 1).sum(1)),
+            ((a @ b).graph("y"), {"a": A, "b": B}, A @ B),
+            (c.conv2d(w, padding=1).graph("y"), {"c": Cc, "w": W}, _conv_ref(Cc, W, np.zeros(3), 1))]
+
+
+def test_cuda_emu_computes_fp64():
+    pytest.importorskip("kumiko.runtime.emu")
+    import shutil
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA emulator needs g++")
+    for g, ins, want in _cuda_cases():
+        close(run(g, "cuda-emu", **ins)["y"], want)
+
+
+@pytest.mark.nvcc
+def test_cuda_fp64_kernels_build_with_nvcc():
+    from kumiko.runtime.ptxas import nvcc_path
+    if nvcc_path() is None:
+        pytest.skip("nvcc is not on PATH")
+    for g, _, _ in _cuda_cases():
+        exe = kumiko.compile(g, target="cuda", gpu_arch="sm_90a")     # builds the cubin, no device needed
+        assert "double" in exe.compilation.source and "shfl_xor_f32" not in exe.compilation.source
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_symbolic_mean_and_layernorm(target):
+    # a symbolic row length: the element count is a REDUCE of ones, in float64 like the sum it divides
+    x = Tensor.input("x", ("M", "K"), "fp64")
+    exe = kumiko.compile((x.layernorm(axis=1) + x.mean(1, keepdim=True)).graph("y"), target)
+    for shape in ((3, 4099), (2, 9)):
+        xs = rnd(*shape) * 5 + 3
+        mu, var = xs.mean(1, keepdims=True), xs.var(1, keepdims=True)
+        close(exe(x=xs)["y"], (xs - mu) / np.sqrt(var + 1e-5) + mu)
