@@ -183,9 +183,9 @@ def _read_inputs(path: str) -> dict[str, np.ndarray]:
 def _check(exe, inputs: dict, outputs: dict) -> list:
     """``--check``: the same inputs through the reference evaluator, each output compared within its dtype's
     bound (kumiko.accuracy)."""
-    from kumiko.accuracy import compare
+    from kumiko.accuracy import compare, judged_as
     from kumiko.compiler import Executable
-    return compare(outputs, Executable(exe.tiny, "eval")(**{**exe.params, **inputs}))
+    return compare(outputs, Executable(exe.tiny, "eval")(**{**exe.params, **inputs}), judged_as(exe.tiny))
 
 
 def _describe(arr: np.ndarray) -> dict:
@@ -378,8 +378,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _dtype_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), help="store every floating-point tensor as this "
-                   "dtype (e.g. an fp32 example as fp16: the tensor-core path of the CUDA targets)")
+    p.add_argument("--dtype", choices=("fp16", "bf16", "fp32", "fp64"), help="store every floating-point tensor as "
+                   "this dtype (e.g. an fp32 example as fp16: the tensor-core path of the CUDA targets)")
 
 
 def _resume_options(p: argparse.ArgumentParser) -> None:

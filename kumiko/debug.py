@@ -25,7 +25,7 @@ from typing import Mapping
 
 import numpy as np
 
-from kumiko.accuracy import OutputCheck, compare
+from kumiko.accuracy import OutputCheck, compare, judged_as
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph, SigInput
 from kumiko.tiny.evaluate import evaluate
@@ -185,7 +185,8 @@ def bisect(graph: Graph | TinyGraph, inputs: Mapping[str, np.ndarray] | None = N
     full = _expose(graph, _tensors(graph))
     rows = _rows(graph, full)
     want = evaluate(full.tiny if isinstance(full, Graph) else full, feeds, env)   # the plain outputs among them
-    checks = tuple(compare(plain(**feeds), {t: want[t] for t in plain.output_names}))
+    judged = judged_as(full.tiny if isinstance(full, Graph) else full)
+    checks = tuple(compare(plain(**feeds), {t: want[t] for t in plain.output_names}, judged))
     got: dict[str, np.ndarray] = {}
     size = max(1, batch or len(rows) or 1)
     compiles = 0
@@ -195,9 +196,9 @@ def bisect(graph: Graph | TinyGraph, inputs: Mapping[str, np.ndarray] | None = N
         out = exe(**feeds)
         compiles += 1
         got.update((t, out[t]) for t in chunk)
-        if any(not c.ok for c in compare(got, {t: want[t] for t in chunk})):
+        if any(not c.ok for c in compare(got, {t: want[t] for t in chunk}, judged)):
             break                       # the first wrong tensor is in this batch: later ones cannot be first
-    errs = {c.name: c for c in compare(got, {t: want[t] for t in got})}
+    errs = {c.name: c for c in compare(got, {t: want[t] for t in got}, judged)}
     kernels, notes = _kernels(plain)
     table = tuple(NodeCheck(k, r.node, r.op, errs[r.tensor],
                             tuple((t, errs[t].rel_l2 if t in errs else None) for t in r.inputs),

@@ -23,7 +23,7 @@ CODES: dict[str, tuple[str, str]] = {
     "E1009": ("MalformedGraph", "Check the file against the format in docs/frontend.md."),
     "E1010": ("InvalidAttribute", "Check the op's attributes against docs/frontend.md."),
     "E1011": ("ShapeMismatch", "Check the operand shapes of this op."),
-    "E1012": ("UnsupportedDtype", "Use fp16, bf16, fp32, i32 or bool (or cast first)."),
+    "E1012": ("UnsupportedDtype", "Use fp16, bf16, fp32, fp64, i32 or bool (or cast first)."),
     "E1013": ("SignatureError", "Every signature input and output must be a tensor of the graph, listed once."),
     "E1014": ("UnboundSymbol", "Pass an input whose shape fixes the symbol, or give it with --shapes SYM=VALUE."),
     "E1015": ("InputMismatch", "Pass arrays with the dtype and shape the graph signature declares."),

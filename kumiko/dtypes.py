@@ -1,4 +1,4 @@
-"""The element types kumiko knows: fp16, bf16, fp32, i32, bool (+ fp64 for references only).
+"""The element types kumiko knows: fp16, bf16, fp32, fp64, i32, bool.
 
 bf16 comes from ml_dtypes so numpy can hold it. Names follow the seeds (``fp16``); the DSL's short
 names (``f16``) and numpy's (``float16``) are accepted as aliases on input and never produced.
@@ -43,8 +43,8 @@ i32 = DType("i32", np.dtype(np.int32), 4, False, True, "int")
 bool_ = DType("bool", np.dtype(np.bool_), 1, False, False, "bool")
 
 ALL: dict[str, DType] = {d.name: d for d in (fp16, bf16, fp32, fp64, i32, bool_)}
-#: dtypes a user graph may use (fp64 is for reference evaluation only)
-USER: tuple[str, ...] = ("fp16", "bf16", "fp32", "i32", "bool")
+#: dtypes a user graph may use (fp64 runs on the eval and cpu targets; the CUDA targets refuse it, E1012)
+USER: tuple[str, ...] = ("fp16", "bf16", "fp32", "fp64", "i32", "bool")
 
 _ALIASES = {
     "f16": "fp16", "float16": "fp16", "half": "fp16",

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import kumiko
-from kumiko import dtypes
-from kumiko.accuracy import BOUNDS, bound, compare, raise_on_mismatch, rel_l2
+from kumiko import Tensor, dtypes
+from kumiko.accuracy import BOUNDS, bound, compare, judged_as, raise_on_mismatch, rel_l2
 from kumiko.diagnostics import KumikoError
 
 
@@ -41,9 +41,25 @@ def test_shape_mismatch_is_infinite_error():
 def test_bounds_follow_the_dtype():
     assert bound("fp32") == 1e-4 and bound(dtypes.fp16) == 1e-2 and bound(np.dtype(ml_dtypes.bfloat16)) == 2e-2
     assert bound("i32") == 0.0 and bound(np.dtype(np.bool_)) == 0.0
+    assert bound("fp64") == 1e-12 and bound(np.dtype(np.float64)) == 1e-12
     assert set(BOUNDS) == set(dtypes.USER)
     with pytest.raises(ValueError):
-        bound("fp64")
+        bound("int8")
+
+
+def test_an_output_is_judged_by_the_loosest_float_dtype_behind_it():
+    # fp32 math cast up to fp64 carries fp32 rounding: the fp32 bound; an all-fp64 chain: the fp64 bound
+    x = Tensor.input("x", (4, 8), "fp32")
+    d = Tensor.input("d", (4, 8), "fp64")
+    up = (x.exp() * 2).cast("fp64")
+    tiny = up.graph("up").tiny
+    assert judged_as(tiny) == {"up": "fp32"}
+    assert judged_as((d * d).sum(1).graph("s").tiny) == {"s": "fp64"}
+    assert judged_as((d > 0).cast("i32").graph("i").tiny) == {"i": "fp64"}
+    want = {"up": np.float64(1) + np.arange(4.0)}
+    off = {"up": want["up"] * (1 + 1e-9)}
+    assert compare(off, want)[0].bound == 1e-12 and not compare(off, want)[0].ok
+    assert compare(off, want, judged_as(tiny))[0].ok
 
 
 def test_compare_and_the_mismatch_diagnostic():
@@ -63,7 +79,7 @@ def test_compare_and_the_mismatch_diagnostic():
         raise_on_mismatch(checks, "cuda-emu", {"M": 64})
     d = e.value.to_dict()
     assert d["code"] == "E1705" and d["kind"] == "ResultMismatch" and d["at"] == "output y on cuda-emu"
-    assert "fp16 bound 0.01" in d["why"] and "1 element(s) are NaN or inf" in d["why"]
+    assert "bound 0.01 for this fp16 output" in d["why"] and "1 element(s) are NaN or inf" in d["why"]
     assert d["sizes"] == {"M": 64} and d["outputs"]["i"]["ok"] is False
 
 

@@ -51,7 +51,7 @@ FUSED = ("fused", "fused_reduce", "fused_cumulative")
 #: literal words (not reserved by the seed, but they always mean the literal; use `inf` to name a value)
 LITERALS = {"true": True, "false": False, "inf": float("inf"), "nan": float("nan")}
 #: DSL dtype names -> kumiko dtype names (kumiko's own names are accepted too)
-DTYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "i32": "i32", "bool": "bool"}
+DTYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64", "i32": "i32", "bool": "bool"}
 DSL_DTYPE = {v: k for k, v in DTYPES.items()}
 #: words that may precede a main input's type: role, mutability, storage (see SigInput)
 QUALIFIERS = {"data": "role", "param": "role", "state": "role", "immutable": "mutability",
@@ -206,11 +206,8 @@ class Parser:
         from kumiko import dtypes
         dt = dtypes.lookup(DTYPES.get(t.text, t.text))
         if dt is None or dt.name not in dtypes.USER or t.text not in (*DTYPES, *DTYPES.values()):
-            if dt is dtypes.fp64:
-                why = f"{t.text!r} is not a graph dtype (kumiko keeps fp64 for reference evaluation only)"
-            else:
-                near = closest_match(t.text, list(DTYPES))
-                why = f"unknown dtype {t.text!r}" + (f"; did you mean {near!r}?" if near else "")
+            near = closest_match(t.text, list(DTYPES))
+            why = f"unknown dtype {t.text!r}" + (f"; did you mean {near!r}?" if near else "")
             raise self.err(t, why, suggestion=f"use one of {', '.join(DTYPES)}")
         self.take()
         self.expect("[", f"after the dtype {t.text!r}", f"write the shape in brackets: {t.text}[N, K] "

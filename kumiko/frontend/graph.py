@@ -120,8 +120,9 @@ class Graph:
     #: values of ``param`` inputs known when the graph is made (e.g. ONNX initializers); executables
     #: fill inputs the caller leaves out from here. Not part of the JSON form (arrays, not text).
     params: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    #: fp32 data inputs that executables also take as float64 arrays, narrowed at the call (an ONNX
-    #: model's DOUBLE inputs, which the importer declares fp32). Not part of the JSON form.
+    #: fp32 data inputs that executables also take as float64 arrays, narrowed at the call (fp64 inputs
+    #: narrowed by ``with_float_dtype("fp32", only="fp64")``, as ``from_onnx(narrow_double=True)`` does).
+    #: Not part of the JSON form.
     fp64_inputs: frozenset = field(default_factory=frozenset, repr=False)
 
     # construction -----------------------------------------------------------------------------------
@@ -231,23 +232,52 @@ class Graph:
             raise KumikoError("E1009", at=f"{where}.symbols", why="'symbols' maps size names to ints")
         return Graph.make(inputs, outputs, tensors, nodes, dict(symbols), str(d.get("name", "main")))
 
-    def with_float_dtype(self, dtype: str) -> "Graph":
+    def with_float_dtype(self, dtype: str, only: str | None = None) -> "Graph":
         """The same graph with every floating-point tensor (and float param value) stored as ``dtype``:
         how an fp32 example becomes the fp16 or bf16 program the tensor-core path compiles. Accumulator
-        dtypes (``acc_dtype``) are attributes and stay; an op whose own attributes name a dtype that no
-        longer fits (a Cast to fp32 feeding an fp16 add) is reported by the frontend's checks as usual."""
-        dt = dtypes.lookup(dtype)
-        if dt is None or not dt.is_float or dt.name not in dtypes.USER:
-            raise KumikoError("E1012", at=f"{self.name} as {dtype}", suggestion="give fp16, bf16 or fp32",
-                              why=f"{dtype!r} is not a floating-point dtype a graph may use")
+        dtypes (``acc_dtype``) are attributes and stay, unless narrower than ``dtype`` (fp32 ones in an fp64
+        graph widen to fp64); an op whose own attributes name a dtype that no longer fits (a Cast to fp32
+        feeding an fp16 add) is reported by the frontend's checks as usual.
+
+        ``only`` (a float dtype) retypes just the tensors and params of that dtype, and the dtype attributes
+        (``to``, ``acc_dtype``, ``out_dtype``) naming it: ``with_float_dtype("fp32", only="fp64")`` narrows
+        float64 to fp32 (``from_onnx(..., narrow_double=True)``). A finite param value the new dtype cannot
+        hold is then E1012, and the retyped data inputs still take float64 arrays (``fp64_inputs``)."""
+        dt, src = dtypes.lookup(dtype), dtypes.lookup(only) if only is not None else None
+        if dt is None or not dt.is_float or dt.name not in dtypes.USER or (only is not None and (
+                src is None or not src.is_float)):
+            raise KumikoError("E1012", at=f"{self.name} as {dtype}", suggestion="give fp16, bf16, fp32 or fp64",
+                              why=f"{dtype!r} (from {only!r}) is not a floating-point dtype a graph may use")
+
+        def hit(name: Any) -> bool:
+            t = dtypes.lookup(name)
+            return t is not None and (t is src if src is not None else t.is_float)
         d = self.to_json()
         for t in d["tensors"].values():
-            if dtypes.lookup(t["dtype"]).is_float:
+            if hit(t["dtype"]):
                 t["dtype"] = dt.name
+        for n in d["graph"]:
+            attrs = n.get("attrs", {})
+            if src is not None:
+                attrs.update({k: dt.name for k in ("to", "acc_dtype", "out_dtype") if hit(attrs.get(k))})
+            acc = dtypes.lookup(attrs.get("acc_dtype"))
+            if acc is not None and acc.is_float and acc.itemsize < dt.itemsize:
+                attrs["acc_dtype"] = dt.name        # an accumulator narrower than the values widens with them
         g = Graph.from_json(d, f"{self.name} as {dt.name}")
-        params = {k: np.asarray(v).astype(dt.np) if np.asarray(v).dtype.kind == "f" else v
-                  for k, v in self.params.items()}
-        return replace(g, params=params) if params else g
+        params = {}
+        for k, v in self.params.items():
+            v = np.asarray(v)
+            if v.dtype.kind != "f" or not hit(dtypes.from_numpy(v.dtype)):
+                params[k] = v
+                continue
+            with np.errstate(over="ignore"):
+                params[k] = v.astype(dt.np)
+            if src is not None and (np.isinf(params[k]) & np.isfinite(v)).any():
+                raise KumikoError("E1012", at=f"{self.name} as {dt.name}", why=f"param {k!r} holds finite "
+                                  f"{src.name} values beyond the {dt.name} range")
+        wide = frozenset(i.tensor for i in self.inputs if i.role == "data" and self.tensors[i.tensor].dtype is
+                         dtypes.fp64) if src is dtypes.fp64 and dt is dtypes.fp32 else frozenset()
+        return replace(g, params=params or g.params, fp64_inputs=self.fp64_inputs | wide)
 
     def save(self, path: str | Path) -> None:
         from kumiko.util import atomic_write

@@ -82,7 +82,7 @@ class Ctx:
         acc = self.dtype_attr("acc_dtype", default or dtypes.default_acc(dt))
         if acc is not dt and (acc is dtypes.bool_ or acc.is_float != dt.is_float
                               or acc.itemsize <= dt.itemsize):
-            want = "fp32" if dt.is_float else "i32"
+            want = dtypes.default_acc(dt).name
             raise self.err("E1010", f"acc_dtype={acc.name} is not an accumulator for {dt} values: it "
                            f"must be {dt} or a wider dtype of the same kind", suggestion=f"use acc_dtype={want!r}")
         return acc
@@ -263,13 +263,14 @@ def keepdim(ctx: Ctx, x: str, shape: tuple, axes: tuple) -> str:
     return ctx.b.expand(ctx.b.reshape(x, kept), shape)
 
 
-def count(ctx: Ctx, shape: tuple, axes: tuple) -> Any:
-    """The number of elements over ``axes``: an int immediate, or a REDUCE of ones when symbolic."""
+def count(ctx: Ctx, shape: tuple, axes: tuple, dt: dtypes.DType = dtypes.fp32) -> Any:
+    """The number of elements over ``axes``: an int immediate, or a REDUCE of ones in ``dt`` (the dtype
+    it divides) when symbolic."""
     n = prod([shape[a] for a in axes])
     if isinstance(n, int):
         return float(n)
-    ones = ctx.b.const(1.0, dtypes.fp32, shape)
-    return ctx.b.reduce(ones, "SUM", axes, dtypes.fp32)
+    ones = ctx.b.const(1.0, dt, shape)
+    return ctx.b.reduce(ones, "SUM", axes, dt)
 
 
 

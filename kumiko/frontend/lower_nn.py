@@ -116,7 +116,7 @@ def lower_layernorm(ctx: Ctx, args: list) -> str:
     eps = float(ctx.number("eps", 1e-5, minimum=0))     # a negative eps can make var + eps <= 0: nan
     acc = ctx.acc_dtype(dt)
     xf = b.cast(x, acc)
-    n = count(ctx, shape, axes)
+    n = count(ctx, shape, axes, acc)
     mean = ew(ctx, "FDIV", b.reduce(xf, "SUM", axes, acc), n)
     xc = b.add("SUB", [xf, keepdim(ctx, mean, shape, axes)])
     var = ew(ctx, "FDIV", b.reduce(b.add("MUL", [xc, xc]), "SUM", axes, acc), n)
@@ -212,7 +212,7 @@ def lower_reduce(ctx: Ctx, args: list) -> str:
         acc = ctx.acc_dtype(dt)
         y = b.reduce(x, "SUM", axes, acc)
         if fn == "mean":
-            y = ew(ctx, "FDIV", y, count(ctx, shape, axes))
+            y = ew(ctx, "FDIV", y, count(ctx, shape, axes, acc))
         y = b.cast(y, dt)
     if ctx.attr("keepdim", False):
         y = b.reshape(y, tuple(1 if i in axes else d for i, d in enumerate(shape)))

@@ -16,16 +16,15 @@ from kumiko.frontend.onnx_import import Importer
 from kumiko.frontend.onnx_model import OnnxNode
 from kumiko.frontend.onnx_ops import _axes_arg, converter
 
-_FLOATS = (dtypes.fp32, dtypes.fp16, dtypes.bf16)
-
 
 def _float_input(imp: Importer, node: OnnxNode) -> tuple[str, dtypes.DType]:
-    """The input in fp32 (16-bit floats widened) and its own dtype; E1012 for non-float inputs."""
+    """The input in fp32 (16-bit floats widened; fp64 stays fp64) and its own dtype; E1012 for non-float
+    inputs."""
     x = imp.tensor(node.input(0))
     dt = imp.dtype(x)
-    if dt not in _FLOATS:
+    if not dt.is_float:
         raise node.err("E1012", f"{node.op_type} takes a float input, got {dt}")
-    return imp.cast(x, dtypes.fp32), dt
+    return imp.cast(x, dtypes.default_acc(dt)), dt
 
 
 def _softplus(imp: Importer, x: str) -> str:

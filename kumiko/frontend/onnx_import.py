@@ -27,14 +27,15 @@ Rules (docs/onnx.md has the user-facing version):
   time still reads it.
 * dtypes: FLOAT, FLOAT16, BFLOAT16, INT32, BOOL map to fp32, fp16, bf16, i32, bool. INT64 (ONNX's
   index and shape type) is narrowed to i32: constants are checked to fit (E1012 otherwise), int64
-  graph inputs are declared i32 (executables narrow int64 arrays that fit). DOUBLE is narrowed to fp32
-  the same way: initializers checked to stay finite, DOUBLE graph inputs declared fp32 and listed in
-  ``Graph.fp64_inputs`` so executables take float64 arrays for them. Everything else is E1012.
+  graph inputs are declared i32 (executables narrow int64 arrays that fit). DOUBLE is fp64, computed
+  in float64 as onnxruntime does; ``narrow_double=True`` narrows it to fp32 after import
+  (``Graph.with_float_dtype("fp32", only="fp64")``: initializers checked to stay finite, DOUBLE graph
+  inputs declared fp32 and listed in ``Graph.fp64_inputs`` so executables take float64 arrays for
+  them). Everything else is E1012.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -56,12 +57,12 @@ from kumiko.symbolic import Expr, dim
 from kumiko.tiny.build import TinyBuilder
 from kumiko.tiny.ir import FrozenDict
 
-#: ONNX TensorProto elem types kumiko represents (INT64 narrowed to i32, DOUBLE to fp32)
+#: ONNX TensorProto elem types kumiko represents (INT64 narrowed to i32)
 ONNX_DTYPES = {1: dtypes.fp32, 10: dtypes.fp16, 16: dtypes.bf16, 6: dtypes.i32, 7: dtypes.i32, 9: dtypes.bool_,
-               11: dtypes.fp32}
+               11: dtypes.fp64}
 NP_KUMIKO = {np.dtype(np.float32): dtypes.fp32, np.dtype(np.float16): dtypes.fp16, dtypes.bf16.np: dtypes.bf16,
              np.dtype(np.int32): dtypes.i32, np.dtype(np.int64): dtypes.i32, np.dtype(np.bool_): dtypes.bool_,
-             np.dtype(np.float64): dtypes.fp32}
+             np.dtype(np.float64): dtypes.fp64}
 _I32 = np.iinfo(np.int32)
 
 #: ONNX op type -> converter(importer, node) -> one kumiko tensor name (or constant array) per output
@@ -85,7 +86,7 @@ def kumiko_dtype(t: int, where: str) -> dtypes.DType:
     dt = ONNX_DTYPES.get(t)
     if dt is None:
         raise KumikoError("E1012", at=where, why=f"ONNX dtype {onnx_dtype_name(t)} is not supported",
-                          suggestion="kumiko imports FLOAT, FLOAT16, BFLOAT16, INT32, INT64 (as i32), DOUBLE (as fp32) "
+                          suggestion="kumiko imports FLOAT, FLOAT16, BFLOAT16, INT32, INT64 (as i32), DOUBLE "
                                      "and BOOL")
     return dt
 
@@ -152,7 +153,6 @@ class Importer:
             {i.name for i in self.graph.input} | {o.name for o in self.graph.output} | \
             {t.name for t in self.graph.initializer}
         self.input_types: dict[str, Any] = {}
-        self.fp64_inputs: set[str] = set()          # DOUBLE graph inputs (declared fp32)
         self.fold_why = ""                          # why the last fold of a shape value failed
         self.unfolded: dict[str, str] = {}          # outputs whose shape-value fold failed -> why
 
@@ -275,9 +275,6 @@ class Importer:
         if arr.dtype == np.int64 and arr.size and (arr.min() < _I32.min or arr.max() > _I32.max):
             raise KumikoError("E1012", at=where, why=f"int64 constant {name!r} holds values outside the i32 "
                               "range; kumiko narrows INT64 to i32")
-        if arr.dtype == np.float64 and (np.isfinite(arr) & (np.abs(arr) > np.finfo(np.float32).max)).any():
-            raise KumikoError("E1012", at=where, why=f"float64 constant {name!r} holds finite values beyond the fp32 "
-                              "range; kumiko narrows DOUBLE to fp32")
         k = self.fresh_name(name)
         self.params[k] = np.array(arr, dtype=dt.np, order="C")   # (ascontiguousarray makes 0-d 1-d)
         self.kt[name] = k
@@ -379,8 +376,6 @@ class Importer:
             if i.name in self.consts:
                 continue      # IR < 4 lists initializers as inputs too
             self.input_types[i.name] = self._value_type(i, f"onnx input {i.name!r}")
-            if i.type.tensor_type.elem_type == 11:
-                self.fp64_inputs.add(i.name)
         for i in g.input:     # inputs not folded away keep their place (and order) in the signature
             if i.name in self.input_types and i.name not in self.static:
                 self._declare(i.name, self.input_types[i.name])
@@ -512,8 +507,7 @@ class Importer:
         sig = [s for s in self.sig if s.tensor in live or (s.role == "data" and s.tensor not in self.static)]
         tensors = {s.tensor: self.types[s.tensor] for s in sig}
         params = {s.tensor: self.params[s.tensor] for s in sig if s.role == "param"}
-        g = Graph.make(sig, outputs, tensors, nodes, {}, self.b.name, params=params)
-        return replace(g, fp64_inputs=frozenset(self.fp64_inputs & set(tensors)))
+        return Graph.make(sig, outputs, tensors, nodes, {}, self.b.name, params=params)
 
 
 def _freeze(v: Any) -> Any:
@@ -532,14 +526,17 @@ def supported_ops() -> list[str]:
     return sorted(CONVERTERS)
 
 
-def from_onnx(model, *, static_inputs: Mapping[str, Any] | None = None, name: str | None = None) -> Graph:
+def from_onnx(model, *, static_inputs: Mapping[str, Any] | None = None, name: str | None = None,
+              narrow_double: bool = False) -> Graph:
     """Import an ONNX model (a path or an ``onnx.ModelProto``) as a frontend ``Graph``.
 
     ``graph.params`` holds the initializers (``kumiko.compile(graph)`` fills them in); pass the
     data inputs by their ONNX names. ``static_inputs`` maps graph-input names to values that the
-    importer may fold where it needs a constant (a Reshape shape fed as an input, say).
+    importer may fold where it needs a constant (a Reshape shape fed as an input, say). DOUBLE tensors
+    compute in float64; ``narrow_double=True`` narrows them to fp32 instead (see the module docstring).
     """
     from kumiko.frontend import onnx_ops  # noqa: F401  (registers CONVERTERS and FOLDERS)
     model = load_model(model)
     name = name or re.sub(r"\W", "_", model.graph.name or "main") or "main"
-    return Importer(model, static_inputs, name).run()
+    g = Importer(model, static_inputs, name).run()
+    return g.with_float_dtype("fp32", only="fp64") if narrow_double else g

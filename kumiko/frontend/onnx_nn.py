@@ -164,7 +164,7 @@ def conv_attention(imp: Importer, node: OnnxNode) -> list:
             raise node.err("E1010", f"{key} is not supported")
     q, k, v = (imp.tensor(node.input(i)) for i in range(3))
     if imp.dtype(q) not in (dtypes.fp32, dtypes.fp16, dtypes.bf16):
-        raise node.err("E1012", f"Attention needs float inputs, got {imp.dtype(q)}")
+        raise node.err("E1012", f"Attention needs fp32, fp16 or bf16 inputs, got {imp.dtype(q)} (scores are fp32)")
     rank = len(imp.shape(q))
     if rank == 3:
         hq, hkv = node.attr("q_num_heads"), node.attr("kv_num_heads")

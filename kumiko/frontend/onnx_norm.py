@@ -29,7 +29,9 @@ def _float_input(imp: Importer, node: OnnxNode, min_rank: int) -> tuple[str, dty
     x = imp.tensor(node.input(0))
     dt = imp.dtype(x)
     if dt not in _FLOATS:
-        raise node.err("E1012", f"{node.op_type} takes a float input, got {dt}")
+        raise node.err("E1012", f"{node.op_type} takes an fp32, fp16 or bf16 input, got {dt} (kumiko normalises "
+                       "in fp32)", suggestion="import a DOUBLE model with from_onnx(..., narrow_double=True)"
+                       if dt is dtypes.fp64 else None)
     if len(imp.shape(x)) < min_rank:
         raise node.err("E1011", f"{node.op_type} needs an input of rank {min_rank} or more ([N, C, ...]), got "
                        f"{[str(d) for d in imp.shape(x)]}")

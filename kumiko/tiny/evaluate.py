@@ -2,8 +2,9 @@
 
 It is the oracle every later stage is tested against, so it is deliberately simple: each node's
 result is rounded to the node's dtype (fp16/bf16 math is done in fp32 and rounded back, as a GPU
-does per op); REDUCE accumulates in its declared dtype. ``fp64=True`` instead computes every float
-node in float64 (an "ideal" reference for judging rounding error of the other targets).
+does per op; fp64 math is float64 throughout); REDUCE accumulates in its declared dtype. ``fp64=True``
+instead computes every float node in float64 (an "ideal" reference for judging rounding error of the
+other targets).
 
 A float SUM follows what the compiled kernels compute, because where values overflow the order and
 the fusion decide the result (``_sequential_sum``): the terms are added one at a time in row-major
@@ -107,8 +108,9 @@ def _store(dt: dtypes.DType, fp64: bool) -> np.dtype:
 
 
 def _compute(dt: dtypes.DType, fp64: bool) -> np.dtype:
-    """Math happens in fp32 for 16-bit floats (rounded back by ``_round``), fp64 in reference mode."""
-    if fp64 and dt.is_float:
+    """Math happens in fp32 for 16-bit floats (rounded back by ``_round``), float64 for fp64 nodes and, in
+    reference mode, for every float node."""
+    if dt is dtypes.fp64 or (fp64 and dt.is_float):
         return np.dtype(np.float64)
     return np.dtype(np.float32) if dt.is_float else dt.np
 
@@ -185,7 +187,7 @@ def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool, fused: l
     if u in ops.ELEMENTWISE:
         return _elementwise(n, srcs, fp64)
     if u == "REDUCE":
-        acc = _compute(n.dtype, fp64) if not (fp64 and n.dtype.is_float) else np.dtype(np.float64)
+        acc = _compute(n.dtype, fp64)
         xa = x.astype(acc)
         axes = tuple(a.get("axes", ()))
         if not axes:

@@ -18,7 +18,7 @@ CASES = [
      "    return y\n}\n", "E1601", 2, 13, "did you mean 'bias'"),
     ("bad_dtype", "graph<N=4> main(x: f8[N]) -> (y: f32[N]) {\n    y = relu(x)\n    return y\n}\n",
      "E1601", 1, 20, "unknown dtype 'f8'"),
-    ("fp64_dtype", "graph main(x: f64[2]) -> (y: f32[2]) {\n    return x\n}\n", "E1601", 1, 15, "reference"),
+    ("f8_dtype", "graph main(x: f8[2]) -> (y: f32[2]) {\n    return x\n}\n", "E1601", 1, 15, "unknown dtype"),
     ("unbalanced_paren", HEAD + "    y = relu((x + 1.0)\n    return y\n}\n", "E1601", 2, 13, "never closed"),
     ("extra_paren", HEAD + "    y = relu(x))\n    return y\n}\n", "E1601", 2, 16, "unmatched ')'"),
     ("reserved_word", HEAD + "    fused = relu(x)\n    return fused\n}\n", "E1601", 2, 5, "reserved word"),

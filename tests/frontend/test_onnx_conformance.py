@@ -45,7 +45,7 @@ OPS |= {"Elu", "Selu", "Celu", "Softplus", "Softsign", "HardSwish", "HardSigmoid
 OPS |= {"Resize", "Upsample"}
 #: N-D windows and the rest of the real exports' ops (onnx_nn.py, onnx_index.py)
 OPS |= {"ConvTranspose", "Tile"}
-#: ONNX elem types kumiko imports (INT64 narrowed to i32, DOUBLE to fp32)
+#: ONNX elem types kumiko imports (INT64 narrowed to i32)
 DTYPES = {1: "FLOAT", 10: "FLOAT16", 16: "BFLOAT16", 6: "INT32", 7: "INT64", 9: "BOOL", 11: "DOUBLE"}
 #: features outside the list's scope: (test-name pattern, reason); the importer must reject these
 KNOWN = [

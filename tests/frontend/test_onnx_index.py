@@ -340,13 +340,42 @@ def test_range_over_a_symbolic_shape_runs_at_any_length(target):
         np.testing.assert_allclose(exe(ids=ids)["y"], onnxruntime_run(m, {"ids": ids})[0], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_float64_inputs_and_initializers_are_narrowed(target):
+def _double_matmul():
     w = const("w", RNG.standard_normal((4, 3)))            # float64 initializer
     nodes = [h.make_node("MatMul", ["x", "w"], ["y"]), h.make_node("Cast", ["y"], ["z"], to=TP.DOUBLE)]
-    m = model(nodes, [("x", TP.DOUBLE, [2, 4])], [("y", TP.DOUBLE, [2, 3]), ("z", TP.DOUBLE, [2, 3])], [w])
-    x = RNG.standard_normal((2, 4))
+    return model(nodes, [("x", TP.DOUBLE, [2, 4])], [("y", TP.DOUBLE, [2, 3]), ("z", TP.DOUBLE, [2, 3])], [w])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_float64_inputs_and_initializers_stay_float64(target):
+    m = _double_matmul()
     g = kumiko.from_onnx(m)
+    assert g.tensors["x"].dtype is kumiko.dtypes.fp64 and g.params["w"].dtype == np.float64 and not g.fp64_inputs
+    x = 1e200 * RNG.standard_normal((2, 4))                  # beyond fp32: float64 all the way
+    got, want = kumiko.compile(g, target)(x=x), onnxruntime_run(m, {"x": x})
+    for k, v in enumerate(want):
+        assert got["yz"[k]].dtype == np.float64 and rel_l2(got["yz"[k]], v) <= 1e-12
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_double_model_matches_onnxruntime(target):
+    # softmax over rows past 4096, a row sum of exps and a scaled difference, all DOUBLE
+    nodes = [h.make_node("Softmax", ["x"], ["s"], axis=1), h.make_node("Exp", ["x"], ["e"]),
+             h.make_node("ReduceSum", ["e", "ax"], ["r"], keepdims=1), h.make_node("Sub", ["x", "r"], ["d"]),
+             h.make_node("Mul", ["d", "k"], ["y"])]
+    m = model(nodes, [("x", TP.DOUBLE, [3, 4099])], [("s", TP.DOUBLE, [3, 4099]), ("y", TP.DOUBLE, [3, 4099])],
+              [const("ax", np.array([1], np.int64)), const("k", np.array([0.37]))])
+    x = RNG.standard_normal((3, 4099)) * 4
+    got, want = kumiko.compile(kumiko.from_onnx(m), target)(x=x), onnxruntime_run(m, {"x": x})
+    for name, w in zip("sy", want):
+        assert got[name].dtype == np.float64 and rel_l2(got[name], w) <= 1e-12, name
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_float64_inputs_and_initializers_are_narrowed_on_request(target):
+    m = _double_matmul()
+    x = RNG.standard_normal((2, 4))
+    g = kumiko.from_onnx(m, narrow_double=True)
     assert g.tensors["x"].dtype is kumiko.dtypes.fp32 and g.params["w"].dtype == np.float32
     assert g.fp64_inputs == {"x"}
     exe = kumiko.compile(g, target)
@@ -358,9 +387,12 @@ def test_float64_inputs_and_initializers_are_narrowed(target):
     assert e.value.code == "E1015"
 
 
-def test_float64_constant_beyond_fp32_is_refused():
+def test_float64_constant_beyond_fp32_is_refused_when_narrowed():
     big = const("big", np.array([1e300, 1.0]))
     m = model([h.make_node("Add", ["x", "big"], ["y"], name="add_big")], [("x", TP.DOUBLE, [2])],
               [("y", TP.DOUBLE, [2])], [big])
-    e = refused(m, "E1012")
-    assert "add_big" in e.at and "fp32" in e.why
+    x = np.array([1.5, -2.25])
+    np.testing.assert_array_equal(kumiko.compile(kumiko.from_onnx(m), "eval")(x=x)["y"], x + [1e300, 1.0])
+    with pytest.raises(kumiko.KumikoError) as e:
+        kumiko.from_onnx(m, narrow_double=True)
+    assert e.value.code == "E1012" and "'big'" in e.value.why and "fp32" in e.value.why
