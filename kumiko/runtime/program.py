@@ -316,10 +316,10 @@ class CpuProgram:
                 names = [n for n, _ in self.program.inputs]
                 raise KumikoError("E1015", at="inputs", why=f"missing {[n for n in names if n not in inputs]}",
                                   expected=names) from None
-            if arr is const:            # checked when the frame was made, and read-only
+            if arr is const:            # checked when the frame was made; an array's address never changes
                 ptr = const_ptr
             else:
-                overridden = overridden or const is not None or name in self.constants
+                overridden = overridden or name in self.constants
                 # the cheap check: what the full one would accept in place, as it is; anything else takes it
                 if not (type(arr) is np.ndarray and arr.dtype == dt and arr.shape == want and arr.strides == strides
                         and (ptr := address(arr)) % align == 0):
@@ -391,6 +391,7 @@ class CpuProgram:
                      state: CallState) -> None:
         """Write the panels' addresses into the frame: the shared panels of the bound constants (once, until
         a call passes other arrays), or this call's own packing."""
+        frame.packed_own = False        # until every place is written below
         bufs = {n: a for (n, *_), a in zip(frame.inputs, arrays)}
         bufs.update(outs)
         bufs.update(frame.views)
