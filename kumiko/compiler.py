@@ -113,6 +113,11 @@ class Executable:
                                                    want=want)
         self._run = self.compilation.runner()
         self._sizes_ok: set = set()      # sizes check_sizes passed (bind)
+        #: what a call's own arrays looked like when they passed ``bind`` - ((name, dtype, shape), ...) in the
+        #: call's order - and the sizes they bound: a call whose arrays look the same binds the same sizes and
+        #: passes the same checks (they read nothing else of an array), so it skips them
+        self._bound: dict[tuple, dict[str, int]] = {}
+        self._outputs = tuple(self.output_names)
         # the constants are checked once, here: a call that passes the bound arrays themselves skips their
         # checks (a network's weights are most of its inputs: ResNet-50 has 161)
         try:
@@ -162,11 +167,17 @@ class Executable:
         return env
 
     def __call__(self, **inputs: np.ndarray) -> dict[str, np.ndarray]:
-        inputs = {**self.params, **{k: self._narrow(k, np.asarray(v)) for k, v in inputs.items()}}
-        env = self.bind(inputs)
+        given = {k: self._narrow(k, np.asarray(v)) for k, v in inputs.items()}
+        key = tuple([(k, v.dtype, v.shape) for k, v in given.items()])
+        inputs = {**self.params, **given}
+        env = self._bound.get(key)
+        if env is None:
+            env = self.bind(inputs)
+            if len(self._bound) < 64:
+                self._bound[key] = env
         out = self._run(inputs, env)
         # an output that is an input of the same name is not computed by any kernel: return a copy
-        return {name: out[name] if name in out else np.array(inputs[name], copy=True) for name in self.output_names}
+        return {name: out[name] if name in out else np.array(inputs[name], copy=True) for name in self._outputs}
 
     def _constant(self, name: str, value) -> np.ndarray:
         arr = self._narrow(name, np.array(value, copy=True, order="C"))    # a C-contiguous copy of its own

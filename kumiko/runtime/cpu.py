@@ -84,14 +84,21 @@ class CModule:
                               suggestion="Check the kernel names the generated source exports.") from None
         cfn.restype = ctypes.c_int
         cfn.argtypes = (ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong))
-        return _KernelFn(name, cfn)
+        bare = self.lib[name]          # a second function object of its own: no argument conversion
+        bare.restype = ctypes.c_int
+        return _KernelFn(name, cfn, bare)
 
 
 class _KernelFn:
-    """Calls one ABI function; ctypes releases the GIL for the call, so OpenMP threads run freely."""
+    """Calls one ABI function; ctypes releases the GIL for the call, so OpenMP threads run freely.
 
-    def __init__(self, name: str, cfn):
+    ``bare(bufs, syms)`` is the same function without ctypes' argument conversion (about half the cost of a
+    call): only for the ABI's own argument arrays, ``ctypes.c_void_p * n`` and ``ctypes.c_longlong * m``,
+    which ``CpuProgram`` prepares once per call state and set of sizes."""
+
+    def __init__(self, name: str, cfn, bare=None):
         self.name, self._cfn = name, cfn
+        self.bare = bare if bare is not None else cfn
 
     def pointers(self, arrays: Sequence[np.ndarray], syms: Sequence[int]):
         """The ABI's argument arrays; build them once when calling in a loop (the bench does)."""

@@ -25,18 +25,24 @@ Calls are safe from any number of threads at once. Everything a call writes besi
 the arena, the output pools, the aligned input copies - lives in a ``CallState``; a call checks one out of
 a small free list for its duration and gives it back, so two concurrent calls never share bytes, while a
 program called from one thread reuses one state (one arena) call after call, as before.
+
+What a call costs besides its kernels (issue 23: a few microseconds): a call state keeps, per set of
+symbol values, a ``Frame`` - each step's ABI argument array (``ctypes.c_void_p * n``) with the addresses of
+the arena's buffers already in it, the ``syms`` array, each input's and output's expected shape, dtype and
+strides, and the places its address goes. A call then checks each input against that (an array of the
+expected dtype, shape and C strides at its element alignment; anything else takes the full check, with its
+diagnostics, and the copy), writes the inputs' and outputs' addresses into the argument arrays (outputs come
+from the pool with their address) and calls each kernel without ctypes' argument conversion.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
-import sys
 import threading
 import time
-from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
-import ml_dtypes
 import numpy as np
 
 from kumiko import knobs
@@ -46,112 +52,16 @@ from kumiko.kernel.loops import STATUS_BAD_INDEX
 from kumiko.region.ssa import MemRef, Program
 from kumiko.runtime.arena import ALIGN, ArenaPlan, plan_arena
 from kumiko.runtime.cpu import CModule
+from kumiko.runtime.pool import OutputPool, address, aligned_empty, poison  # noqa: F401  (re-exported)
 from kumiko.symbolic import dim_eval
 from kumiko.tiny.inputs import check_array
 from kumiko.util.log import enabled, log
 
 
-def _nbytes(shape, dt: np.dtype) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-
-
-def _aligned_raw(nbytes: int, align: int) -> tuple[np.ndarray, int]:
-    """A fresh uint8 array that owns its memory, and the offset of its first ``align``-aligned byte."""
-    raw = np.empty(nbytes + align, np.uint8)
-    return raw, (-raw.ctypes.data) % align
-
-
-def _view(raw: np.ndarray, start: int, shape, dt: np.dtype) -> np.ndarray:
-    # numpy collapses the chain: the result's .base is ``raw`` itself, not the slice or the .view
-    return raw[start:start + _nbytes(shape, dt)].view(dt).reshape(shape)
-
-
-def aligned_empty(shape, dtype, align: int = ALIGN) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data pointer is a multiple of ``align``.
-
-    Its ``.base`` is the raw uint8 array that owns the memory (``OutputPool`` relies on that)."""
-    dt = np.dtype(dtype)
-    raw, start = _aligned_raw(_nbytes(shape, dt), align)
-    return _view(raw, start, shape, dt)
-
-
-def _owner_refs(entry: tuple) -> int:
-    """``sys.getrefcount`` of a pool entry's memory owner (``entry[0]``), always measured the same way."""
-    return sys.getrefcount(entry[0])
-
-
-#: The count ``_owner_refs`` gives for an owner nothing else references: 2 on CPython (the entry tuple's
-#: reference, plus the temporary that ``entry[0]`` makes for getrefcount's argument). Measured here, in the
-#: same way the pool measures, rather than written down, so an interpreter that counts temporaries
-#: differently still gets the right baseline.
-_FREE_REFS = _owner_refs((np.empty(1, np.uint8), 0))
-
-
-class OutputPool:
-    """Output arrays kept for reuse, keyed by (output name, shape, dtype, alignment).
-
-    An array goes back to its caller and stays in the pool; a later call takes it again only once the
-    memory owner (the raw uint8 array ``aligned_empty`` slices, which owns the bytes) is referenced by the
-    pool's entry alone - ``_owner_refs(entry) == _FREE_REFS``. That is the test because every way to see
-    the bytes holds a reference to the owner: every numpy view of it (the array handed out, the user's
-    ``y[0]``, ``y.T``, ``y.reshape(...)``, ``np.asarray(y)``) has ``.base is owner``, as numpy collapses
-    view chains onto the array that owns the data; a memoryview, ``np.frombuffer``, ctypes' ``from_buffer``,
-    ``np.ctypeslib.as_ctypes`` and ``y.ctypes.data_as`` keep such a view alive, and so do
-    ``torch.from_numpy`` and ``torch.from_dlpack``. A reference cycle not yet collected only delays reuse.
-    Not seen (and not to be relied on by callers): a bare integer address (``y.ctypes.data``) kept after
-    the array is dropped, or a weak reference to the owner.
-
-    Each key keeps at most ``per_key`` arrays (2: the usual ``y = exe(...)`` loop still holds the last
-    result while the next call runs, so two arrays alternate); past that, held arrays make fresh ones that
-    the pool does not keep. Each output keeps pools for its ``shapes`` most recently used shapes (symbolic
-    sizes that change), so the memory kept stays bounded. Not thread-safe: each ``CallState`` has its own,
-    used by one call at a time.
-    """
-
-    def __init__(self, per_key: int = 2, shapes: int = 4):
-        self.per_key, self.shapes = per_key, shapes
-        #: output name -> OrderedDict((shape, dtype, align) -> [(owner, offset), ...]), oldest key first
-        self._pools: dict[str, OrderedDict[tuple, list[tuple[np.ndarray, int]]]] = {}
-
-    def take(self, name: str, shape: tuple[int, ...], dtype, align: int) -> np.ndarray:
-        """An aligned array for output ``name``: a pooled one nothing else can see, else a fresh one.
-        Its contents are whatever was there (a previous result): the caller poisons it if it wants to."""
-        dt = np.dtype(dtype)
-        key = (tuple(shape), dt, align)
-        by_key = self._pools.setdefault(name, OrderedDict())
-        pool = by_key.get(key)
-        if pool is None:
-            pool = by_key[key] = []
-            if len(by_key) > self.shapes:
-                by_key.popitem(last=False)      # forget the least recently used shape; held arrays stay valid
-        else:
-            by_key.move_to_end(key)
-        for entry in pool:
-            # no local name is bound to the owner while it is counted: the count is the pool's alone
-            if _owner_refs(entry) == _FREE_REFS:
-                return _view(entry[0], entry[1], shape, dt)
-        raw, start = _aligned_raw(_nbytes(shape, dt), align)
-        if len(pool) < self.per_key:
-            pool.append((raw, start))
-        return _view(raw, start, shape, dt)
-
-    def clear(self) -> None:
-        """Forget every pooled array (arrays still held elsewhere stay valid)."""
-        self._pools.clear()
-
-
-def poison(arr: np.ndarray) -> np.ndarray:
-    """Fill with NaN (float dtypes) or 0x7f bytes (integers, bools): values no correct kernel leaves."""
-    if arr.dtype.kind == "f" or arr.dtype == np.dtype(ml_dtypes.bfloat16):
-        arr.fill(np.nan)
-    else:
-        arr.reshape(-1).view(np.uint8).fill(0x7F)     # reshape first: a 0-d array has no byte view
-    return arr
-
-
 class CallState:
     """The memory one call of a CpuProgram writes besides its results' owners: the arena bytes (one array per
-    distinct symbol values), the output pool and the pool of aligned input copies.
+    distinct symbol values), the output pool, the pool of aligned input copies, and the ``Frame`` of each set
+    of symbol values (the kernels' argument arrays, which hold addresses of this state's memory).
 
     Why a separate object: these are reused call after call (no allocation and no page faults in a loop),
     so two calls running at once must not get the same one - a second thread's kernels would overwrite the
@@ -161,7 +71,37 @@ class CallState:
         self.outputs = OutputPool()
         self.copies = OutputPool(per_key=1)   # aligned copies of inputs that are unaligned or not contiguous
         self.arenas: dict[tuple, np.ndarray] = {}
-        self.views: dict[tuple, dict[str, np.ndarray]] = {}   # symbol values -> the arena's buffer views
+        self.frames: dict[tuple, Frame] = {}  # symbol values -> the prepared arguments of a call
+
+
+class Frame:
+    """A call state's prepared call at one set of symbol values (made by ``CpuProgram.frame``).
+
+    ``inputs``: per program input (name, MemRef, shape, numpy dtype, C strides, alignment, places, the bound
+    constant or None, the constant's address), where places are the (argument array, index) pairs its address
+    goes to; ``outputs``: per output (name, shape, numpy dtype, alignment, places); ``calls``: per step (step,
+    kernel or None, argument array), the arena's addresses already written; ``packs``: per step with pre-packed
+    panels (step, ((panel buffer, places), ...)); ``views``: the arena's buffers as arrays."""
+    __slots__ = ("inputs", "outputs", "calls", "syms", "sym_list", "raw", "poison_arena", "views", "packs",
+                 "packs_static", "packed_own")
+
+    def __init__(self, inputs: tuple, outputs: tuple, calls: list, syms: list[int], raw: np.ndarray,
+                 poison_arena: bool, views: dict, packs: tuple, packs_static: bool):
+        self.inputs, self.outputs, self.calls = inputs, outputs, calls
+        self.sym_list = syms
+        self.syms = (ctypes.c_longlong * max(1, len(syms)))(*syms)
+        self.raw, self.poison_arena, self.views = raw, poison_arena, views
+        self.packs, self.packs_static = packs, packs_static
+        #: the panels' places hold the shared panels of the bound constants (not a call's own packing)
+        self.packed_own = False
+
+
+def _c_strides(shape: tuple, itemsize: int) -> tuple:
+    out, step = [], itemsize
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(out))
 
 
 class CpuProgram:
@@ -193,6 +133,7 @@ class CpuProgram:
         self.poison = poison          # None: follow KUMIKO_SPEC (poison unless it is 0)
         self.reuse_outputs = reuse_outputs    # read at each call; False: a fresh array per output per call
         self.symbols = program_symbols(program)
+        self.kernels: list = []       # (step, kernel function) where the steps are C functions
         used = {b for st in steps for b in st.buffers}
         # buffers handed between regions inside one kernel are never allocated
         self._planned = dataclasses.replace(program, buffers=tuple(b for b in program.buffers if b[0] in used))
@@ -221,18 +162,25 @@ class CpuProgram:
         """The primary state's pool of aligned input copies (as ``_outputs``)."""
         return self._primary.copies
 
+    def _checkout(self) -> CallState:
+        """A CallState no other running call has; give it back with ``_checkin``."""
+        with self._state_lock:
+            return self._free_states.pop() if self._free_states else CallState()
+
+    def _checkin(self, state: CallState) -> None:
+        """Keep ``state`` for the next call (up to ``KEEP_STATES`` of them), so sequential calls reuse one arena."""
+        with self._state_lock:
+            if len(self._free_states) < self.KEEP_STATES:
+                self._free_states.append(state)
+
     @contextmanager
     def call_state(self) -> Iterator[CallState]:
-        """A CallState no other running call has, for the duration of one call; kept for the next call
-        after (up to ``KEEP_STATES`` of them), so sequential calls reuse one arena."""
-        with self._state_lock:
-            state = self._free_states.pop() if self._free_states else CallState()
+        """A CallState no other running call has, for the duration of one call; kept for the next call after."""
+        state = self._checkout()
         try:
             yield state
         finally:
-            with self._state_lock:
-                if len(self._free_states) < self.KEEP_STATES:
-                    self._free_states.append(state)
+            self._checkin(state)
 
     # -- buffers ----------------------------------------------------------------------------------
     def arena_plan(self, env: Mapping[str, int]) -> ArenaPlan:
@@ -268,15 +216,130 @@ class CpuProgram:
         numpy array is only 16-byte aligned, and copying a large one costs a pass over it per call."""
         return dt.itemsize
 
-    def _input(self, name: str, m: MemRef, arr, want: tuple, state: CallState) -> np.ndarray:
+    def _input(self, name: str, m: MemRef, arr, want: tuple, state: CallState) -> tuple[np.ndarray, int]:
+        """The full check of an input (its diagnostics) and the array the kernels read, with its address: the
+        input itself, or a copy in ``state``'s memory when it is not C-contiguous or not aligned."""
         arr = check_array(name, m.dtype, arr, want, m.shape, raw16=True)   # raw 16-bit storage accepted as-is
         align = self.input_align(m, arr.dtype)
-        if arr.flags.c_contiguous and arr.ctypes.data % align == 0:
-            return arr
+        if arr.flags.c_contiguous:
+            ptr = address(arr)
+            if ptr % align == 0:
+                return arr, ptr
         # the aligned copy is the runtime's own (never handed out): its memory is reused call after call
-        out = state.copies.take(name, tuple(arr.shape), arr.dtype, max(align, ALIGN))
+        out, ptr = state.copies.lease(name, tuple(arr.shape), arr.dtype, max(align, ALIGN))
         out[...] = arr
-        return out
+        return out, ptr
+
+    def _sizes(self, env: Mapping[str, int], key: tuple) -> tuple:
+        """(input shapes, [(output, shape, numpy dtype, alignment)]) at these symbol values, evaluated once."""
+        shapes = self._shapes.get(key)
+        if shapes is None:
+            try:
+                shapes = self._shapes[key] = (
+                    {n: tuple(dim_eval(d, env) for d in m.shape) for n, m in self.program.inputs},
+                    [(n, tuple(dim_eval(d, env) for d in m.shape), np.dtype(m.dtype.np), max(ALIGN, m.alignment))
+                     for n, m in self.program.outputs])
+            except KeyError as e:
+                raise self._unbound(e) from None
+        return shapes
+
+    def _unbound(self, e: KeyError) -> KumikoError:
+        return KumikoError("E1014", at=f"program {self.program.name}", why=f"size symbol {e.args[0]} has no "
+                           "value", suggestion="Bind it through an input's shape (or give it in env).")
+
+    def frame(self, env: Mapping[str, int], state: CallState) -> Frame:
+        """``state``'s prepared call at these symbol values (made on first use)."""
+        key = tuple(env.get(s) for s in self.symbols)
+        frame = state.frames.get(key)
+        if frame is None:
+            frame = state.frames[key] = self._frame(env, key, state)
+        return frame
+
+    def _frame(self, env: Mapping[str, int], key: tuple, state: CallState) -> Frame:
+        in_shapes, outs = self._sizes(env, key)
+        syms = self.syms(env)
+        plan, raw = self.arena(env, state)
+        memrefs = dict(self._planned.buffers)
+        views = {s.name: raw[s.offset:s.offset + s.nbytes].view(memrefs[s.name].dtype.np).reshape(
+            tuple(dim_eval(d, env) for d in memrefs[s.name].shape)) for s in plan.slots}
+        base = address(raw)
+        at_offset = {s.name: base + s.offset for s in plan.slots}
+        places: dict[str, list] = {}
+        calls = []
+        for step, fn in self.kernels or [(st, None) for st in self.steps]:
+            args = (ctypes.c_void_p * max(1, len(step.buffers)))()
+            for j, n in enumerate(step.buffers):
+                if n in at_offset:
+                    args[j] = at_offset[n]
+                else:
+                    places.setdefault(n, []).append((args, j))
+            calls.append((step, fn, args))
+        panels = {pk.buffer for st in self.steps for pk in st.packs}
+        known = {n for n, _ in self.program.inputs} | {n for n, _ in self.program.outputs} | panels
+        for step in self.steps:
+            bad = [n for n in step.buffers if n not in known and n not in at_offset]
+            if bad:
+                raise KumikoError("E1703", at=f"region {' + '.join(step.regions)}", why=f"buffer {bad[0]!r} is "
+                                  "neither a program input, output nor intermediate")
+        inputs = []
+        for n, m in self.program.inputs:
+            dt, want = np.dtype(m.dtype.np), in_shapes[n]
+            const, const_ptr = self.constants.get(n), None
+            if const is not None:       # a bound constant is passed as itself once it passed the full check here
+                try:
+                    const, const_ptr = self._input(n, m, const, want, state)
+                except KumikoError:
+                    const = None        # not usable at these sizes: a call that passes it gets the diagnostic
+                if const is not None and const is not self.constants[n]:
+                    const = None        # it needs a copy: each call copies it, as any input
+            inputs.append((n, m, want, dt, _c_strides(want, dt.itemsize), self.input_align(m, dt),
+                           tuple(places.get(n, ())), const, const_ptr))
+        outputs = tuple((n, shape, dt, align, tuple(places.get(n, ()))) for n, shape, dt, align in outs)
+        packs = tuple((st, tuple((pk.buffer, tuple(places.get(pk.buffer, ()))) for pk in st.packs))
+                      for st in self.steps if st.packs)
+        static = all(self.constants.get(src) is not None for st, _ in packs for pk in st.packs for src in pk.sources)
+        return Frame(tuple(inputs), outputs, calls, syms, raw, bool(plan.slots), views, packs, static)
+
+    def place(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int], state: CallState,
+              do_poison: bool) -> tuple[Frame, list[np.ndarray], dict[str, np.ndarray], bool]:
+        """Make ready one run in ``state``: the inputs checked (copied where they must be), the outputs taken
+        (and poisoned), the arena poisoned, every address written into the frame's argument arrays. Returns
+        the frame, the arrays the kernels read for the inputs (in ``program.inputs`` order: keep them alive
+        for the run), the outputs, and whether a bound constant was passed as another array."""
+        frame = self.frame(env, state)
+        arrays = []
+        overridden = False
+        for name, m, want, dt, strides, align, places, const, const_ptr in frame.inputs:
+            try:
+                arr = inputs[name]
+            except KeyError:
+                names = [n for n, _ in self.program.inputs]
+                raise KumikoError("E1015", at="inputs", why=f"missing {[n for n in names if n not in inputs]}",
+                                  expected=names) from None
+            if arr is const:            # checked when the frame was made; an array's address never changes
+                ptr = const_ptr
+            else:
+                overridden = overridden or name in self.constants
+                # the cheap check: what the full one would accept in place, as it is; anything else takes it
+                if not (type(arr) is np.ndarray and arr.dtype == dt and arr.shape == want and arr.strides == strides
+                        and (ptr := address(arr)) % align == 0):
+                    arr, ptr = self._input(name, m, arr, want, state)
+            arrays.append(arr)
+            for a, j in places:
+                a[j] = ptr
+        outs = {}
+        for name, shape, dt, align, places in frame.outputs:
+            if self.reuse_outputs:
+                arr, ptr = state.outputs.lease(name, shape, dt, align)
+            else:
+                arr = aligned_empty(shape, dt, align)
+                ptr = address(arr)
+            outs[name] = poison(arr) if do_poison else arr
+            for a, j in places:
+                a[j] = ptr
+        if do_poison and frame.poison_arena:
+            frame.raw.fill(0xFF)
+        return frame, arrays, outs, overridden
 
     def buffers(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int],
                 state: CallState) -> dict[str, np.ndarray]:
@@ -285,41 +348,11 @@ class CpuProgram:
 
         Outputs come from the output pool (an array no caller can still see) unless ``reuse_outputs`` is
         off; poisoning, when on, covers reused arrays too."""
-        names = [n for n, _ in self.program.inputs]
-        missing = [n for n in names if n not in inputs]
-        if missing:
-            raise KumikoError("E1015", at="inputs", why=f"missing {missing}", expected=names)
         do_poison = self.poison if self.poison is not None else knobs.spec() >= 1
-        key = tuple(env.get(s) for s in self.symbols)
-        try:
-            shapes = self._shapes.get(key)
-            if shapes is None:     # the sizes depend on the symbol values only: evaluated once per set
-                shapes = self._shapes[key] = (
-                    {n: tuple(dim_eval(d, env) for d in m.shape) for n, m in self.program.inputs},
-                    [(n, tuple(dim_eval(d, env) for d in m.shape), m.dtype.np, max(ALIGN, m.alignment))
-                     for n, m in self.program.outputs])
-            consts = self.constants
-            # a bound constant passed as itself was checked by the Executable and is C-contiguous (only the cpu
-            # target passes constants: it reads inputs at their element alignment)
-            bufs = {n: inputs[n] if n in consts and inputs[n] is consts[n]
-                    else self._input(n, m, inputs[n], shapes[0][n], state) for n, m in self.program.inputs}
-            for n, shape, dt, align in shapes[1]:
-                arr = (state.outputs.take(n, shape, dt, align) if self.reuse_outputs
-                       else aligned_empty(shape, dt, align))
-                bufs[n] = poison(arr) if do_poison else arr
-            plan, raw = self.arena(env, state)
-        except KeyError as e:
-            raise KumikoError("E1014", at=f"program {self.program.name}", why=f"size symbol {e.args[0]} has no "
-                              "value", suggestion="Bind it through an input's shape (or give it in env).") from None
-        if do_poison and plan.slots:
-            raw.fill(0xFF)
-        views = state.views.get(key)
-        if views is None:          # views of this state's arena for these sizes: made once
-            memrefs = dict(self._planned.buffers)
-            views = state.views[key] = {
-                s.name: raw[s.offset:s.offset + s.nbytes].view(memrefs[s.name].dtype.np).reshape(
-                    tuple(dim_eval(d, env) for d in memrefs[s.name].shape)) for s in plan.slots}
-        bufs.update(views)
+        frame, arrays, outs, _ = self.place(inputs, env, state, do_poison)
+        bufs = {n: a for (n, *_), a in zip(frame.inputs, arrays)}
+        bufs.update(outs)
+        bufs.update(frame.views)
         return bufs
 
     # -- running ----------------------------------------------------------------------------------
@@ -327,8 +360,7 @@ class CpuProgram:
         try:
             return [int(env[s]) for s in self.symbols]
         except KeyError as e:
-            raise KumikoError("E1014", at=f"program {self.program.name}", why=f"size symbol {e.args[0]} has no "
-                              "value", suggestion="Bind it through an input's shape (or give it in env).") from None
+            raise self._unbound(e) from None
 
     # -- pre-packed constant operands ---------------------------------------------------------------
     def _bind_packs(self, inputs: Mapping[str, np.ndarray], bufs: dict, syms: list[int],
@@ -354,6 +386,23 @@ class CpuProgram:
                         panels = self._packed[(step.regions, key)] = self._pack(step, bufs, syms, env, None)
             bufs.update(panels)
 
+    def _place_packs(self, frame: Frame, inputs: Mapping[str, np.ndarray], arrays: list[np.ndarray],
+                     outs: dict[str, np.ndarray], overridden: bool, env: Mapping[str, int],
+                     state: CallState) -> None:
+        """Write the panels' addresses into the frame: the shared panels of the bound constants (once, until
+        a call passes other arrays), or this call's own packing."""
+        frame.packed_own = False        # until every place is written below
+        bufs = {n: a for (n, *_), a in zip(frame.inputs, arrays)}
+        bufs.update(outs)
+        bufs.update(frame.views)
+        self._bind_packs(inputs, bufs, frame.sym_list, env, state)
+        for _, panels in frame.packs:
+            for buf, places in panels:
+                ptr = address(bufs[buf])
+                for a, j in places:
+                    a[j] = ptr
+        frame.packed_own = frame.packs_static and not overridden
+
     def _pack(self, step: Step, bufs: dict, syms: list[int], env: Mapping[str, int],
               state: CallState | None) -> dict[str, np.ndarray]:
         panels = {}
@@ -370,33 +419,42 @@ class CpuProgram:
         return panels
 
     def __call__(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
-        syms = self.syms(env)
-        with self.call_state() as state:
-            bufs = self.buffers(inputs, env, state)
-            if self._pack_fns:
-                self._bind_packs(inputs, bufs, syms, env, state)
-            timed = enabled(2)
-            for step, fn in self.kernels:
-                t0 = time.perf_counter()
-                self._run_step(step, fn, bufs, syms, env)
+        do_poison = self.poison if self.poison is not None else knobs.spec() >= 1
+        timed = enabled(2)
+        state = self._checkout()
+        try:
+            frame, arrays, outs, overridden = self.place(inputs, env, state, do_poison)
+            if frame.packs and (overridden or not frame.packed_own):
+                self._place_packs(frame, inputs, arrays, outs, overridden, env, state)
+            syms = frame.syms
+            for step, fn, args in frame.calls:
+                t0 = time.perf_counter() if timed else 0.0
+                rc = fn.bare(args, syms)
+                if rc:
+                    self._failed(step, fn, rc, env)
                 if timed:
                     log(2, f"cpu {step.fn}: {(time.perf_counter() - t0) * 1e3:.3f} ms")
-        return {n: bufs[n] for n, _ in self.program.outputs}
+        finally:
+            self._checkin(state)
+        return outs
 
     def _run_step(self, step: Step, fn, bufs: Mapping[str, np.ndarray], syms: list[int],
                   env: Mapping[str, int]) -> None:
-        """One ABI call; its status as a diagnostic."""
-        where = f"region {' + '.join(step.regions)}"
+        """One ABI call with named buffers (the pack functions); its status as a diagnostic."""
         try:
             arrays = [bufs[n] for n in step.buffers]
         except KeyError as e:
-            raise KumikoError("E1703", at=where, why=f"buffer {e.args[0]!r} is neither a "
-                              "program input, output nor intermediate") from None
+            raise KumikoError("E1703", at=f"region {' + '.join(step.regions)}", why=f"buffer {e.args[0]!r} is "
+                              "neither a program input, output nor intermediate") from None
         rc = fn(arrays, syms)
+        if rc:
+            self._failed(step, fn, rc, env)
+
+    def _failed(self, step: Step, fn, rc: int, env: Mapping[str, int]) -> None:
+        """A kernel's nonzero status as its diagnostic."""
+        where = f"region {' + '.join(step.regions)}"
         if rc == STATUS_BAD_INDEX:     # the generated code's data-dependent index check (gather)
             raise KumikoError("E1015", at=where, why="a gather index is out of range for "
                               "the tensor it reads", suggestion="Pass indices within the gathered axis.",
                               sizes=dict(env))
-        if rc != 0:
-            raise KumikoError("E1704", at=where, why=f"kernel {fn.name} returned {rc}",
-                              sizes=dict(env))
+        raise KumikoError("E1704", at=where, why=f"kernel {fn.name} returned {rc}", sizes=dict(env))
