@@ -209,7 +209,7 @@ class Executable:
 
 
 #: what ``Executable.save`` writes (a new version when the record changes)
-EXECUTABLE_FORMAT = "kumiko-executable/1"
+EXECUTABLE_FORMAT = "kumiko-executable/2"        # 2: plans of PLAN_FORMAT 2 (named blocks)
 
 
 def load_executable(path: str | Path) -> Executable:

@@ -131,7 +131,10 @@ def test_plans_from_a_file(tmp_path, capsys):
 @pytest.mark.parametrize("edit", [
     lambda d: d["k_C2"].update(vectorize={"axis": "n", "width": 4096}),      # no machine has it
     lambda d: d.update(k_nowhere=d["k_C2"]),                                 # no such region
-    lambda d: d["k_C2"].update(micro="12x32"),                              # not a plan
+    lambda d: d["k_C2"].update(micro="12x32"),                              # not a plan (format 1's field)
+    lambda d: d["k_C2"].update(tile=[48, 64, 32]),                          # a GPU plan's CTA tile on the CPU
+    lambda d: d["k_C2"].update(register_block={"mr": 6}),                   # half a block
+    lambda d: d["k_C2"].update(layout_hints={"note": "hand-tuned"}),        # notes are no layout hints
     lambda d: ["not", "a", "map"],
 ])
 def test_a_bad_plan_file_is_e1801(edit, tmp_path, capsys):
@@ -144,6 +147,24 @@ def test_a_bad_plan_file_is_e1801(edit, tmp_path, capsys):
     assert main(["run", GEMM, "--plan", str(p)]) == 2
     err = capsys.readouterr().err
     assert "E1801" in err and "Traceback" not in err
+
+
+def test_a_format_1_plan_file_says_what_to_do(tmp_path, capsys):
+    """A plan file written before the Plan named its blocks (``tile``/``micro`` holding the CPU's cache and
+    register blocks) is E1801 naming the file's region and how to get a plan of this format."""
+    _dump(GEMM, tmp_path, "plan")
+    p = tmp_path / "gemm_bias_relu.plan.json"
+    d = json.loads(p.read_text())
+    new = d["k_C2"]
+    old = {k: v for k, v in new.items() if k not in ("cache_block", "register_block")}
+    old.update(tile=list(new["cache_block"].values()), micro=list(new["register_block"].values()), stages=1,
+               warp_tile=None, threads=0, barrier_model=None)
+    p.write_text(json.dumps({"k_C2": old}))
+    capsys.readouterr()
+    assert main(["run", GEMM, "--plan", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "E1801" in err and "format 1" in err and "k_C2" in err and "--dump plan" in err
+    assert "Traceback" not in err
 
 
 def test_kumiko_dump_writes_what_dump_all_writes(tmp_path, monkeypatch, capsys):

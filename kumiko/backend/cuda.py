@@ -147,7 +147,8 @@ class CudaBackend(CudaEmuBackend):
         region = error.details.get("region")
         if error.code != "E1801" or region is None or region in (comp.options.plans or {}):
             return None
-        nxt = fallback_gpu_plan(comp.plan[region], f"{self.machine(comp).gpu_arch}: {error.why}")
+        nxt = fallback_gpu_plan(comp.plan[region], self.machine(comp).gpu_arch,
+                                error.details.get("hazard", "resources"))
         if nxt is None:
             return None
         r = next(r for r in comp.region.regions if r.name == region)

@@ -1,6 +1,6 @@
 """The packed contraction path: a top-level ``Reduce(sum, K, mul(x, y))`` of a region runs as a
 BLIS-style blocked GEMM with packed panels and a register-blocked micro-kernel whose shape comes from
-the Plan (``micro=(MR, NR)``, ``vectorize.width``, ``tile=(MC, NC, KC)``).
+the Plan (``register_block`` (MR, NR), ``vectorize.width``, ``cache_block`` (MC, NC, KC)).
 
 Nothing here knows op names. The contraction and the roles of its axes are the region's own facts
 (``kumiko.region.analysis.find_contraction``: output axes that only ``x`` reads are M, those only ``y``
@@ -64,9 +64,9 @@ class ContractionLowering(PanelPacking):
 
     def __init__(self, lo: CpuLowering, c: Contraction, plan: Plan, constants: frozenset = frozenset()):
         self.lo, self.c, self.plan = lo, c, plan
-        self.mr, self.nr = plan.micro
+        self.mr, self.nr = plan.register_block
         self.vw = plan.vector_width
-        self.mc, self.nc, self.kc = plan.tile
+        self.mc, self.nc, self.kc = plan.cache_block
         extra = c.k_axes + (c.outer.axes if c.outer is not None else ())
         for a in extra:
             lo.sizes[a.name] = a.size

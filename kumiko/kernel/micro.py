@@ -2,7 +2,7 @@
 the C text they need besides ``kumiko_cpu.h``.
 
 ``micro_kernel(MR, NR, VW)`` is one ``static`` C function per micro-tile shape of the program's plans
-(``micro=(MR, NR)``, ``vectorize.width``): ``C[MR][NR] (+)= A panel x B panel`` in GCC vector types
+(``register_block`` (MR, NR), ``vectorize.width``): ``C[MR][NR] (+)= A panel x B panel`` in GCC vector types
 (``kk_vf``, VW floats). The row-block pipeline (``kumiko.kernel.stream``) uses a variant whose A is MR rows
 of a row-major tile. ``vector_types(VW)`` is the translation unit's prelude for them: the vector types,
 the OpenMP thread queries (stubs without OpenMP), the per-thread scratch kept between calls

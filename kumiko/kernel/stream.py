@@ -221,9 +221,9 @@ def lower_pipe(pipe: RowPipe, plan0: Plan, plan1: Plan, syms: tuple, name: str, 
     except ValueError:             # the elision's row checks have nowhere to go: every column, every block
         pipe = dataclasses.replace(pipe, elide=None, bound="")
         rp = _row_program(pipe, lo0)
-    (mr, nr), (mr1, nr1) = plan0.micro, plan1.micro
+    (mr, nr), (mr1, nr1) = plan0.register_block, plan1.register_block
     vw = plan0.vector_width
-    kc, kc1 = plan0.tile[2], plan1.tile[2]
+    kc, kc1 = plan0.cache_block.kc, plan1.cache_block.kc
     bm = block_rows(mr, mr1)
     lo1.n_tmp = 1000                      # temporaries of the two lowerings never share a name
     cl0, cl1 = ContractionLowering(lo0, c0, plan0), ContractionLowering(lo1, c1, plan1)

@@ -265,7 +265,7 @@ def read_plans(path: str | Path) -> dict[str, Plan]:
     out = {}
     for name, pj in d.items():
         try:
-            out[name] = Plan.from_json(pj)
+            out[name] = Plan.from_json(pj, at=f"plan of {name} in {path}")
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise KumikoError("E1801", at=f"plan of {name} in {path}",
                               why=f"not a plan ({type(e).__name__}: {e})") from None

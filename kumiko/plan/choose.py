@@ -13,7 +13,7 @@ algorithm; every other region the generic loop nest with its outer loops in para
 """
 from __future__ import annotations
 
-from kumiko.plan.plan import Plan, make_plan
+from kumiko.plan.plan import CacheBlock, Plan, RegisterBlock, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, analyze
 from kumiko.region.operands import orient
 from kumiko.region.srnf import epilogue
@@ -91,8 +91,9 @@ def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
                          bind={"outer": "omp"}, epilogue=tuple(epilogue(region)))
     mr, nr = micro_tile(vw, *_panel_extents(c, facts))
     mc = max(mr, 120 // mr * mr)
-    return make_plan(arch, algo_choice={"contraction": "packed"}, micro=(mr, nr), tile=(mc, 2048 // nr * nr, 256),
-                     vectorize={"width": vw, "axis": "n"}, bind={"m.o": "omp", "n.o(pack)": "omp"},
+    return make_plan(arch, algo_choice={"contraction": "packed"}, register_block=RegisterBlock(mr, nr),
+                     cache_block=CacheBlock(mc, 2048 // nr * nr, 256), vectorize={"width": vw, "axis": "n"},
+                     bind={"m.o": "omp", "n.o(pack)": "omp"},
                      cache=({"tensor": "x", "where": "pack", "at": "k.o"},
                             {"tensor": "y", "where": "pack", "at": "k.o"}),
                      predicate_tail=tuple(c.m_axes + c.n_axes), epilogue=tuple(epilogue(region)),

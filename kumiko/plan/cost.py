@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from kumiko.plan.plan import Plan
+from kumiko.plan.plan import CacheBlock, Plan
 from kumiko.region.ssa import (
     Binary,
     BroadcastInDim,
@@ -112,8 +112,8 @@ def estimate(region: Region, plan: Plan, env: dict, m: Machine, mnk: tuple | Non
     eff = 0.15 if plan.algo == "loops" else 0.85        # generic loops rarely reach SIMD peak
     if plan.algo == "packed" and mnk is not None:
         mm, nn, kk = mnk
-        mc, nc, kc = plan.tile
-        mr, nr = plan.micro
+        mc, nc, kc = plan.cache_block
+        mr, nr = plan.register_block
         b += 4 * (mm * kk * max(1, math.ceil(nn / nc)) + kk * nn * max(1, math.ceil(mm / mc)))
         waste = (math.ceil(mm / mr) * mr * math.ceil(nn / nr) * nr) / max(1, mm * nn) - 1
         # the kernel splits the rows (whole MR panels) or the NR panels between threads, whichever is more even
@@ -132,7 +132,7 @@ def candidates(plan: Plan, m: Machine) -> list[Plan]:
     """Cache-block variants of a packed plan, pruned by the STOP conditions; the chosen one first."""
     if plan.algo != "packed":
         return [plan]
-    mr, nr = plan.micro
+    mr, nr = plan.register_block
     out = [plan]
     for kc in (128, 192, 256, 384, 512):
         for mult in (8, 12, 16, 24):
@@ -140,7 +140,7 @@ def candidates(plan: Plan, m: Machine) -> list[Plan]:
             for nc in (nr * 64, nr * 128):
                 if mc * kc * 4 > 0.8 * m.l2_bytes or kc * nr * 4 > 0.8 * m.l1_bytes:
                     continue                                  # STOP: blocks spill out of the caches
-                p = replace(plan, tile=(mc, nc, kc))
+                p = replace(plan, cache_block=CacheBlock(mc, nc, kc))
                 if p not in out:
                     out.append(p)
     return out[:20]

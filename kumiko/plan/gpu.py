@@ -26,13 +26,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kumiko.diagnostics import KumikoError
-from kumiko.plan.plan import Plan, make_plan
+from kumiko.plan.plan import GPU_ARCHS, Plan, check_fields, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, analyze, row_axes
 from kumiko.region.srnf import children, epilogue
 from kumiko.region.ssa import Read, Reduce, Region, RExpr
 from kumiko.symbolic import Expr, prod
 
-GPU_ARCHS = ("sm80", "sm90")
 SIMT_BINDINGS = ("thread", "warp")
 #: per-block shared memory limits (bytes) and the register file limit per thread: what a plan must fit, what the
 #: GPU IR verifier checks and the emulator enforces
@@ -160,9 +159,8 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
     c = facts.contraction
     dt = mma_operand_dtype(facts, c) if c is not None else None
     if c is None or dt is None:
-        why = "no contraction" if c is None else "fp32 operands (mma.sync takes fp16/bf16)"
         return make_plan(arch, algo_choice={"region": "simt"}, threads=256, bind={"point": simt_binding(region)},
-                         epilogue=tuple(epilogue(region)), layout_hints={"why_simt": why})
+                         epilogue=tuple(epilogue(region)))
     sizes = facts.sizes
     m = _const(prod([sizes[a] if a in sizes else 1 for a in c.m_axes]))
     n = _const(prod([sizes[a] for a in c.n_axes]))
@@ -196,7 +194,7 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
                {"tensor": "y", "where": "smem", "at": "k.o", "stages": stages}),
         vectorize={"axis": "k", "width": 8},
         predicate_tail=tuple(c.m_axes + c.n_axes + tuple(a.name for a in c.k_axes)),
-        epilogue=tuple(epilogue(region)), layout_hints={"smem_pad": 8, "C_stride": "row", "group_m": group_m},
+        epilogue=tuple(epilogue(region)), layout_hints={"group_m": group_m},
         algo_choice={"contraction": "mma"}, local_edges=({"from": c.let, "to": "epilogue", "buffer": buffer},),
         async_={"enable": True, "prefetch_depth": stages - 1, "epilogue_overlap": False, "release": release},
         barrier_model="cp_async_group", threads=mma_threads((bm, bn), f"{wm}x{wn}"))
@@ -207,6 +205,7 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
     at = f"plan of {region.name}"
     if plan.arch not in GPU_ARCHS:
         raise KumikoError("E1801", at=at, why=f"plan arch {plan.arch!r} is not a GPU arch {GPU_ARCHS}")
+    check_fields(plan, at)
     for key in ("point", "rest.point"):
         point = plan.get("bind", key, "thread")
         if point not in SIMT_BINDINGS or (point == "warp" and (plan.threads or 256) % 32):
@@ -220,13 +219,13 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
         raise KumikoError("E1801", at=at, why="an MMA plan needs a contraction with fp16/bf16 operands",
                           suggestion='use algo_choice {"region": "simt"}')
     if len(plan.tile) != 3 or not plan.warp_tile or "x" not in str(plan.warp_tile):
-        raise KumikoError("E1801", at=at, why="an MMA plan needs tile=(BM, BN, BK) and warp_tile 'WMxWN'")
+        raise KumikoError("E1801", at=at, why="an MMA plan needs a CTA tile [BM, BN, BK] and a warp_tile 'WMxWN'")
     bm, bn, bk = plan.tile
     wm, wn = (int(x) for x in str(plan.warp_tile).split("x"))
     if bm % wm or bn % wn or wm % 16 or wn % 16 or bk % 16:
-        raise KumikoError("E1801", at=at, why=f"tile {plan.tile} / warp tile {plan.warp_tile} do not divide into "
+        raise KumikoError("E1801", at=at, why=f"tile {list(plan.tile)} / warp_tile {plan.warp_tile} do not divide into "
                           "m16n8k16 MMAs (warp tile multiples of 16x16, BK a multiple of 16)",
-                          suggestion="e.g. tile (64, 64, 32) with warp_tile 32x32")
+                          suggestion="e.g. tile [64, 64, 32] with warp_tile 32x32")
     if plan.stages not in (2, 3, 4):
         raise KumikoError("E1801", at=at, why=f"stages={plan.stages}: the cp.async ring has 2 to 4 stages")
     release = ring_release(plan)
@@ -239,6 +238,10 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
     if not isinstance(group_m, int) or not 1 <= group_m <= 64:
         raise KumikoError("E1801", at=at, why=f"layout_hints.group_m={group_m!r}: CTA runs are 1 to 64 M tiles")
     threads = mma_threads(plan.tile, plan.warp_tile)
+    if plan.threads not in (0, threads):
+        raise KumikoError("E1801", at=at, why=f"threads={plan.threads}: a {plan.warp_tile} warp tile of a "
+                          f"{bm}x{bn} CTA tile runs {threads} threads (a warp per warp tile)",
+                          suggestion=f"threads {threads} (or 0)")
     if threads > 1024 or (bm * bk // 8) % threads or (bn * bk // 8) % threads:
         raise KumikoError("E1801", at=at, why=f"{threads} threads cannot split the {bm}x{bk} and {bn}x{bk} tiles into "
                           "whole 16-byte chunks each", suggestion="use a larger warp tile or BK")
@@ -266,9 +269,12 @@ def describe_gpu_plan(plan: Plan) -> str:
 
 def describe_plan(plan: Plan) -> str:
     """One line for any plan, CPU or GPU (``kumiko compile``'s report, ``KUMIKO_DEBUG=3``): algo, arch and
-    vector width, then a packed CPU contraction's micro-tile and cache blocks or ``describe_gpu_plan``. It
+    vector width, then a packed CPU contraction's register and cache blocks or ``describe_gpu_plan``. It
     lives here, not in ``plan.py``, because the GPU half needs this module."""
-    extra = f" micro {plan.micro[0]}x{plan.micro[1]} blocks {list(plan.tile)}" if plan.algo == "packed" else ""
+    extra = ""
+    if plan.algo == "packed" and plan.register_block is not None and plan.cache_block is not None:
+        extra = (f" register block {'x'.join(map(str, plan.register_block))}"
+                 f" cache block {'x'.join(map(str, plan.cache_block))}")
     if plan.arch in GPU_ARCHS:
         extra = " " + describe_gpu_plan(plan)
     return f"{plan.algo} ({plan.arch}, vector width {plan.vector_width}){extra}"
@@ -278,26 +284,27 @@ def describe_plan(plan: Plan) -> str:
 RELEASE_FALLBACK = {"registers": "merged", "merged": "trailing"}
 
 
-def fallback_gpu_plan(plan: Plan, why: str) -> Plan | None:
+def fallback_gpu_plan(plan: Plan, gpu_arch: str, hazard: str) -> Plan | None:
     """The next plan to try when ptxas rejects a chosen MMA plan (a spill, too much shared memory): the
     next ring schedule down first (``RELEASE_FALLBACK``: fragments no longer double-buffered, then the
     two-barrier ring, which keeps fewer values live across the K loop's branches), then the small tile
-    (64 x <= 64, 32x32 warps, 3 stages). None when nothing smaller is left. ``why`` is recorded in the new
-    plan's ``layout_hints["after_ptxas"]``, so dumps say why the plan is not the chooser's."""
+    (64 x <= 64, 32x32 warps, 3 stages). None when nothing smaller is left. Why is recorded in the new
+    plan's ``ptxas_fallback`` (the hazard, the GPU arch, how many steps down from the chooser's plan), so
+    dumps say why the plan is not the chooser's."""
     if plan.algo != "mma":
         return None
-    hints = {**dict(plan.layout_hints), "after_ptxas": why}
+    record = {"gpu_arch": gpu_arch, "hazard": hazard, "steps": int(plan.get("ptxas_fallback", "steps", 0)) + 1}
     asy = dict(plan.async_)
     release = ring_release(plan)
     if release != "trailing":
-        return plan.with_(async_={**asy, "release": RELEASE_FALLBACK[release]}, layout_hints=hints)
+        return plan.with_(async_={**asy, "release": RELEASE_FALLBACK[release]}, ptxas_fallback=record)
     bm, bn, bk = plan.tile
     small = (64 if bm % 64 == 0 else bm, min(bn, 64), 32)
     if (small, plan.warp_tile, plan.stages) == (plan.tile, "32x32", 3):
         return None
     warp = f"{min(small[0], 32)}x{min(small[1], 32)}"
     return plan.with_(tile=small, warp_tile=warp, stages=3, threads=mma_threads(small, warp),
-                      async_={**asy, "prefetch_depth": 2}, layout_hints=hints)
+                      async_={**asy, "prefetch_depth": 2}, ptxas_fallback=record)
 
 
 def check_resources(plan: Plan, kernel: str, res: KernelResources, dynamic_smem: int,
@@ -307,9 +314,9 @@ def check_resources(plan: Plan, kernel: str, res: KernelResources, dynamic_smem:
     at = f"kernel {kernel} ({res.arch})"
     if res.spill_stores or res.spill_loads:
         raise KumikoError("E1801", at=at, why=f"ptxas spills {res.spill_stores} bytes stored / {res.spill_loads} bytes "
-                          f"loaded with {res.registers} registers (plan tile {plan.tile}, warp tile {plan.warp_tile})",
-                          suggestion="use a smaller warp tile or tile", hazard="spill", registers=res.registers,
-                          region=region)
+                          f"loaded with {res.registers} registers (plan tile {list(plan.tile)}, warp_tile "
+                          f"{plan.warp_tile})", suggestion="use a smaller warp_tile or tile", hazard="spill",
+                          registers=res.registers, region=region)
     limit = SMEM_LIMIT.get(plan.arch, SMEM_LIMIT["sm80"])
     if res.smem + dynamic_smem > limit:
         raise KumikoError("E1801", at=at, why=f"{res.smem} bytes static + {dynamic_smem} dynamic shared memory exceed "

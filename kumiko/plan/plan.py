@@ -1,21 +1,61 @@
 """The Schedule Plan (seed 001 §8.1): a small, frozen, hashable record of how one region is run.
 
-Fields follow the seed: ``tile``, ``stages``, ``bind``, ``warp_tile``, ``cache``, ``vectorize``,
-``predicate_tail``, ``epilogue``, ``arch``, ``layout_hints``, ``algo_choice``, ``local_edges``,
-``async_`` (``async`` in JSON) and ``barrier_model``. CPU plans use ``tile`` for cache blocks over the
-contraction's (M, N, K), ``micro`` for the register micro-tile (MR, NR), ``vectorize.width`` from the
-machine, ``bind`` to name the loops OpenMP runs in parallel, ``cache`` for packed operand panels.
-Mappings are stored as sorted tuples so plans hash and compare by value; JSON keeps the seed's shape.
+Both backends' plans carry the seed's ``arch``, ``bind``, ``cache``, ``vectorize``, ``predicate_tail``,
+``epilogue``, ``layout_hints``, ``algo_choice`` and ``local_edges``; the rest belongs to one backend and a
+plan of the other leaves it at its default (its JSON omits it, ``check_fields`` rejects it):
+
+- CPU (``cpu-*`` arches), a packed contraction: ``cache_block`` (``CacheBlock``: MC, NC, KC, the cache
+  blocks over the contraction's M, N and K) and ``register_block`` (``RegisterBlock``: MR x NR, the
+  register micro-tile). ``bind`` names the loops OpenMP runs in parallel, ``cache`` the packed panels.
+- GPU (``sm80``/``sm90``), the seed's names: ``tile`` (BM, BN, BK, an MMA plan's CTA tile), ``warp_tile``
+  (``"WMxWN"``), ``stages`` (the cp.async ring), ``async`` (``async_`` here), ``barrier_model``,
+  ``threads`` (a CTA's threads) and ``ptxas_fallback`` (set when ptxas rejected the chooser's plan and this
+  one replaced it: the hazard, the GPU arch, how many steps down).
+
+``layout_hints`` holds typed hints only (``LAYOUT_HINTS``: ``group_m``, a GPU MMA plan's CTA swizzle),
+never notes. Mappings are stored as sorted tuples so plans hash and compare by value; JSON keeps the
+seed's shape. ``PLAN_FORMAT`` 2 is this shape; a format-1 plan (``tile``/``micro`` on both backends) read
+back is E1801 with what to do.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
-from typing import Any, Mapping
+from dataclasses import MISSING, dataclass, fields, replace
+from typing import Any, Mapping, NamedTuple
 
 from kumiko.diagnostics import KumikoError
 
-ARCHS = ("cpu-avx512", "cpu-avx2", "cpu-scalar", "sm80", "sm90")
+CPU_ARCHS = ("cpu-avx512", "cpu-avx2", "cpu-scalar")
+GPU_ARCHS = ("sm80", "sm90")
+ARCHS = CPU_ARCHS + GPU_ARCHS
+#: the Plan's JSON shape (``--dump plan``, ``--plan``, the tuning cache): 2 named each backend's blocks
+PLAN_FORMAT = 2
+
+
+class CacheBlock(NamedTuple):
+    """A packed CPU contraction's cache blocks: an MC x KC block of A stays in L2, a KC x NR panel of B in
+    L1, NC columns of B are packed at a time (upper bounds: the kernel evens them out at run time)."""
+    mc: int
+    nc: int
+    kc: int
+
+
+class RegisterBlock(NamedTuple):
+    """A packed CPU contraction's register micro-tile: MR rows x NR columns of C held in vector registers."""
+    mr: int
+    nr: int
+
+
+#: the fields only one backend's plans set (the others are both backends')
+CPU_FIELDS = ("cache_block", "register_block")
+GPU_FIELDS = ("tile", "warp_tile", "stages", "async_", "barrier_model", "threads", "ptxas_fallback")
+#: ``layout_hints``' keys and the backend whose kernels read each
+LAYOUT_HINTS = {"group_m": "gpu"}
+#: the fields that are mappings in JSON (``{}`` when empty)
+MAPPINGS = ("bind", "vectorize", "layout_hints", "algo_choice", "async_", "ptxas_fallback")
+#: ``ptxas_fallback``'s keys
+FALLBACK_KEYS = ("gpu_arch", "hazard", "steps")
+_BLOCKS = {"cache_block": CacheBlock, "register_block": RegisterBlock}
 
 
 def _freeze(v: Any) -> Any:
@@ -35,28 +75,69 @@ def _is_pairs(x: Any) -> bool:
                                                   for p in x)
 
 
+def _value(name: str, v: Any) -> Any:
+    """A field's stored form: a block as given (``Plan`` makes it a ``CacheBlock``/``RegisterBlock``), any
+    other mapping or list frozen."""
+    return v if name in _BLOCKS else _freeze(v)
+
+
+def _block(name: str, v: Any) -> Any:
+    """``v`` (a mapping of its names, a sequence, or None) as the block type of field ``name``; E1801 unless
+    it has exactly that block's whole numbers."""
+    cls = _BLOCKS[name]
+    if v is None or type(v) is cls:
+        return v
+    try:
+        b = cls(**v) if isinstance(v, Mapping) else cls(*v)
+    except TypeError:
+        b = None
+    if b is None or not all(type(x) is int for x in b):
+        names = ", ".join(cls._fields)
+        form = ", ".join('"%s": N' % n for n in cls._fields)
+        raise KumikoError("E1801", at="plan", why=f"{name} {v!r} is not {{{names}}} (whole numbers)",
+                          suggestion=f"write {name} as {{{form}}}")
+    return b
+
+
+def _key(name: str) -> str:
+    return "async" if name == "async_" else name
+
+
 @dataclass(frozen=True)
 class Plan:
     arch: str
-    tile: tuple = ()                   # CPU: (MC, NC, KC) cache blocks of a contraction; GPU: (BM, BN, BK)
-    micro: tuple = ()                  # CPU register micro-tile (MR, NR); GPU: unused
-    stages: int = 1
+    # both backends ------------------------------------------------------------------------------------
     bind: tuple = ()                   # (("m.o", "omp"), ...) or (("m.o", "block.y"), ...)
-    warp_tile: str | None = None
     cache: tuple = ()                  # ((("at", "k.o"), ("tensor", "A"), ("where", "pack")), ...)
     vectorize: tuple = ()              # (("axis", "n.i"), ("width", 8))
     predicate_tail: tuple = ()         # axis names whose extent may not divide the tile
     epilogue: tuple = ()               # ops applied to the accumulator (from SRNF R3)
-    layout_hints: tuple = ()
+    layout_hints: tuple = ()           # typed hints only (LAYOUT_HINTS): (("group_m", 8),)
     algo_choice: tuple = ()            # (("contraction", "packed"),) or (("region", "loops"),)
     local_edges: tuple = ()
-    async_: tuple = ()                 # (("enable", False), ...)
+    # CPU: a packed contraction's blocks -----------------------------------------------------------------
+    cache_block: CacheBlock | None = None          # (MC, NC, KC)
+    register_block: RegisterBlock | None = None    # (MR, NR)
+    # GPU (seed 001 §8.1) --------------------------------------------------------------------------------
+    tile: tuple = ()                   # an MMA plan's CTA tile (BM, BN, BK)
+    warp_tile: str | None = None       # "WMxWN"
+    stages: int = 1                    # the cp.async ring's stages
+    async_: tuple = ()                 # (("enable", True), ("prefetch_depth", 2), ("release", "merged"), ...)
     barrier_model: str | None = None
-    threads: int = 0                   # CPU: OpenMP threads (0: all)
+    threads: int = 0                   # a CTA's threads (0: the SIMT default)
+    ptxas_fallback: tuple = ()         # (("gpu_arch", "sm_90a"), ("hazard", "spill"), ("steps", 2))
+
+    def __post_init__(self) -> None:
+        for name in _BLOCKS:
+            object.__setattr__(self, name, _block(name, getattr(self, name)))
 
     # access ----------------------------------------------------------------------------------------
     def get(self, name: str, key: str, default: Any = None) -> Any:
         return dict(getattr(self, name)).get(key, default)
+
+    @property
+    def backend(self) -> str:
+        return backend_of(self.arch)
 
     @property
     def algo(self) -> str:
@@ -68,37 +149,93 @@ class Plan:
 
     # JSON --------------------------------------------------------------------------------------------
     def to_json(self) -> dict:
+        """The seed's shape, with this backend's fields only."""
         d: dict = {}
         for f in fields(self):
+            if f.name in _foreign(self.backend):
+                continue
             v = getattr(self, f.name)
-            key = "async" if f.name == "async_" else f.name
-            if _is_pairs(v):
-                d[key] = _thaw_map(v)
+            if isinstance(v, (CacheBlock, RegisterBlock)):
+                d[_key(f.name)] = v._asdict()
+            elif _is_pairs(v) or (f.name in MAPPINGS and not v):
+                d[_key(f.name)] = _thaw_map(v)
             elif isinstance(v, tuple):
-                d[key] = [(_thaw_map(x) if _is_pairs(x) else x) for x in v]
+                d[_key(f.name)] = [(_thaw_map(x) if _is_pairs(x) else x) for x in v]
             else:
-                d[key] = v
+                d[_key(f.name)] = v
         return d
 
     @staticmethod
-    def from_json(d: Mapping) -> "Plan":
-        known = {("async" if f.name == "async_" else f.name): f.name for f in fields(Plan)}
+    def from_json(d: Any, at: str = "plan") -> "Plan":
+        """The plan ``to_json`` wrote; E1801 for anything else (a format-1 plan says how to get a new one)."""
+        if not isinstance(d, Mapping):
+            raise KumikoError("E1801", at=at, why=f"a plan is a JSON object, not {type(d).__name__}")
+        if "micro" in d:
+            raise KumikoError(
+                "E1801", at=at, why="a plan of format 1 (its 'tile' and 'micro' meant a CPU plan's cache and "
+                f"register blocks); format {PLAN_FORMAT} names them 'cache_block' {{mc, nc, kc}} and "
+                "'register_block' {mr, nr}, keeps 'tile' for a GPU plan's CTA tile [BM, BN, BK] and has no "
+                "notes in 'layout_hints'",
+                suggestion="dump the plan again (kumiko compile FILE --dump plan --out DIR) and edit that")
+        known = {_key(f.name): f.name for f in fields(Plan)}
         bad = sorted(set(d) - set(known))
         if bad:
-            raise KumikoError("E1010", at="plan", why=f"unknown plan fields {bad}")
-        kw = {known[k]: _freeze(v) for k, v in d.items()}
-        p = Plan(**kw)
-        if p.arch not in ARCHS:
-            raise KumikoError("E1010", at="plan", why=f"arch {p.arch!r} is not one of {ARCHS}")
-        return p
+            raise KumikoError("E1801", at=at, why=f"unknown plan fields {bad}",
+                              suggestion=f"a plan's fields: {', '.join(sorted(known))}")
+        arch = d.get("arch")
+        if arch not in ARCHS:
+            raise KumikoError("E1801", at=at, why=f"arch {arch!r} is not one of {ARCHS}")
+        other = sorted(k for k, name in known.items() if k in d and name in _foreign(backend_of(arch)))
+        if other:
+            raise KumikoError("E1801", at=at, why=f"{other} are not fields of a {arch} plan", suggestion=_own(arch))
+        try:
+            p = Plan(**{known[k]: _value(known[k], v) for k, v in d.items()})
+        except KumikoError as e:
+            raise KumikoError("E1801", at=at, why=e.why, suggestion=e.suggestion) from None
+        return check_fields(p, at)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
 
     def with_(self, **kw: Any) -> "Plan":
         """A copy with fields replaced; mappings and lists are frozen as ``make_plan`` does."""
-        return replace(self, **{k: _freeze(v) for k, v in kw.items()})
+        return replace(self, **{k: _value(k, v) for k, v in kw.items()})
+
+
+def backend_of(arch: str) -> str:
+    """``"gpu"`` for a GPU arch, else ``"cpu"``."""
+    return "gpu" if arch in GPU_ARCHS else "cpu"
+
+
+def _foreign(backend: str) -> tuple:
+    return GPU_FIELDS if backend == "cpu" else CPU_FIELDS
+
+
+def _own(arch: str) -> str:
+    own = CPU_FIELDS if backend_of(arch) == "cpu" else GPU_FIELDS
+    return f"a {arch} plan's own fields are {', '.join(_key(n) for n in own)} (with the fields both backends share)"
+
+
+def check_fields(plan: Plan, at: str = "plan") -> Plan:
+    """E1801 unless ``plan`` sets only fields of its backend and ``layout_hints``/``ptxas_fallback`` hold only
+    their known keys; returns it."""
+    defaults = {f.name: f.default for f in fields(Plan) if f.default is not MISSING}
+    other = [_key(n) for n in _foreign(plan.backend) if getattr(plan, n) != defaults[n]]
+    if other:
+        raise KumikoError("E1801", at=at, why=f"{other} are not fields of a {plan.arch} plan",
+                          suggestion=_own(plan.arch))
+    for key in dict(plan.layout_hints):
+        if LAYOUT_HINTS.get(key) != plan.backend:
+            hints = [k for k, b in LAYOUT_HINTS.items() if b == plan.backend]
+            raise KumikoError("E1801", at=at, why=f"layout_hints.{key} is not a layout hint of a {plan.arch} plan "
+                              "(layout_hints holds typed hints only)",
+                              suggestion=f"a {plan.arch} plan's layout hints: {hints or 'none'}")
+    bad = sorted(set(dict(plan.ptxas_fallback)) - set(FALLBACK_KEYS))
+    if bad:
+        raise KumikoError("E1801", at=at, why=f"ptxas_fallback has unknown keys {bad}",
+                          suggestion=f"its keys: {', '.join(FALLBACK_KEYS)}")
+    return plan
 
 
 def make_plan(arch: str, **kw: Any) -> Plan:
-    return Plan(arch=arch, **{k: _freeze(v) for k, v in kw.items()})
+    return Plan(arch=arch, **{k: _value(k, v) for k, v in kw.items()})

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 from kumiko import knobs
 from kumiko.diagnostics import KumikoError
 from kumiko.plan.cost import Machine, candidates, estimate, machine_from_features
-from kumiko.plan.plan import Plan
+from kumiko.plan.plan import PLAN_FORMAT, Plan
 from kumiko.region.serial import region_json
 from kumiko.region.ssa import Program, Region
 from kumiko.util.files import cache_root, publish_entry
@@ -31,7 +31,8 @@ def shape_cluster(env: Mapping[str, int]) -> str:
 
 
 def tune_key(region: Region, env: Mapping[str, int], arch: str, compiler: str) -> str:
-    text = json.dumps(region_json(region), sort_keys=True) + "|" + shape_cluster(env) + "|" + arch + "|" + compiler
+    text = "|".join((json.dumps(region_json(region), sort_keys=True), shape_cluster(env), arch, compiler,
+                     f"plan/{PLAN_FORMAT}"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -131,8 +131,8 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             cname = {n: f"b{i}" for i, n in enumerate(pipe_buffers(pipe))}
             plan1 = plans[r1.name]
             kern = lower_pipe(pipe, plan, plan1, syms, name, cname, r.notes + r1.notes)
-            micros = (("p", plan.micro[0], plan.micro[1], plan.vector_width),
-                      ("r", plan1.micro[0], plan1.micro[1], plan1.vector_width))
+            micros = (("p", *plan.register_block, plan.vector_width),
+                      ("r", *plan1.register_block, plan1.vector_width))
             pieces.append(_Piece(kern, micros, plan.vector_width))
             fused_into.add(r1.name)
             calls.append((len(pieces) - 1, (r.name, r1.name), pipe_buffers(pipe), ()))
@@ -142,7 +142,7 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
         if plan.algo == "packed" and facts.contraction is not None:
             lo = CpuLowering(r, syms, name, facts=facts)
             kern, prepacks = lower_contraction_kernels(lo, plan, constants)
-            m = (plan.micro[0], plan.micro[1], plan.vector_width)
+            m = (*plan.register_block, plan.vector_width)
             micros = (("p", *m),) + ((("s", *m),) if lo.staged else ())
             for pk in prepacks:
                 pieces.append(_Piece(pk.kernel, (("p", *m),), plan.vector_width))

@@ -84,9 +84,33 @@ def test_plan_validation():
             validate_gpu_plan(bad, r, syms)
         assert e.value.code == "E1801"
     r32, syms32 = _region("gemm_bias_relu", "fp32")
-    assert choose_gpu_plan(r32, "sm80", syms32).algo == "simt"
+    simt = choose_gpu_plan(r32, "sm80", syms32)
+    assert simt.algo == "simt" and simt.layout_hints == () and simt.threads == 256
     with pytest.raises(KumikoError):
         validate_gpu_plan(replace(p, arch="sm80"), r32, syms32)
+
+
+def test_gpu_plan_json_has_the_seeds_fields_and_no_notes():
+    """An MMA plan's JSON: the seed's CTA tile [BM, BN, BK], warp_tile and stages, layout_hints with typed hints
+    only (group_m, the CTA swizzle); no CPU block fields. A CPU field, a note in layout_hints or a thread count
+    the warp tiles do not give is E1801 naming the field."""
+    r, syms = _region("gemm_bias_relu")
+    p = choose_gpu_plan(r, "sm80", syms)
+    d = p.to_json()
+    assert (d["tile"], d["warp_tile"], d["stages"], d["layout_hints"]) == ([128, 128, 32], "64x64", 4, {"group_m": 8})
+    assert not {"cache_block", "register_block", "micro"} & set(d) and d["ptxas_fallback"] == {}
+    assert Plan.from_json(d) == p
+    for bad, name in (({"cache_block": {"mc": 64, "nc": 64, "kc": 32}}, "cache_block"),
+                      ({"layout_hints": {"group_m": 8, "why_simt": "no contraction"}}, "layout_hints.why_simt"),
+                      ({"layout_hints": {"smem_pad": 8}}, "layout_hints.smem_pad"),
+                      ({"ptxas_fallback": {"after_ptxas": "sm_90a: spills"}}, "after_ptxas")):
+        with pytest.raises(KumikoError) as e:
+            Plan.from_json({**d, **bad})
+        assert e.value.code == "E1801" and name in e.value.why, name
+    for bad, name in ((replace(p, threads=64), "threads=64"), (replace(p, register_block=(6, 16)), "register_block")):
+        with pytest.raises(KumikoError) as e:
+            validate_gpu_plan(bad, r, syms)
+        assert e.value.code == "E1801" and name in e.value.why, name
 
 
 def _gemm_region(m, n, k, batch=None):
@@ -148,7 +172,8 @@ def test_registers_schedule_double_buffers_fragments(gpu_cache):
     r_small, syms_small = _gemm_region(1024, 1024, 1024)
     small = choose_gpu_plan(r_small, "sm80", syms_small)
     assert small.warp_tile == "32x32" and small.get("async_", "release") == "registers"
-    assert fallback_gpu_plan(small, "spill").get("async_", "release") == "merged"     # ptxas feedback's first step
+    first = fallback_gpu_plan(small, "sm_80", "spill")                                # ptxas feedback's first step
+    assert first.get("async_", "release") == "merged" and first.get("ptxas_fallback", "steps") == 1
     plan = replace(base, tile=(64, 64, 64), warp_tile="32x32", stages=3, threads=128).with_(
         async_={**dict(base.async_), "release": "registers"})
     c = compile_cuda(g.tiny, plans={r.name: plan})

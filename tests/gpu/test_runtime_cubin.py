@@ -184,7 +184,8 @@ def test_a_chosen_plan_that_ptxas_rejects_steps_down(cache, monkeypatch):
     (plan,) = exe._run.plans.values()
     assert seen == [((128, 128, 32), "merged"), ((128, 128, 32), "trailing"), ((64, 64, 32), "trailing")]
     assert plan.tile == (64, 64, 32) and plan.warp_tile == "32x32" and plan.stages == 3 and plan.threads == 128
-    assert "spills 8 bytes" in plan.get("layout_hints", "after_ptxas")
+    assert dict(plan.ptxas_fallback) == {"gpu_arch": "sm_90a", "hazard": "spill", "steps": 2}
+    assert plan.to_json()["ptxas_fallback"] == {"gpu_arch": "sm_90a", "hazard": "spill", "steps": 2}
     assert "// plan: tile 64x64x32, warps 2x2, 3 stages" in exe._run.source
     with pytest.raises(KumikoError) as e:
         kumiko.compile(g, "cuda", gpu_arch="sm_90a", plans={"k_C2": compile_cuda(g.tiny).plans["k_C2"]})

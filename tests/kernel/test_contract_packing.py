@@ -18,14 +18,14 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def check(g, shapes=None, tile=None, tol=1e-5, seed=0, want=None, packed=True):
-    """Compile for cpu (with cache blocks ``tile`` on every packed region), compare with the evaluator;
-    return the generated source."""
+def check(g, shapes=None, blocks=None, tol=1e-5, seed=0, want=None, packed=True):
+    """Compile for cpu (with cache blocks ``blocks`` (MC, NC, KC) on every packed region), compare with the
+    evaluator; return the generated source."""
     exe = kumiko.compile(g, "cpu")
-    if tile is not None:
-        def fit(p):      # MC, NC rounded down to the machine's micro-tile (6x16 on AVX2, 12x32 on AVX-512)
-            (mr, nr), (mc, nc, kc) = p.micro, tile
-            return replace(p, tile=(max(mr, mc // mr * mr), max(nr, nc // nr * nr), kc))
+    if blocks is not None:
+        def fit(p):      # MC, NC rounded down to the machine's register block (6x16 on AVX2, 12x32 on AVX-512)
+            (mr, nr), (mc, nc, kc) = p.register_block, blocks
+            return replace(p, cache_block=(max(mr, mc // mr * mr), max(nr, nc // nr * nr), kc))
         plans = {k: fit(p) if p.algo == "packed" else p for k, p in exe._run.plans.items()}
         exe = kumiko.compile(g, "cpu", plans=plans)
     src = exe._run.source
@@ -44,11 +44,11 @@ SMALL = (12, 32, 8)        # MC, NC, KC: several blocks along every axis at test
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 3, 37), (13, 50, 9), (65, 17, 70)])
-@pytest.mark.parametrize("tile", [None, SMALL])
-def test_gemm_odd_sizes(m, n, k, tile):
+@pytest.mark.parametrize("blocks", [None, SMALL])
+def test_gemm_odd_sizes(m, n, k, blocks):
     a, b = Tensor.input("a", ("M", "K")), Tensor.input("b", ("K", "N"))
     g = ((a @ b) + Tensor.input("c", ("N",))).relu().graph("y")
-    check(g, {"M": m, "N": n, "K": k}, tile, want=["index tables"])
+    check(g, {"M": m, "N": n, "K": k}, blocks, want=["index tables"])
 
 
 @pytest.mark.parametrize("ta,tb", [(True, False), (False, True), (True, True)])
@@ -56,8 +56,8 @@ def test_gemm_transposed_operands_are_gathered(ta, tb):
     a = Tensor.input("a", ("K", "M")).T if ta else Tensor.input("a", ("M", "K"))
     b = Tensor.input("b", ("N", "K")).T if tb else Tensor.input("b", ("K", "N"))
     g = (a @ b).graph("y")
-    for tile in (None, SMALL):
-        check(g, {"M": 23, "N": 29, "K": 19}, tile)
+    for blocks in (None, SMALL):
+        check(g, {"M": 23, "N": 29, "K": 19}, blocks)
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 9])
@@ -79,24 +79,24 @@ def test_m_split_and_n_split():
 
 @pytest.mark.parametrize("stride,padding,dilation,groups", [
     (1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 2, 1), (1, 1, 1, 2), (2, 0, 1, 2), (1, (0, 2), 1, 1)])
-@pytest.mark.parametrize("tile", [None, SMALL])
-def test_conv_variants(stride, padding, dilation, groups, tile):
+@pytest.mark.parametrize("blocks", [None, SMALL])
+def test_conv_variants(stride, padding, dilation, groups, blocks):
     x = Tensor.input("x", ("N", 4, "H", "W"))
     w = Tensor.input("w", (6, 4 // groups, 3, 3))
     g = x.conv2d(w, stride=stride, padding=padding, dilation=dilation, groups=groups).relu().graph("y")
-    check(g, {"N": 2, "H": 9, "W": 11}, tile, packed=groups == 1)   # a grouped conv is not one contraction
-    check(g, {"N": 1, "H": 5, "W": 5}, tile, packed=groups == 1)
+    check(g, {"N": 2, "H": 9, "W": 11}, blocks, packed=groups == 1)   # a grouped conv is not one contraction
+    check(g, {"N": 1, "H": 5, "W": 5}, blocks, packed=groups == 1)
 
 
-@pytest.mark.parametrize("tile", [None, SMALL, (6, 16, 8)])
+@pytest.mark.parametrize("blocks", [None, SMALL, (6, 16, 8)])
 @pytest.mark.parametrize("hw", [(8, 8), (7, 9), (4, 34)])
-def test_conv_relu_maxpool_window_epilogue(tile, hw):
+def test_conv_relu_maxpool_window_epilogue(blocks, hw):
     """The pooled conv swaps operands (pixels on the N side) and reduces windows along columns; with
     NC smaller than a window group, a block is one group."""
     x = Tensor.input("x", ("N", 3, "H", "W"))
     w = Tensor.input("w", (5, 3, 3, 3))
     g = x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y")
-    src = check(g, {"N": 2, "H": hw[0], "W": hw[1]}, tile, want=["index tables"])
+    src = check(g, {"N": 2, "H": hw[0], "W": hw[1]}, blocks, want=["index tables"])
     assert "kk_G" in src
     assert re.search(r"#pragma omp simd\s+for \(long long kk_e = ", src)     # windows of a group side by side
 
@@ -178,8 +178,8 @@ def test_upsampled_input_conv():
     up = x.reshape(1, 2, 5, 1, 6, 1).expand(1, 2, 5, 2, 6, 2).reshape(1, 2, 10, 12)
     w = Tensor.input("w", (3, 2, 3, 3))
     g = up.conv2d(w, padding=1).graph("y")
-    for tile in (None, SMALL):
-        check(g, None, tile)
+    for blocks in (None, SMALL):
+        check(g, None, blocks)
 
 
 @pytest.mark.parametrize("flags", [("-mno-avx2",), ("-march=x86-64",)])
@@ -241,8 +241,8 @@ def test_zero_sizes():
     check(x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y"), {"N": 2, "H": 1, "W": 5})
 
 
-@pytest.mark.parametrize("micro,tile,width", [((12, 32), (24, 64, 16), 8), ((6, 8), (12, 32, 8), 4)])
-def test_other_micro_tiles(micro, tile, width):
+@pytest.mark.parametrize("micro,blocks,width", [((12, 32), (24, 64, 16), 8), ((6, 8), (12, 32, 8), 4)])
+def test_other_micro_tiles(micro, blocks, width):
     """The AVX-512 machine's 12 x 32 tile (two 8-lane chunks, the second short) and the 4-lane 6 x 8 one,
     run here with the vector types of the plan."""
     x, w = Tensor.input("x", ("N", 3, "H", "W")), Tensor.input("w", (5, 3, 3, 3))
@@ -252,7 +252,7 @@ def test_other_micro_tiles(micro, tile, width):
                       ((Tensor.input("a2", ("M", "K")) @ Tensor.input("b2", ("K", "N"))).graph("y"),
                        {"M": 31, "N": 70, "K": 19})):
         exe = kumiko.compile(g, "cpu")
-        plans = {k: replace(p, micro=micro, tile=tile, vectorize=tuple(
+        plans = {k: replace(p, register_block=micro, cache_block=blocks, vectorize=tuple(
             (n, width if n == "width" else v) for n, v in p.vectorize)) if p.algo == "packed" else p
             for k, p in exe._run.plans.items()}
         exe = kumiko.compile(g, "cpu", plans=plans)

@@ -73,7 +73,7 @@ def test_gemm_source_has_packed_microkernel_vectors_and_openmp():
     c = kumiko.compile(g, "cpu")._run
     src = c.source
     (plan,) = c.plans.values()
-    mr, nr = plan.micro
+    mr, nr = plan.register_block
     assert plan.algo == "packed" and f"kk_micro_{mr}x{nr}_v{plan.vector_width}(" in src
     assert "vector_size(" in src and "#pragma omp" in src and "kk_Ap" in src and "kk_Bp" in src
     assert plan.epilogue == ("add", "relu")

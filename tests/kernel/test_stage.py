@@ -57,22 +57,22 @@ def test_staged_source_says_so():
 
 @pytest.mark.parametrize("co,hw", [(11, (5, 70)), (11, (6, 33)), (11, (4, 32)), (11, (3, 31)), (11, (2, 5)),
                                    (11, (9, 64)), (7, (4, 49)), (7, (3, 47)), (7, (5, 46))])
-@pytest.mark.parametrize("tile", [None, SMALL])
-def test_staged_conv_matches_the_evaluator(co, hw, tile):
+@pytest.mark.parametrize("blocks", [None, SMALL])
+def test_staged_conv_matches_the_evaluator(co, hw, blocks):
     """11 output channels take 12 x 32 micro-tiles on AVX-512, 7 take 8 x 48: rows of 70, 64, 33, 32 and 31
     (NR - 1) for the first, 49 and 47 for the second: every panel is one or two runs, the stage; rows of 5
     (and 46 on 48-wide panels): more runs in a panel, the blocks pack instead."""
     x, w = Tensor.input("x", ("N", 5, "H", "W")), Tensor.input("w", (co, 5, 3, 3))
     g = (x.conv2d(w, padding=1) + Tensor.input("b", (co, 1, 1))).relu().graph("y")
-    check(g, {"N": 3, "H": hw[0], "W": hw[1]}, tile)
+    check(g, {"N": 3, "H": hw[0], "W": hw[1]}, blocks)
 
 
 @pytest.mark.parametrize("hw", [(6, 70), (8, 56), (5, 41)])
-@pytest.mark.parametrize("tile", [None, SMALL, (8, 64, 4)])
-def test_staged_conv_relu_maxpool(hw, tile):
+@pytest.mark.parametrize("blocks", [None, SMALL, (8, 64, 4)])
+def test_staged_conv_relu_maxpool(hw, blocks):
     x, w = Tensor.input("x", ("N", 3, "H", "W")), Tensor.input("w", (10, 3, 3, 3))
     g = x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y")
-    check(g, {"N": 2, "H": hw[0], "W": hw[1]}, tile)
+    check(g, {"N": 2, "H": hw[0], "W": hw[1]}, blocks)
 
 
 @pytest.mark.parametrize("stride,padding,dilation", [(1, (0, 2), 1), (1, 2, 2), (2, 1, 1), (1, (2, 0), 1)])
@@ -128,7 +128,8 @@ def test_other_cache_blocks_keep_the_stage():
     x, w = Tensor.input("x", ("N", 4, "H", "W")), Tensor.input("w", (6, 4, 3, 3))
     g = x.conv2d(w, padding=1).graph("y")
     exe = kumiko.compile(g, "cpu")
-    plans = {k: replace(p, tile=(p.micro[0], p.micro[1] * 2, 8)) for k, p in exe._run.plans.items()}
+    plans = {k: replace(p, cache_block=(p.register_block.mr, p.register_block.nr * 2, 8))
+             for k, p in exe._run.plans.items()}
     src = kumiko.compile(g, "cpu", plans=plans)._run.source
     assert "kk_micro_stage_" in src
 
@@ -169,16 +170,16 @@ def test_long_rows_take_the_stage_and_short_rows_pack(monkeypatch):
     assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 3, "W": 50}) > 0
     # a row of NR - 1 pixels is the shortest that every panel of the micro-tile's NR columns spans in two runs
     # (5 output channels take 8 x 48 tiles on AVX-512, 6 x 16 on AVX2)
-    nr = _lowering(g).plan.micro[1]
+    nr = _lowering(g).plan.register_block.nr
     assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 4, "W": nr - 1}) > 0
     assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 4, "W": nr - 2}) == 0
 
 
-@pytest.mark.parametrize("tile", [None, SMALL])
-def test_staged_b_with_a_packed_per_k_block(monkeypatch, tile):
+@pytest.mark.parametrize("blocks", [None, SMALL])
+def test_staged_b_with_a_packed_per_k_block(monkeypatch, blocks):
     """M x K past what a thread keeps resident (64 x 1152 floats): A is packed per K block and the stage
     micro-kernel runs once per K block, adding into the C tile."""
     x, w = Tensor.input("x", ("N", 128, "H", "W")), Tensor.input("w", (64, 128, 3, 3))
     g = x.conv2d(w, padding=1).graph("y")
-    check(g, {"N": 1, "H": 2, "W": 50}, tile, tol=2e-5)
+    check(g, {"N": 1, "H": 2, "W": 50}, blocks, tol=2e-5)
     assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 2, "W": 50}) > 0

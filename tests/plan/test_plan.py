@@ -31,11 +31,48 @@ def test_plan_json_round_trip_and_hash():
     p = choose_plan(r, ("K", "M", "N"), AVX2)
     again = Plan.from_json(p.to_json())
     assert again == p and hash(again) == hash(p)
-    assert p.to_json()["async"] == {} or isinstance(p.to_json()["async"], (dict, list))
-    assert p.algo == "packed" and p.micro == (6, 16) and p.vector_width == 8
+    assert "async" not in p.to_json() and p.to_json()["vectorize"] == {"axis": "n", "width": 8}
+    assert p.algo == "packed" and p.register_block == (6, 16) and p.vector_width == 8
+    assert p.register_block.nr == 16 and p.cache_block.kc == 256
     assert p.epilogue == ("add", "relu")
     with pytest.raises(KumikoError):
         Plan.from_json({**p.to_json(), "bogus": 1})
+
+
+def test_a_cpu_plan_names_its_blocks_and_has_no_gpu_fields():
+    """A packed CPU plan's JSON: cache blocks {mc, nc, kc} and register block {mr, nr} by name; none of a
+    GPU plan's fields (tile, warp_tile, stages, async, ...); a field of the GPU's is E1801 naming it."""
+    _, r = gemm_region()
+    d = choose_plan(r, ("K", "M", "N"), AVX2).to_json()
+    assert d["register_block"] == {"mr": 6, "nr": 16} and d["cache_block"] == {"mc": 120, "nc": 2048, "kc": 256}
+    assert not {"tile", "micro", "warp_tile", "stages", "async", "barrier_model", "threads"} & set(d)
+    assert d["layout_hints"] == {}
+    for extra, name in (({"tile": [48, 64, 32]}, "tile"), ({"stages": 3}, "stages")):
+        with pytest.raises(KumikoError) as e:
+            Plan.from_json({**d, **extra})
+        assert e.value.code == "E1801" and name in e.value.why and "cache_block" in e.value.suggestion
+    with pytest.raises(KumikoError) as e:
+        Plan.from_json({**d, "layout_hints": {"note": "packed"}})
+    assert e.value.code == "E1801" and "layout_hints.note" in e.value.why
+    with pytest.raises(KumikoError) as e:
+        Plan.from_json({**d, "cache_block": {"mc": 120, "nc": 2048}})
+    assert e.value.code == "E1801" and "cache_block" in e.value.why
+    p = Plan.from_json({**d, "register_block": [4, 24]})               # a list of the block's numbers in order
+    assert p.register_block == (4, 24) and p.register_block.mr == 4
+
+
+def test_a_format_1_plan_is_e1801_with_what_to_do():
+    """A plan written before the blocks were named (``tile``/``micro`` on the CPU) is refused with how to
+    get one of this format, not a crash or a silently different plan."""
+    _, r = gemm_region()
+    d = choose_plan(r, ("K", "M", "N"), AVX2).to_json()
+    old = {k: v for k, v in d.items() if k not in ("cache_block", "register_block")}
+    old.update(tile=[120, 2048, 256], micro=[6, 16], warp_tile=None, stages=1, threads=0)
+    with pytest.raises(KumikoError) as e:
+        Plan.from_json(old, at="plan of k_C2 in old.json")
+    err = e.value
+    assert err.code == "E1801" and err.at == "plan of k_C2 in old.json" and "format 1" in err.why
+    assert "cache_block" in err.why and "--dump plan" in err.suggestion
 
 
 def test_non_contraction_region_gets_loops():
@@ -47,8 +84,10 @@ def test_non_contraction_region_gets_loops():
 @pytest.mark.parametrize("bad,why", [
     (dict(arch="sm80"), "not a CPU arch"),
     (dict(vectorize=(("width", 16),)), "exceeds"),
-    (dict(tile=(100, 2048, 256)), "multiples"),
-    (dict(micro=(6, 12)), "whole number"),
+    (dict(cache_block=(100, 2048, 256)), "multiples"),
+    (dict(register_block=(6, 12)), "whole number"),
+    (dict(register_block=None), "needs register_block"),
+    (dict(warp_tile="32x32"), "warp_tile"),
 ])
 def test_validation_diagnostics(bad, why):
     _, r = gemm_region()
@@ -61,7 +100,8 @@ def test_validation_diagnostics(bad, why):
 def test_packed_plan_on_a_non_contraction_is_refused():
     x = Tensor.input("x", (4, 5))
     r = form_regions(x.softmax().graph("y").tiny).regions[0]
-    p = make_plan("cpu-avx2", algo_choice={"contraction": "packed"}, micro=(6, 16), tile=(120, 1024, 256),
+    p = make_plan("cpu-avx2", algo_choice={"contraction": "packed"}, register_block=(6, 16),
+                  cache_block={"mc": 120, "nc": 1024, "kc": 256},
                   vectorize={"width": 8})
     with pytest.raises(KumikoError) as e:
         validate(p, r, (), AVX2)
@@ -70,9 +110,9 @@ def test_packed_plan_on_a_non_contraction_is_refused():
 
 def test_user_plan_is_used_and_checked():
     g, r = gemm_region()
-    p = replace(choose_plan(r, ("K", "M", "N"), AVX2), tile=(48, 64, 32))
+    p = replace(choose_plan(r, ("K", "M", "N"), AVX2), cache_block=(48, 64, 32))
     exe = kumiko.compile(g, "cpu", plans={r.name: p})
-    assert exe._run.plans[r.name].tile == (48, 64, 32)
+    assert exe._run.plans[r.name].cache_block == (48, 64, 32)
     ins = exe.random_inputs(2, {"M": 100, "N": 70, "K": 45})
     np.testing.assert_allclose(exe(**ins)["C2"], kumiko.compile(g, "eval")(**ins)["C2"], rtol=1e-5, atol=1e-5)
     with pytest.raises(KumikoError):
@@ -88,7 +128,7 @@ def test_cost_model_counts_and_prunes():
     cands = candidates(p, m)
     assert 10 <= len(cands) <= 20 and cands[0] == p
     for c in cands:
-        mc, _, kc = c.tile
+        mc, _, kc = c.cache_block
         assert mc * kc * 4 <= 0.8 * m.l2_bytes or c == p
         assert kc * 16 * 4 <= 0.8 * m.l1_bytes
     e = estimate(r, p, env, m, (64, 32, 16))
@@ -149,7 +189,7 @@ def test_conv_weights_get_the_row_tile_that_divides_them():
     g = x.conv2d(w, padding=1).relu().max_pool2d(2, 2).graph("y")
     exe = kumiko.compile(g, "cpu")
     (plan,) = exe._run.plans.values()
-    assert (-64 % plan.micro[0]) / 64 <= 0.05        # 8 rows on AVX-512 (not 12: 72 for 64), 6 on AVX2
+    assert (-64 % plan.register_block.mr) / 64 <= 0.05        # 8 rows on AVX-512 (not 12: 72 for 64), 6 on AVX2
     ins = exe.random_inputs(1, {"N": 1, "H": 6, "W": 10})
     want = kumiko.compile(g, "eval")(**ins)["y"]
     got = exe(**ins)["y"]
