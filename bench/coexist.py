@@ -113,15 +113,12 @@ def child(scenario: str, workloads: list[str], reps: int, warmup: int) -> dict:
 
 
 def machine_line() -> str:
-    try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                   if ln.startswith("model name"))
-        flags = next(set(ln.split(":", 1)[1].split()) for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                     if ln.startswith("flags"))
-    except (OSError, StopIteration):
-        cpu, flags = "unknown CPU", set()
-    isa = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags) or "no avx2"
-    return f"{cpu}, {os.cpu_count()} cores, {isa}, load average {os.getloadavg()[0]:.2f} at the start"
+    """The machine as kumiko's own host query sees it (``kumiko.runtime.host.cpu_features``)."""
+    sys.path.insert(0, str(HERE.parent))
+    from kumiko.runtime.host import cpu_features
+    f = cpu_features()
+    isa = " ".join(k for k in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx2", "amx_tile") if f.get(k))
+    return f"{f['model']}, {f['cores']} cores, {isa or 'no avx2'}, load average {os.getloadavg()[0]:.2f} at the start"
 
 
 def main(argv: list[str] | None = None) -> int:
