@@ -48,7 +48,7 @@ import kumiko  # noqa: E402
 from kumiko import Tensor  # noqa: E402
 from kumiko.accuracy import rel_l2  # noqa: E402
 from kumiko.runtime import cpu as kcpu  # noqa: E402
-from kumiko.runtime.flops import count_flops, gflops, largest_value_bytes, measure  # noqa: E402
+from kumiko.runtime.flops import count_flops, evaluator_bytes, gflops, measure  # noqa: E402
 from kumiko.symbolic import dim_eval  # noqa: E402
 
 PEERS = ("numpy", "torch", "torch.compile", "onnxruntime", "tinygrad")
@@ -383,10 +383,10 @@ def bench_workload(wl: Workload, args) -> list[Row]:
         rows.append(row)
         _print_row(row)
 
-    big = largest_value_bytes(graph.tiny, sz) or 0
+    big = evaluator_bytes(graph.tiny, sz) or 0
     if args.target == "eval" and big > args.eval_limit_mb * 2 ** 20:
-        rows.append(Row(wl.key, f"kumiko[{args.target}]", note=f"skipped: the eval target would materialise a "
-                        f"{big / 2 ** 30:.1f} GiB value (limit --eval-limit-mb {args.eval_limit_mb})"))
+        rows.append(Row(wl.key, f"kumiko[{args.target}]", note=f"skipped: the eval target would hold "
+                        f"{big / 2 ** 30:.1f} GiB at once (limit --eval-limit-mb {args.eval_limit_mb})"))
         _print_row(rows[-1])
     else:
         record(f"kumiko[{args.target}]", lambda: kumiko_runner(wl, graph, args.target, inputs, not args.no_poison))

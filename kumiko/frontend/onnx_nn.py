@@ -163,8 +163,8 @@ def conv_attention(imp: Importer, node: OnnxNode) -> list:
         if int(node.attr(key, -1)) != -1:
             raise node.err("E1010", f"{key} is not supported")
     q, k, v = (imp.tensor(node.input(i)) for i in range(3))
-    if imp.dtype(q) not in (dtypes.fp32, dtypes.fp16, dtypes.bf16):
-        raise node.err("E1012", f"Attention needs fp32, fp16 or bf16 inputs, got {imp.dtype(q)} (scores are fp32)")
+    if not imp.dtype(q).is_float:
+        raise node.err("E1012", f"Attention needs float inputs (fp32, fp16, bf16 or fp64), got {imp.dtype(q)}")
     rank = len(imp.shape(q))
     if rank == 3:
         hq, hkv = node.attr("q_num_heads"), node.attr("kv_num_heads")

@@ -10,7 +10,8 @@ first conversion emitted is dead and dropped), so the network runs no normalisat
 ``s`` and ``t`` are constants computed at import, or computed in the graph when they are run-time
 tensors.
 
-Normalisations of fp16/bf16 inputs compute in fp32 and cast back once, as LayerNorm does.
+Normalisations of fp16/bf16 inputs compute in fp32 and cast back once, as LayerNorm does; fp64 inputs
+compute in fp64.
 """
 from __future__ import annotations
 
@@ -21,26 +22,26 @@ from kumiko.frontend.onnx_import import CONVERTERS, Importer
 from kumiko.frontend.onnx_model import OnnxNode
 from kumiko.frontend.onnx_ops import converter, dtype_name
 
-_FLOATS = (dtypes.fp32, dtypes.fp16, dtypes.bf16)
+_FLOATS = (dtypes.fp32, dtypes.fp16, dtypes.bf16, dtypes.fp64)
 
 
 def _float_input(imp: Importer, node: OnnxNode, min_rank: int) -> tuple[str, dtypes.DType]:
-    """x in fp32 and its own dtype; E1012 unless float, E1011 below ``min_rank`` ([N, C, spatial...])."""
+    """x in its compute dtype (fp32, or fp64 for an fp64 x) and its own dtype; E1012 unless float, E1011
+    below ``min_rank`` ([N, C, spatial...])."""
     x = imp.tensor(node.input(0))
     dt = imp.dtype(x)
     if dt not in _FLOATS:
-        raise node.err("E1012", f"{node.op_type} takes an fp32, fp16 or bf16 input, got {dt} (kumiko normalises "
-                       "in fp32)", suggestion="import a DOUBLE model with from_onnx(..., narrow_double=True)"
-                       if dt is dtypes.fp64 else None)
+        raise node.err("E1012", f"{node.op_type} takes a float input (fp32, fp16, bf16 or fp64), got {dt}")
     if len(imp.shape(x)) < min_rank:
         raise node.err("E1011", f"{node.op_type} needs an input of rank {min_rank} or more ([N, C, ...]), got "
                        f"{[str(d) for d in imp.shape(x)]}")
-    return imp.cast(x, dtypes.fp32), dt
+    return imp.cast(x, dt if dt is dtypes.fp64 else dtypes.fp32), dt
 
 
-def _channel_vector(imp: Importer, node: OnnxNode, k: int, channels, rank: int, what: str) -> str:
-    """Input ``k`` (a [C] vector) in fp32, shaped [C, 1, ...] to broadcast over x's axes 1.."""
-    v = imp.cast(imp.tensor(node.input(k)), dtypes.fp32)
+def _channel_vector(imp: Importer, node: OnnxNode, k: int, channels, rank: int, what: str, like: str) -> str:
+    """Input ``k`` (a [C] vector) in the dtype of ``like`` (x in its compute dtype), shaped [C, 1, ...] to
+    broadcast over x's axes 1.."""
+    v = imp.cast(imp.tensor(node.input(k)), imp.dtype(like))
     if imp.shape(v) != (channels,):
         raise node.err("E1011", f"{what} must have shape [{channels}], got {[str(d) for d in imp.shape(v)]}")
     return imp.reshape(v, (channels,) + (1,) * (rank - 2))
@@ -128,10 +129,11 @@ def conv_batchnorm(imp: Importer, node: OnnxNode) -> str:
         if folded is not None:
             return folded
         shaped = (-1,) + (1,) * (len(shape) - 2)
-        sv = imp.tensor(_new_const(imp, f"{node.name}::scale", s.astype(np.float32).reshape(shaped)))
-        tv = imp.tensor(_new_const(imp, f"{node.name}::shift", t.astype(np.float32).reshape(shaped)))
+        cnp = imp.dtype(x).np
+        sv = imp.tensor(_new_const(imp, f"{node.name}::scale", s.astype(cnp).reshape(shaped)))
+        tv = imp.tensor(_new_const(imp, f"{node.name}::shift", t.astype(cnp).reshape(shaped)))
     else:
-        scale, bias, mean, var = (_channel_vector(imp, node, k, shape[1], len(shape), what)
+        scale, bias, mean, var = (_channel_vector(imp, node, k, shape[1], len(shape), what, x)
                                   for k, what in ((1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var")))
         sv = imp.ew("mul", scale, imp.ew("rsqrt", imp.ew("add", var, eps)))
         tv = imp.ew("sub", bias, imp.ew("mul", mean, sv))
@@ -152,8 +154,8 @@ def conv_instancenorm(imp: Importer, node: OnnxNode) -> str:
     x, dt = _float_input(imp, node, 3)
     shape = imp.shape(x)
     y = imp.emit("LayerNorm", [x], axis=2, eps=float(node.attr("epsilon", 1e-5)))
-    y = imp.ew("mul", y, _channel_vector(imp, node, 1, shape[1], len(shape), "scale"))
-    return imp.cast(imp.ew("add", y, _channel_vector(imp, node, 2, shape[1], len(shape), "B")), dt)
+    y = imp.ew("mul", y, _channel_vector(imp, node, 1, shape[1], len(shape), "scale", x))
+    return imp.cast(imp.ew("add", y, _channel_vector(imp, node, 2, shape[1], len(shape), "B", x)), dt)
 
 
 @converter("GroupNormalization", attrs="epsilon num_groups stash_type")
@@ -169,11 +171,11 @@ def conv_groupnorm(imp: Importer, node: OnnxNode) -> str:
     grouped = imp.reshape(x, (shape[0], g, -1))
     y = imp.emit("LayerNorm", [grouped], axis=2, eps=float(node.attr("epsilon", 1e-5)))
     if node.opset < 21:
-        y = imp.ew("mul", y, _channel_vector(imp, node, 1, g, 3, "scale (one per group before opset 21)"))
-        y = imp.ew("add", y, _channel_vector(imp, node, 2, g, 3, "bias (one per group before opset 21)"))
+        y = imp.ew("mul", y, _channel_vector(imp, node, 1, g, 3, "scale (one per group before opset 21)", x))
+        y = imp.ew("add", y, _channel_vector(imp, node, 2, g, 3, "bias (one per group before opset 21)", x))
         return imp.cast(imp.reshape(y, shape), dt)
-    y = imp.ew("mul", imp.reshape(y, shape), _channel_vector(imp, node, 1, c, len(shape), "scale"))
-    return imp.cast(imp.ew("add", y, _channel_vector(imp, node, 2, c, len(shape), "bias")), dt)
+    y = imp.ew("mul", imp.reshape(y, shape), _channel_vector(imp, node, 1, c, len(shape), "scale", x))
+    return imp.cast(imp.ew("add", y, _channel_vector(imp, node, 2, c, len(shape), "bias", x)), dt)
 
 
 # ------------------------------------------------------------------------------------------------

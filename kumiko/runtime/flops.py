@@ -21,8 +21,10 @@ import time
 from typing import Callable, Mapping
 
 from kumiko import ops
+from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import dim_eval
 from kumiko.tiny.ir import TinyGraph
+from kumiko.tiny.limits import evaluator_peak
 
 
 def _numel(shape, env: Mapping[str, int]) -> int:
@@ -62,14 +64,13 @@ def count_io_bytes(tiny: TinyGraph, env: Mapping[str, int] | None = None) -> int
         return None
 
 
-def largest_value_bytes(tiny: TinyGraph, env: Mapping[str, int] | None = None) -> int | None:
-    """The largest single Tiny IR value (the ``eval`` target materialises each one, e.g. GEMM's M*N*K
-    product): a benchmark uses it to skip sizes the evaluator cannot hold in memory."""
-    env = _env(tiny, env)
+def evaluator_bytes(tiny: TinyGraph, env: Mapping[str, int] | None = None) -> int | None:
+    """The most bytes the ``eval`` target holds at once at these sizes (its live values and a node's
+    temporaries, ``tiny.limits.evaluator_peak``): a benchmark uses it to skip sizes the evaluator cannot
+    hold in memory. None when a size symbol has no value."""
     try:
-        return max((_numel(n.shape, env) * n.dtype.itemsize for n in tiny.nodes.values()
-                    if n.uop not in ("RESHAPE", "PERMUTE", "EXPAND")), default=0)
-    except KeyError:
+        return evaluator_peak(tiny, _env(tiny, env))
+    except KumikoError:
         return None
 
 

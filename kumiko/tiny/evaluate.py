@@ -26,7 +26,7 @@ from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import dim_eval
 from kumiko.tiny.inputs import check_array, input_shape
 from kumiko.tiny.ir import Node, TinyGraph, is_ref
-from kumiko.tiny.limits import check_limits, check_symbols
+from kumiko.tiny.limits import check_limits, check_symbols, eval_schedule
 
 LOG2E = math.log2(math.e)
 
@@ -78,10 +78,13 @@ def evaluate(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[str, i
     """Outputs by signature name (in signature order); ``keep=True`` returns every node's value by id."""
     env = bind_symbols(g, inputs, env)
     check_inputs(g, inputs, env)
-    check_limits(g, env, every_node=True)
+    sched = eval_schedule(g, keep)
+    check_limits(g, env, every_node=True, schedule=sched)
     vals: dict[str, np.ndarray] = {}
     feeds = {nid: t for t, nid in g.inputs}
     for nid, n in g.nodes.items():
+        if nid in sched.fused:          # a contraction's product: its SUM computes it from the operands
+            continue
         if n.uop == "INPUT":
             v = np.asarray(inputs[feeds[nid]]) if nid in feeds else None
             if v is None:
@@ -91,13 +94,17 @@ def evaluate(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[str, i
             if any(d < 0 for d in want):    # numpy would fail on it (check_sizes says the same for the kernels)
                 raise KumikoError("E1015", at=f"tiny:{nid} ({n.uop})", why=f"with sizes {dict(env)} this node's "
                                   f"shape {[str(d) for d in n.shape]} is {list(want)}: a negative extent")
-            v = _eval_node(n, [vals[s] if is_ref(s) else s for s in n.src], env, fp64, _fused(g, n, vals, fp64))
+            srcs = [vals.get(s) if not is_ref(s) or s in sched.fused else vals[s] for s in n.src]
+            srcs = [s if is_ref(r) else r for s, r in zip(srcs, n.src)]
+            v = _eval_node(n, srcs, env, fp64, _fused(g, n, vals, env))
             if np.shape(v) != want:   # the bound sizes break an assumption the graph made (e.g. a slice end)
                 raise KumikoError("E1015", at=f"tiny:{nid} ({n.uop})", why=f"with sizes {dict(env)} this node's "
                                   f"shape {[str(d) for d in n.shape]} is {list(want)}, but the computation gives "
                                   f"{list(np.shape(v))}", suggestion="Pass inputs whose sizes the graph's slices, "
                                   "pads and views fit.")
         vals[nid] = _round(v, n.dtype, fp64)
+        for dead in sched.free_after.get(nid, ()):
+            vals.pop(dead, None)
     if keep:
         return vals
     return {t: vals[nid] for t, nid in g.outputs}
@@ -122,14 +129,74 @@ def _round(v, dt: dtypes.DType, fp64: bool) -> np.ndarray:
         return v if v.dtype == want else v.astype(want)
 
 
-def _fused(g: TinyGraph, n: Node, vals: Mapping[str, np.ndarray], fp64: bool) -> list | None:
-    """The operands of the MUL a float SUM reduces (a contraction), which the SUM multiplies exactly itself."""
-    if fp64 or n.uop != "REDUCE" or n.arg.get("op") != "SUM" or not n.dtype.is_float:
+def _fused(g: TinyGraph, n: Node, vals: Mapping[str, np.ndarray], env: Mapping[str, int]) -> tuple | None:
+    """A float SUM of a float MUL (a contraction): the MUL's operands and shape, from which the SUM computes
+    the exact products itself (``_contract``), whether or not the product was materialised for another user."""
+    if n.uop != "REDUCE" or n.arg.get("op") != "SUM" or not n.dtype.is_float or not is_ref(n.src[0]):
         return None
     src = g.nodes[n.src[0]]
     if src.uop != "MUL" or not src.dtype.is_float:
         return None
-    return [vals[s] if is_ref(s) else s for s in src.src]
+    return [vals[s] if is_ref(s) else s for s in src.src], tuple(dim_eval(d, env) for d in src.shape)
+
+
+def _unbroadcast(x, ndim: int) -> np.ndarray:
+    """``x`` as float64 with rank ``ndim`` (leading 1s), every broadcast (stride 0) axis cut to extent 1, so a
+    weight expanded over a batch is converted once, not once per image. fp32, fp16 and bf16 values are exact
+    in float64, and so are products of two of them."""
+    x = np.asarray(x)
+    x = x.reshape((1,) * (ndim - x.ndim) + x.shape)
+    x = x[tuple(slice(0, 1) if st == 0 and d > 1 else slice(None) for st, d in zip(x.strides, x.shape))]
+    return x.astype(np.float64)
+
+
+def _contract(operands: list, shape: tuple, axes: tuple, acc: np.dtype) -> np.ndarray:
+    """SUM over ``axes`` of the product of two operands broadcast to ``shape``, as an ``acc`` accumulator that
+    adds the exact products one at a time in row-major order of ``axes`` computes it (``_sequential_sum``'s
+    promise), without materialising the product: an einsum in float64 gives the sum, rounded to ``acc``;
+    only the output points whose sum of |terms| leaves ``acc``'s range (where a running sum may overflow
+    first) take their terms one at a time. Memory: the operands in float64 and the result."""
+    nd = len(shape)
+    a, b = (_unbroadcast(x, nd) for x in operands)
+    keep = [k for k in range(nd) if k not in axes]
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+    def spec(x):
+        dims = [k for k in range(nd) if x.shape[k] != 1 or shape[k] == 1]
+        return x.reshape([x.shape[k] for k in dims]), "".join(letters[k] for k in dims), set(dims)
+
+    (xa, sa, da), (xb, sb, db) = spec(a), spec(b)
+    out_dims = [k for k in keep if k in da | db]
+    sub = f"{sa},{sb}->{''.join(letters[k] for k in out_dims)}"
+    scale = math.prod(shape[k] for k in axes if k not in da | db)     # reduced axes neither operand varies on
+    with np.errstate(all="ignore"):
+        total = np.einsum(sub, xa, xb, optimize=True) * scale
+        if acc != np.float64:
+            top = float(np.finfo(acc).max)
+            n_terms = math.prod(shape[k] for k in axes)
+            bound = (np.max(np.abs(xa), initial=0.0) * np.max(np.abs(xb), initial=0.0)) * n_terms
+            if not bound <= top:            # some running sum may leave acc's range: find where
+                risky = ~(np.einsum(sub, np.abs(xa), np.abs(xb), optimize=True) * scale <= top)
+                if risky.any():
+                    total[risky] = _risky_totals(a, b, shape, axes, out_dims, np.nonzero(risky), acc)
+    total = total.reshape([shape[k] if k in out_dims else 1 for k in keep])
+    return np.broadcast_to(total, [shape[k] for k in keep]).astype(acc)
+
+
+def _risky_totals(a, b, shape, axes, out_dims, where, acc) -> np.ndarray:
+    """The in-order totals (``_in_order``) at the output points ``where`` (indices over ``out_dims``)."""
+    keep = [k for k in range(len(shape)) if k not in axes]
+
+    def rows_of(x, part):
+        x = np.moveaxis(np.broadcast_to(x, shape), axes, tuple(range(-len(axes), 0)))
+        idx = tuple(part[out_dims.index(k)] if k in out_dims else 0 for k in keep)
+        return x[idx].reshape(len(part[0]), -1)
+    out = np.empty(len(where[0]))
+    step = max(1, _CHUNK // max(1, math.prod(shape[k] for k in axes)))
+    for r0 in range(0, len(out), step):
+        part = tuple(w[r0:r0 + step] for w in where)
+        out[r0:r0 + step] = _in_order(rows_of(a, part) * rows_of(b, part), acc)
+    return out
 
 
 def _sequential_sum(terms: np.ndarray, axes: tuple, acc: np.dtype) -> np.ndarray:
@@ -147,7 +214,7 @@ def _sequential_sum(terms: np.ndarray, axes: tuple, acc: np.dtype) -> np.ndarray
     t = t.reshape((math.prod(lead), math.prod(t.shape[t.ndim - k:])))
     out = np.zeros(t.shape[0], dtype=acc)
     top = float(np.finfo(acc).max)
-    rows = max(1, _CHUNK // max(1, t.shape[1]))       # bounded temporaries on a large contraction
+    rows = max(1, _CHUNK // max(1, t.shape[1]))       # bounded temporaries on a large sum
     with np.errstate(all="ignore"):
         for r0 in range(0, t.shape[0], rows):
             c = t[r0:r0 + rows]
@@ -155,22 +222,32 @@ def _sequential_sum(terms: np.ndarray, axes: tuple, acc: np.dtype) -> np.ndarray
             # no running sum can leave acc's range where the sum of magnitudes stays inside it
             risky = ~(np.abs(c).sum(axis=-1) <= top)
             if risky.any():
-                run = np.cumsum(c[risky], axis=-1)                  # add.accumulate: strictly in order
-                over = np.isfinite(run) & ~np.isfinite(run.astype(acc))
-                first = np.take_along_axis(run, np.argmax(over, axis=-1)[..., None], axis=-1)[..., 0]
-                tot = run[..., -1]
-                total[risky] = np.where(over.any(axis=-1), np.copysign(np.inf, first) +
-                                        np.where(np.isfinite(tot), 0.0, tot), tot)
+                total[risky] = _in_order(c[risky], acc)
             out[r0:r0 + rows] = total.astype(acc)
     return out.reshape(lead)
+
+
+def _in_order(rows: np.ndarray, acc: np.dtype) -> np.ndarray:
+    """Each row of float64 terms added one at a time into an ``acc`` accumulator: the float64 running sum,
+    except that from where it first leaves ``acc``'s range the accumulator holds the inf of that sign, and
+    only an infinite term (the same inf, or NaN for the opposite one) changes it."""
+    with np.errstate(all="ignore"):
+        run = np.cumsum(rows, axis=-1)                  # add.accumulate: strictly in order
+        if run.shape[-1] == 0:
+            return np.zeros(run.shape[:-1])
+        over = np.isfinite(run) & ~np.isfinite(run.astype(acc))
+        first = np.take_along_axis(run, np.argmax(over, axis=-1)[..., None], axis=-1)[..., 0]
+        tot = run[..., -1]
+        return np.where(over.any(axis=-1), np.copysign(np.inf, first) + np.where(np.isfinite(tot), 0.0, tot), tot)
 
 
 #: float64 elements a sequential sum handles at once
 _CHUNK = 1 << 22
 
 
-def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool, fused: list | None = None) -> np.ndarray:
-    """One node's value from its sources' values; ``fused`` holds a contraction's MUL operands (``_fused``)."""
+def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool, fused: tuple | None = None) -> np.ndarray:
+    """One node's value from its sources' values; ``fused``: a contraction's MUL operands and shape (``_fused``),
+    whose SUM does not read the product (which ``evaluate`` may not have materialised)."""
     u, a = n.uop, n.arg
     try:
         shape = tuple(dim_eval(d, env) for d in n.shape)
@@ -188,19 +265,16 @@ def _eval_node(n: Node, srcs: list, env: Mapping[str, int], fp64: bool, fused: l
         return _elementwise(n, srcs, fp64)
     if u == "REDUCE":
         acc = _compute(n.dtype, fp64)
-        xa = x.astype(acc)
         axes = tuple(a.get("axes", ()))
+        if a["op"] == "SUM" and fused is not None and axes:
+            return _contract(fused[0], fused[1], axes, acc)
+        xa = x.astype(acc)
         if not axes:
             return xa
         if a["op"] == "SUM":
             if fp64 or not n.dtype.is_float:
                 return np.sum(xa, axis=axes, dtype=acc)
-            if fused is not None:
-                with np.errstate(all="ignore"):     # fp32 x fp32 is exact in float64
-                    terms = np.broadcast_to(np.multiply(*(np.asarray(s) for s in fused), dtype=np.float64), x.shape)
-            else:
-                terms = x.astype(np.float64)
-            return _sequential_sum(terms, axes, acc)
+            return _sequential_sum(x.astype(np.float64), axes, acc)
         if any(x.shape[i] == 0 for i in axes):
             return np.full(shape, dtypes.neutral(a["op"], n.dtype), dtype=acc)
         return ops.REDUCE[a["op"]].np(xa, axis=axes)

@@ -10,12 +10,13 @@ bytes needed and the limit (``kumiko.knobs.max_bytes``, ``KUMIKO_MAX_BYTES``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 from kumiko import knobs
 from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import dim_eval
-from kumiko.tiny.ir import TinyGraph
+from kumiko.tiny.ir import TinyGraph, is_ref
 
 #: sizes and byte counts must fit a signed 64-bit integer (numpy's and the kernels' index type)
 INT64_MAX = (1 << 63) - 1
@@ -59,24 +60,109 @@ def value_bytes(g: TinyGraph, nid: str, env: Mapping[str, int]) -> int:
     return count * n.dtype.np.itemsize
 
 
-def _evaluator_bytes(g: TinyGraph, nid: str, env: Mapping[str, int]) -> int:
-    """What the evaluator allocates for one node: its value unless numpy gives a view, plus a float SUM's
-    float64 terms and running sum (``evaluate._sequential_sum``) and a VIEW's int64 coordinates."""
+@dataclass(frozen=True)
+class EvalSchedule:
+    """How the evaluator walks a graph: ``fused``, the float MULs whose only reader is a float SUM (a
+    contraction: the SUM computes from the MUL's operands, the product is never materialised);
+    ``free_after``, node id -> the values no later node reads (dropped once it is computed; a view's reads
+    keep its source alive, since numpy's view holds it)."""
+    fused: frozenset
+    free_after: Mapping[str, tuple]
+
+
+def eval_schedule(g: TinyGraph, keep: bool = False) -> EvalSchedule:
+    """The evaluator's schedule; ``keep=True`` (every value returned) fuses nothing and frees nothing."""
+    if keep:
+        return EvalSchedule(frozenset(), {})
+    readers: dict[str, list[str]] = {nid: [] for nid in g.nodes}
+    for nid, n in g.nodes.items():
+        for s in n.src:
+            if is_ref(s):
+                readers[s].append(nid)
+    outs = {nid for _, nid in g.outputs}
+    fused = frozenset(m for m, rs in readers.items() if m not in outs and g.nodes[m].uop == "MUL"
+                      and g.nodes[m].dtype.is_float and len(rs) == 1 and _contracts(g.nodes[rs[0]], m))
+    pos = {nid: i for i, nid in enumerate(g.nodes)}
+    last: dict[str, int] = {nid: pos[nid] for nid in g.nodes}
+    for nid, n in g.nodes.items():
+        if nid in fused:
+            continue
+        srcs = [s for s in n.src if is_ref(s)]
+        if srcs and _contracts(n, srcs[0]) and g.nodes[srcs[0]].uop == "MUL" and g.nodes[srcs[0]].dtype.is_float:
+            srcs += [s for s in g.nodes[srcs[0]].src if is_ref(s)]    # the SUM reads the MUL's operands
+        for s in srcs:
+            last[s] = max(last[s], pos[nid])
+    for nid in reversed(list(g.nodes)):               # a view keeps its source alive while it lives
+        n = g.nodes[nid]
+        if n.uop in _VIEWS and n.src and is_ref(n.src[0]):
+            last[n.src[0]] = max(last[n.src[0]], last[nid])
+    order = list(g.nodes)
+    free: dict[str, list[str]] = {}
+    for nid, at in last.items():
+        if nid not in outs and nid not in fused:
+            free.setdefault(order[at], []).append(nid)
+    return EvalSchedule(fused, {k: tuple(v) for k, v in free.items()})
+
+
+def _contracts(n, src: str) -> bool:
+    return (n.uop == "REDUCE" and n.arg.get("op") == "SUM" and n.dtype.is_float and bool(n.arg.get("axes"))
+            and n.src[0] == src)
+
+
+def _elems(g: TinyGraph, nid: str, env: Mapping[str, int]) -> int:
+    return value_bytes(g, nid, env) // g.nodes[nid].dtype.np.itemsize
+
+
+def _evaluator_bytes(g: TinyGraph, nid: str, env: Mapping[str, int]) -> tuple[int, int]:
+    """What the evaluator allocates for one node: (its value unless numpy gives a view, the temporaries it
+    needs while it is computed): a float SUM's float64 terms and running sum (``evaluate._sequential_sum``),
+    a contraction's operands in float64 and its result (``evaluate._contract``), a VIEW's int64 coordinates."""
     n = g.nodes[nid]
     own = 0 if n.uop in _VIEWS else value_bytes(g, nid, env)
+    temp = 0
     if n.uop == "REDUCE" and n.arg.get("op") == "SUM" and n.dtype.is_float:
-        src = value_bytes(g, n.src[0], env) // g.nodes[n.src[0]].dtype.np.itemsize
-        own += 2 * 8 * src        # the float64 terms and their row-major copy; chunk temporaries are bounded
+        src = n.src[0]
+        if is_ref(src) and g.nodes[src].uop == "MUL" and g.nodes[src].dtype.is_float and n.arg.get("axes"):
+            operands = [_base(g, s) for s in g.nodes[src].src if is_ref(s)]
+            temp = 2 * 8 * (sum(_elems(g, s, env) for s in operands) + own // n.dtype.np.itemsize)
+        else:
+            temp = 2 * 8 * _elems(g, src, env)
     elif n.uop == "VIEW":
-        own += 8 * len(n.arg["index_map"]) * (own // n.dtype.np.itemsize)
-    return own
+        temp = 8 * len(n.arg["index_map"]) * (own // n.dtype.np.itemsize)
+    return own, temp
 
 
-def check_limits(g: TinyGraph, env: Mapping[str, int], every_node: bool = False, at: str = "sizes") -> int:
+def _base(g: TinyGraph, nid: str) -> str:
+    """The value a chain of broadcasts and reshapes reads (``evaluate._unbroadcast`` converts only that)."""
+    while g.nodes[nid].uop in ("EXPAND", "RESHAPE") and is_ref(g.nodes[nid].src[0]):
+        nid = g.nodes[nid].src[0]
+    return nid
+
+
+def evaluator_peak(g: TinyGraph, env: Mapping[str, int], schedule: EvalSchedule | None = None) -> int:
+    """The most bytes the evaluator holds at once, walking the graph in its order with its frees."""
+    schedule = schedule or eval_schedule(g)
+    live = peak = 0
+    owned: dict[str, int] = {}
+    for nid in g.nodes:
+        if nid in schedule.fused:
+            continue
+        own, temp = _evaluator_bytes(g, nid, env)
+        owned[nid] = own
+        live += own
+        peak = max(peak, live + temp)
+        for dead in schedule.free_after.get(nid, ()):
+            live -= owned.pop(dead, 0)
+    return peak
+
+
+def check_limits(g: TinyGraph, env: Mapping[str, int], every_node: bool = False, at: str = "sizes",
+                 schedule: EvalSchedule | None = None) -> int:
     """E1017 when the buffers a call needs at these sizes exceed ``knobs.max_bytes()``; returns the bytes.
 
     ``every_node=False`` counts the graph's inputs and outputs (what a compiled target's caller holds;
-    its intermediate buffers are the runtime's to check), ``True`` every value the evaluator keeps. Either
+    its intermediate buffers are the runtime's to check), ``True`` the most the evaluator holds at once
+    (``schedule``: its walk, ``eval_schedule(g)`` by default). Either
     way every value's byte count must fit int64, which the kernels index with, fused or not."""
     for nid in g.nodes:
         size = value_bytes(g, nid, env)
@@ -85,14 +171,19 @@ def check_limits(g: TinyGraph, env: Mapping[str, int], every_node: bool = False,
             raise KumikoError("E1017", at=f"tiny:{nid} ({n.uop})", why=f"at sizes {dict(env)} this value has "
                               f"{size // n.dtype.np.itemsize:,} elements ({size:,} bytes), more than a 64-bit "
                               f"index can address", bytes=size, limit=INT64_MAX)
-    nids = list(g.nodes) if every_node else list(dict.fromkeys([nid for _, nid in g.inputs + g.outputs]))
-    need = sum(_evaluator_bytes(g, nid, env) if every_node else value_bytes(g, nid, env) for nid in nids)
+    if every_node:
+        schedule = schedule or eval_schedule(g)
+        nids = [nid for nid in g.nodes if nid not in schedule.fused]
+        need = evaluator_peak(g, env, schedule)
+    else:
+        nids = list(dict.fromkeys([nid for _, nid in g.inputs + g.outputs]))
+        need = sum(value_bytes(g, nid, env) for nid in nids)
     limit = knobs.max_bytes()
     if need > limit:
         big = max(nids, key=lambda nid: value_bytes(g, nid, env))
         n = g.nodes[big]
         shape = [max(0, dim_eval(d, env)) for d in n.shape]
-        what = "the reference evaluator's values" if every_node else "the inputs and outputs"
+        what = "the reference evaluator's live values" if every_node else "the inputs and outputs"
         raise KumikoError("E1017", at=at, why=f"{what} need {need:,} bytes at sizes {dict(env)}, over the limit "
                           f"of {limit:,} bytes (KUMIKO_MAX_BYTES); the largest is {big} ({n.uop}) "
                           f"{n.dtype.name}{shape}", bytes=need, limit=limit)

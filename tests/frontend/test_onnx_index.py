@@ -396,3 +396,55 @@ def test_float64_constant_beyond_fp32_is_refused_when_narrowed():
     with pytest.raises(kumiko.KumikoError) as e:
         kumiko.from_onnx(m, narrow_double=True)
     assert e.value.code == "E1012" and "'big'" in e.value.why and "fp32" in e.value.why
+
+
+def _norm_reference(op: str, x: np.ndarray, p: dict) -> np.ndarray:
+    """The ONNX definitions, in float64."""
+    if op == "BatchNormalization":
+        sh = (1, -1, 1, 1)
+        return (x - p["m"].reshape(sh)) / np.sqrt(p["v"].reshape(sh) + 1e-5) * p["s"].reshape(sh) + p["b"].reshape(sh)
+    if op == "InstanceNormalization":
+        mu, var = x.mean((2, 3), keepdims=True), x.var((2, 3), keepdims=True)
+        return (x - mu) / np.sqrt(var + 1e-5) * p["s"].reshape(1, -1, 1, 1) + p["b"].reshape(1, -1, 1, 1)
+    if op == "GroupNormalization":         # opset 21: two groups, scale and bias per channel
+        g = x.reshape(x.shape[0], 2, -1)
+        y = ((g - g.mean(2, keepdims=True)) / np.sqrt(g.var(2, keepdims=True) + 1e-5)).reshape(x.shape)
+        return y * p["s"].reshape(1, -1, 1, 1) + p["b"].reshape(1, -1, 1, 1)
+    sq, total = x ** 2, np.zeros_like(x)                 # LRN, size 3
+    for c in range(x.shape[1]):
+        total[:, c] = sq[:, max(0, c - 1):c + 2].sum(1)
+    return x / (1.0 + 1e-4 / 3 * total) ** 0.75
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op", ["BatchNormalization", "InstanceNormalization", "GroupNormalization", "LRN"])
+def test_double_normalisations_compute_in_float64(op, target):
+    # values near 1e25: their squares (1e50) overflow fp32, so only a float64 computation gets these right
+    c = 4
+    p = {"s": RNG.standard_normal(c), "b": RNG.standard_normal(c), "m": RNG.standard_normal(c) * 1e25,
+         "v": (RNG.random(c) + 0.5) * 1e50}
+    names = {"BatchNormalization": "sbmv", "InstanceNormalization": "sb", "GroupNormalization": "sb", "LRN": ""}[op]
+    attrs = {"GroupNormalization": {"num_groups": 2}, "LRN": {"size": 3}}.get(op, {})
+    node = h.make_node(op, ["x", *names], ["y"], **attrs)
+    m = model([node], [("x", TP.DOUBLE, [2, c, 5, 7])], [("y", TP.DOUBLE, [2, c, 5, 7])],
+              [const(k, p[k]) for k in names], opset=21)
+    x = RNG.standard_normal((2, c, 5, 7)) * (1.0 if op == "LRN" else 1e25)
+    got = kumiko.compile(kumiko.from_onnx(m), target)(x=x)["y"]
+    assert got.dtype == np.float64 and rel_l2(got, _norm_reference(op, x, p)) <= 1e-12
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_double_attention_computes_in_float64(causal, target):
+    # scores near 1e3 apart: exp of their differences spans far past what fp32 resolves
+    shape = [1, 2, 9, 8]
+    node = h.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=int(causal))
+    m = model([node], [(n, TP.DOUBLE, shape) for n in "qkv"], [("y", TP.DOUBLE, shape)], opset=23)
+    xs = {n: RNG.standard_normal(shape) * 10 for n in "qkv"}
+    s = xs["q"] @ xs["k"].transpose(0, 1, 3, 2) / np.sqrt(8)
+    if causal:
+        s = np.where(np.tril(np.ones((9, 9), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ xs["v"]
+    got = kumiko.compile(kumiko.from_onnx(m), target)(**xs)["y"]
+    assert got.dtype == np.float64 and rel_l2(got, want) <= 1e-12

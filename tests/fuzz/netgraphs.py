@@ -176,11 +176,17 @@ def _fp32_sequential(g: Any, ins: dict[str, np.ndarray]) -> np.ndarray:
         with np.errstate(all="ignore"):
             return np.cumsum(t, axis=-1, dtype=acc)[..., -1] if t.shape[-1] else np.zeros(t.shape[:-1], acc)
 
-    saved, ev._sequential_sum = ev._sequential_sum, seq32
+    def contract32(operands, shape, axes, acc):
+        with np.errstate(all="ignore"):
+            terms = np.broadcast_to(np.multiply(*(np.asarray(o, np.float64) for o in operands)), shape)
+        return seq32(terms, axes, acc)
+
+    saved = ev._sequential_sum, ev._contract
+    ev._sequential_sum, ev._contract = seq32, contract32
     try:
         return kumiko.compile(g, "eval")(**ins)["y"]
     finally:
-        ev._sequential_sum = saved
+        ev._sequential_sum, ev._contract = saved
 
 
 def agrees(g: Any, ins: dict[str, np.ndarray], got: np.ndarray, want: np.ndarray) -> tuple[bool, float]:
