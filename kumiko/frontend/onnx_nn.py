@@ -15,6 +15,7 @@ import numpy as np
 
 from kumiko import dtypes
 from kumiko.frontend.onnx_import import Importer
+from kumiko.frontend.onnx_index import _iota
 from kumiko.frontend.onnx_model import OnnxNode
 from kumiko.frontend.onnx_ops import converter
 
@@ -120,8 +121,6 @@ def conv_conv_transpose(imp: Importer, node: OnnxNode) -> str:
 def conv_pool(imp: Importer, node: OnnxNode) -> str:
     x = imp.tensor(node.input(0))
     n = _spatial(imp, node, x)
-    if node.wants_output(1):
-        raise node.err("E1010", "MaxPool's Indices output is not supported")
     kernel = node.ints("kernel_shape")
     if kernel is None or len(kernel) != n:
         raise node.err("E1010", f"kernel_shape must give {n} sizes, got {kernel}")
@@ -131,7 +130,53 @@ def conv_pool(imp: Importer, node: OnnxNode) -> str:
                  padding=_flat(pads))
     if node.op_type == "AveragePool":
         return imp.emit("AvgPool", [x], count_include_pad=bool(node.attr("count_include_pad", 0)), **attrs)
-    return imp.emit("MaxPool", [x], **attrs)
+    y = imp.emit("MaxPool", [x], **attrs)
+    if not node.wants_output(1):
+        return y
+    return [y, _maxpool_indices(imp, node, x, y, kernel, strides, dil, pads)]
+
+
+def _maxpool_indices(imp: Importer, node: OnnxNode, x: str, y: str, kernel: list, strides: list, dil: list,
+                     pads: list) -> str:
+    """MaxPool's Indices: for each window, the flat index into x (``((n*C + c) * H + h) * W + w``, or
+    ``(n*C + c) * H*W + w*H + h`` with storage_order=1) of its first maximum in scan order (row-major over
+    the kernel), as onnx defines it. For each of the prod(kernel) offsets a strided slice of x (padded
+    with -inf) is compared with the pooled y; the first offset that hits and is not padding wins, its
+    index a constant per output position. Spatial sizes must be static."""
+    shape, out = imp.shape(x), imp.shape(y)
+    n = len(kernel)
+    sizes, osz = shape[2:], out[2:]
+    if not all(isinstance(v, int) for v in (*sizes, *osz)):
+        raise node.err("E1010", f"MaxPool's Indices output needs static spatial sizes, got {[str(v) for v in sizes]}")
+    if not imp.dtype(x).is_float:
+        raise node.err("E1012", f"MaxPool's Indices output needs a float input, got {imp.dtype(x)}")
+    order = int(node.attr("storage_order", 0))
+    if order not in (0, 1):
+        raise node.err("E1010", f"storage_order must be 0 or 1, got {order}")
+    if order and n != 2:
+        raise node.err("E1010", f"storage_order=1 is defined for 2-D pooling, got {n}-D")
+    high = [(o - 1) * s + (k - 1) * d + 1 - size - lo for o, s, k, d, size, (lo, _) in
+            zip(osz, strides, kernel, dil, sizes, pads)]
+    xp = imp.emit("Pad", [x], pads=[[0, 0], [0, 0]] + [[lo, max(0, h)] for (lo, _), h in zip(pads, high)],
+                  value=float("-inf"))
+    spatial = math.prod(sizes)
+    grid = np.indices(osz)
+    idx = None
+    for off in reversed(list(np.ndindex(*kernel))):         # the first offset in scan order is applied last
+        pos = [grid[a] * strides[a] - pads[a][0] + off[a] * dil[a] for a in range(n)]
+        valid = np.logical_and.reduce([(p >= 0) & (p < sizes[a]) for a, p in enumerate(pos)])
+        flat = (pos[1] * sizes[0] + pos[0]) if order else np.ravel_multi_index(
+            [np.clip(p, 0, sizes[a] - 1) for a, p in enumerate(pos)], sizes)
+        part = imp.emit("Slice", [xp], starts=[off[a] * dil[a] for a in range(n)],
+                        ends=[off[a] * dil[a] + (osz[a] - 1) * strides[a] + 1 for a in range(n)],
+                        axes=list(range(2, 2 + n)), steps=list(strides))
+        hit = imp.ew("eq", part, y)
+        if not valid.all():
+            hit = imp.ew("where", imp._param(f"{node.name}::valid", valid.reshape((1, 1, *osz))), hit, False)
+        here = imp._param(f"{node.name}::index", np.where(valid, flat, 0).astype(np.int32).reshape((1, 1, *osz)))
+        idx = here if idx is None else imp.ew("where", hit, here, idx)
+    lead = imp.ew("add", imp.ew("mul", _iota(imp, shape[0], n + 2, 0), shape[1]), _iota(imp, shape[1], n + 2, 1))
+    return imp.ew("add", idx if idx is not None else 0, imp.ew("mul", lead, spatial))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -49,7 +49,6 @@ OPS |= {"ConvTranspose", "Tile"}
 DTYPES = {1: "FLOAT", 10: "FLOAT16", 16: "BFLOAT16", 6: "INT32", 7: "INT64", 9: "BOOL", 11: "DOUBLE"}
 #: features outside the list's scope: (test-name pattern, reason); the importer must reject these
 KNOWN = [
-    (r"test_maxpool_with_argmax", "MaxPool's Indices output"),
     (r"test_resize_.*cubic", "Resize mode cubic"),
     (r"test_resize_.*antialias", "Resize antialias"),
     (r"test_resize_tf_crop_and_resize", "Resize tf_crop_and_resize (roi)"),

@@ -251,10 +251,10 @@ def test_unsupported_dtype():
 
 @pytest.mark.parametrize("node,outs,what", [
     (h.make_node("Pad", ["x", "pads"], ["y"], mode="reflect", name="n"), [("y", TP.FLOAT, [1, 2, 12])], "reflect"),
-    (h.make_node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2], name="n"),
-     [("y", TP.FLOAT, [1, 2, 3]), ("idx", TP.INT64, [1, 2, 3])], "Indices"),
+    (h.make_node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2], storage_order=1, name="n"),
+     [("y", TP.FLOAT, [1, 2, 3]), ("idx", TP.INT64, [1, 2, 3])], "storage_order=1"),
     (h.make_node("Div", ["i", "i"], ["y"], name="n"), [("y", TP.INT32, [3])], "integer division"),
-], ids=["pad-reflect", "maxpool-indices", "int-div"])
+], ids=["pad-reflect", "maxpool-indices-1d-column-major", "int-div"])
 def test_unsupported_attribute_or_feature(node, outs, what):
     pads = nh.from_array(np.array([0, 0, 4, 0, 0, 4], np.int64), "pads")     # reflect needs pads < the axis
     m = model([node], [("x", TP.FLOAT, [1, 2, 4]), ("i", TP.INT32, [3])], outs, [pads])

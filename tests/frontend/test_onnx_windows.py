@@ -172,3 +172,22 @@ def test_3d_conv_and_pool_on_cuda_emu():
     m = model(nodes, [("x", TP.FLOAT, [1, 2, 4, 4, 6])], [("y", TP.FLOAT, [1, 4, 2, 2, 3])],
               [nh.from_array(rand(4, 2, 3, 3, 3, scale=0.3), "w"), nh.from_array(rand(4), "b")], opset=19)
     check(m, rand(1, 2, 4, 4, 6), targets=("cuda-emu",))
+
+
+@pytest.mark.parametrize("shape,attrs", [
+    ((2, 3, 7, 9), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((1, 2, 7, 6), dict(kernel_shape=[3, 2], strides=[1, 2], pads=[1, 0, 1, 1], storage_order=1)),
+    ((1, 2, 9, 9), dict(kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 2], ceil_mode=1)),
+    ((2, 2, 11), dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
+    ((1, 2, 5, 6, 7), dict(kernel_shape=[2, 3, 2], strides=[1, 2, 2])),
+], ids=["2d-pad-stride", "2d-column-major", "2d-dilated-ceil", "1d", "3d"])
+def test_maxpool_indices_match_onnxruntime(shape, attrs):
+    node = h.make_node("MaxPool", ["x"], ["y", "i"], **attrs)
+    out = [None] * len(shape)
+    m = model([node], [("x", TP.FLOAT, list(shape))], [("y", TP.FLOAT, out), ("i", TP.INT64, out)], opset=12)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    x[..., :3] = np.round(x[..., :3])                # ties: the first maximum in scan order wins
+    want = onnxruntime_run(m, {"x": x})
+    for target in TARGETS:
+        got = kumiko.compile(kumiko.from_onnx(m), target)(x=x)
+        assert np.array_equal(got["y"], want[0]) and np.array_equal(got["i"], want[1]), target
