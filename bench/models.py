@@ -52,6 +52,8 @@ import netdefs  # noqa: E402
 PEERS = ("onnxruntime", "torch", "torch.compile")
 REL_L2_LIMIT = 1e-3
 KUMIKO = "kumiko[cpu]"
+#: an opt-in peer (``--peers onnxruntime,kumiko[eval]``): kumiko's evaluator, checked like the others
+EVAL = "kumiko[eval]"
 T0 = time.perf_counter()
 
 
@@ -278,6 +280,20 @@ def kumiko_runner(r: Runner, path: Path, feeds: dict, args, info: dict):
     return (lambda: exe(**feeds)[out]), np.asarray, (cold, warm)
 
 
+def eval_runner(r: Runner, path: Path, feeds: dict):
+    """kumiko's reference evaluator (numpy, node by node): not a speed peer, a correctness one, so the
+    table shows the evaluator matching onnxruntime on the whole network."""
+    r.step = "import kumiko"
+    if BENCH_ERROR is not None:
+        raise BENCH_ERROR
+    import kumiko
+    r.step = "from_onnx"
+    exe = kumiko.compile(kumiko.from_onnx(str(path)), target="eval")
+    out = exe.output_names[0]
+    r.step = "run"
+    return (lambda: exe(**feeds)[out]), np.asarray, None
+
+
 _KERNEL_LINE = re.compile(r"^kumiko: cpu (\S+): ([0-9.]+) ms$")
 
 
@@ -394,6 +410,8 @@ def bench_model(name: str, batch: int, args) -> list[Row]:
             record(peer, lambda r: ort_runner(r, path, feeds, args))
         elif peer in ("torch", "torch.compile"):
             record(peer, lambda r, p=peer: torch_runner(r, name, feeds, args, p == "torch.compile"))
+        elif peer == EVAL:
+            record(peer, lambda r: eval_runner(r, path, feeds))
         else:
             rows.append(Row(name, batch, peer, note=f"skipped: unknown peer {peer!r}"))
         gc.collect()
@@ -533,7 +551,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated peers (default {','.join(PEERS)}); "
-                   "onnxruntime is the reference of the checks")
+                   f"onnxruntime is the reference of the checks; {EVAL} adds kumiko's reference evaluator")
     p.add_argument("--small", action="store_true", help=f"smoke-run sizes: {netdefs.IMAGE_SMALL}x"
                    f"{netdefs.IMAGE_SMALL} images, {netdefs.LAYERS_SMALL} layers, sequence {netdefs.SEQ_SMALL}")
     p.add_argument("--layers", type=int, default=None, help="BERT/GPT-2 layers (default 12; 2 with --small)")
