@@ -15,6 +15,8 @@
   --out DIR`` writes (every stage it has; frontend only for a Graph), under the same names
   (``pipeline.dump_path``); a file that cannot be written is E1502.
 - ``KUMIKO_CACHE``: the compile cache directory (default ``~/.cache/kumiko``); ``0`` disables the cache.
+- ``KUMIKO_PROGRAM_CACHE``: 0 turns off the program cache (a plain ``cpu`` compile's whole result kept under
+  ``KUMIKO_CACHE``, ``kumiko.pipeline.cache``); default on.
 - ``KUMIKO_SPEC``: verifier strictness at stage boundaries: 0 off, 1 (default) the cheap checks and the verifiers
   of a stage read from a file (``--resume``), 2 every stage's verifiers on every compile (``pipeline.verify``).
 - ``KUMIKO_CUDA_GRAPH``: 1 makes the ``cuda`` target replay each program's launches as a CUDA Graph (default 0).
@@ -42,6 +44,10 @@ def debug() -> int:
 
 def spec() -> int:
     return _int("KUMIKO_SPEC", 1)
+
+
+def program_cache() -> bool:
+    return _int("KUMIKO_PROGRAM_CACHE", 1) >= 1
 
 
 def cuda_graph() -> bool:

@@ -12,3 +12,7 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
     settings.load_profile("ci")
+
+# the program cache (kumiko.pipeline.cache) would hand a test that patches a stage the program an earlier
+# test compiled; tests/test_program_cache.py turns it on for itself
+os.environ.setdefault("KUMIKO_PROGRAM_CACHE", "0")

@@ -29,6 +29,7 @@ from kumiko.backend import Backend, backend
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
 from kumiko.indexbook import IndexBook, build_indexbook
+from kumiko.pipeline import cache as program_cache
 from kumiko.pipeline.dumps import (  # noqa: F401
     DRAWINGS,
     DUMPS,
@@ -192,11 +193,27 @@ def compile_program(program: Graph | TinyGraph, target: str = "cpu", options: Ma
                               suggestion=f"resume from one of: {', '.join(RESUMABLE)}")
         setattr(c, s, artifact)
     c.given = frozenset(start or ())
+    cached = until == "binary" and program_cache.usable(target, c.options, start, tuple(want))
+    if cached:
+        if c.tiny is None:
+            advance(c, "tiny")
+        k = program_cache.key(c.tiny, target, c.options, c.constants)
+        with stage("program cache"):
+            hit = program_cache.lookup(k, c.constants)
+        if hit is not None:
+            log(1, f"program cache: {c.name} for {target} from the cache, no stage run")
+            c.region, c.plan, c.binary = hit.program, hit.plans, hit
+            report(c)
+            return c
     if knobs.dump_dir() is not None or enabled(5) or knobs.spec() >= 2:
         want = (*want, *ANALYSES)
     advance(c, until, want)
     if until == "binary":
         report(c)
+        if cached:
+            program_cache.store(k, c.binary)
+        elif getattr(c.options, "tune", False):
+            program_cache.forget_programs()     # the tuned winners may change plans of cached programs
     return c
 
 
