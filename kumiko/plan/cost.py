@@ -17,21 +17,8 @@ import math
 from dataclasses import dataclass, replace
 
 from kumiko.plan.plan import CacheBlock, Plan
-from kumiko.region.ssa import (
-    Binary,
-    BroadcastInDim,
-    Cast,
-    Const,
-    Gather,
-    Read,
-    Reduce,
-    Ref,
-    Region,
-    RExpr,
-    Select,
-    Transpose,
-    Unary,
-)
+from kumiko.region.srnf import children
+from kumiko.region.ssa import Binary, Cast, Reduce, Region, RExpr, Select, Unary
 from kumiko.symbolic import dim_eval
 
 
@@ -64,23 +51,12 @@ def flops(region: Region, env: dict) -> int:
     iters = _points(region.iters, env)
 
     def count(e: RExpr, scale: int) -> int:
-        if isinstance(e, (Read, Const, Ref)):
-            return 0
         if isinstance(e, Reduce):
-            inner = scale * _points(e.axes, env)
-            return inner + count(e.body, inner)
-        if isinstance(e, (Unary, Cast)):
-            return scale + count(e.x, scale)
-        if isinstance(e, Binary):
-            return scale + count(e.x, scale) + count(e.y, scale)
-        if isinstance(e, Select):
-            p = 0 if not isinstance(e.pred, (Binary, Unary, Reduce, Select)) else count(e.pred, scale)
-            return scale + p + count(e.then, scale) + count(e.other, scale)
-        if isinstance(e, (BroadcastInDim, Transpose)):
-            return count(e.operand, scale)
-        if isinstance(e, Gather):
-            return count(e.by, scale)
-        return 0
+            scale *= _points(e.axes, env)
+            own = scale
+        else:       # one operation per point for arithmetic; movement, reads and constants are free
+            own = scale if isinstance(e, (Unary, Cast, Binary, Select)) else 0
+        return own + sum(count(k, scale) for k in children(e))
     return sum(count(let.expr, iters) for let in region.lets)
 
 
