@@ -202,7 +202,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else None
     if args.format != "json":
         return _dump_pictures(program, stages, args.format, out_dir)
-    texts = dump(program, stages, out_dir)
+    texts = dump(program, stages, out_dir, target=args.target)
     if out_dir is None:
         if len(texts) == 1:
             sys.stdout.write(next(iter(texts.values())))
@@ -432,7 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "stage's JSON dump, in the seeds' shape; dumps are byte-identical across runs.")
     d.add_argument("file", help="graph file")
     d.add_argument("--stage", default="frontend,tiny", help="comma-separated stages: "
-                   f"{', '.join(n for n in DUMPS if n != 'c')} (default frontend,tiny; gpu_ir: the cuda-emu target's)")
+                   f"{', '.join(n for n in DUMPS if n != 'c')} (default frontend,tiny)")
+    d.add_argument("--target", default=None, help="whose region, plan and gpu_ir stages to dump (default cpu, and "
+                   f"cuda-emu for gpu_ir; {targets}): --target cuda-emu --stage plan shows the GPU plans")
     d.add_argument("--out", help="directory to write <name>.<stage>.<format> into (default: print to stdout)")
     d.add_argument("--format", choices=("json", "dot", "svg"), default="json",
                    help=f"json (default): the stage's dump; dot or svg: a picture of the stage "

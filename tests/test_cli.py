@@ -157,3 +157,15 @@ def test_run_and_compile_take_an_onnx_model(tmp_path, capsys):
         np.testing.assert_allclose(z["z"], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-6)
     assert main(["compile", str(model), "--dump", "region", "--out", str(tmp_path / "d")]) == 0
     assert list((tmp_path / "d").glob("*.region.json"))
+
+
+def test_dump_plans_of_a_target(capsys):
+    gemm = str(EXAMPLES / "gemm_bias_relu.json")
+    assert main(["dump", gemm, "--stage", "plan"]) == 0
+    cpu = json.loads(capsys.readouterr().out)
+    assert all(p["arch"].startswith("cpu") for p in cpu.values())
+    assert main(["dump", gemm, "--stage", "plan,region", "--target", "cuda-emu", "--dtype", "fp16"]) == 0
+    gpu = json.loads(capsys.readouterr().out)
+    assert all(p["arch"] == "sm80" and "tile" in p for p in gpu["plan"].values()) and gpu["region"]
+    assert main(["dump", gemm, "--stage", "gpu_ir", "--target", "cpu"]) != 0
+    assert "makes no gpu_ir stage" in capsys.readouterr().err

@@ -336,7 +336,8 @@ def stage_dumps(c: Compilation, names: Sequence[str]) -> dict[tuple, str | bytes
 def _stage_json(c: Compilation, n: str) -> dict:
     return {"frontend": lambda: c.frontend.to_json(), "tiny": lambda: tiny_ir.to_json(c.tiny),
             "indexbook": lambda: c.indexbook.to_json(), "poly_view": lambda: poly_report(c.poly_view),
-            "region": lambda: program_json(c.region), "gpu_ir": lambda: c.backend.kernel_json(c)}[n]()
+            "region": lambda: program_json(c.region), "plan": lambda: {r: p.to_json() for r, p in c.plan.items()},
+            "gpu_ir": lambda: c.backend.kernel_json(c)}[n]()
 
 
 def stage_json(program: Graph | TinyGraph, name: str, target: str | None = None) -> dict:
@@ -352,9 +353,11 @@ def stage_json(program: Graph | TinyGraph, name: str, target: str | None = None)
     return _stage_json(c, n)
 
 
-def dump(program: Graph | TinyGraph, stages: list[str], out_dir: Path | None) -> dict[str, str]:
-    """Render each stage's JSON; write ``<name>.<stage>.json`` into ``out_dir`` when given. Returns texts."""
-    texts = {s: dumps(stage_json(program, s)) for s in stages}
+def dump(program: Graph | TinyGraph, stages: list[str], out_dir: Path | None,
+         target: str | None = None) -> dict[str, str]:
+    """Render each stage's JSON (``target``'s: ``stage_json``); write ``<name>.<stage>.json`` into ``out_dir``
+    when given. Returns texts."""
+    texts = {s: dumps(stage_json(program, s, target)) for s in stages}
     if out_dir is not None:
         write_dumps(texts, program.name, out_dir)
     return texts
