@@ -37,6 +37,7 @@ from kumiko.kernel.contract import lower_contraction_kernels
 from kumiko.kernel.loops import Kernel
 from kumiko.kernel.lower_cpu import CpuLowering
 from kumiko.kernel.micro import micro_kernel, stage_micro_kernel, vector_types
+from kumiko.kernel.skinny import SkinnyLowering
 from kumiko.kernel.stream import find_pipe, lower_pipe, pipe_buffers
 from kumiko.plan.plan import Plan
 from kumiko.region.analysis import analyze
@@ -139,9 +140,10 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             continue
         facts = analyze(r)
         kern, micros, packs = None, (), []
-        if plan.algo == "packed" and facts.contraction is not None:
+        if plan.algo in ("packed", "skinny") and facts.contraction is not None:
             lo = CpuLowering(r, syms, name, facts=facts)
-            kern, prepacks = lower_contraction_kernels(lo, plan, constants)
+            kern, prepacks = lower_contraction_kernels(lo, plan, constants,
+                                                       SkinnyLowering if plan.algo == "skinny" else None)
             m = (*plan.register_block, plan.vector_width)
             micros = (("p", *m),) + ((("s", *m),) if lo.staged else ())
             for pk in prepacks:
