@@ -10,8 +10,11 @@ busy at batch 1. For each unit the micro-kernel (the packed path's ``micro_kerne
 all of K in one pass: A is one [K][MR] panel, packed once per batch point by each thread (M x K floats:
 small), B the panel's NR x K values, contiguous. A constant B (a bound weight) is pre-packed once into
 exactly these panels (``kumiko.kernel.contract.Prepack``: panel p at ``p*NR*K``), so the kernel streams
-the weights in the order they lie in memory, each element read once per call; any other B is packed
-panel by panel into a per-thread buffer that stays in L2 and is read right after. The accumulator tile
+the weights in the order they lie in memory, each element read once per call. Any other B whose panel
+is NR consecutive fp32 elements at K offsets one stride apart (a row-major [K, N] weight passed as an
+input, checked at run time from the index tables) is read in place (``micro_kernel(..., b_ld=True)``);
+the rest (the last, partial panel; weights used transposed; a cast) is packed panel by panel into a
+per-thread buffer that stays in L2 and is read right after. The accumulator tile
 (MR x NR) goes through a per-thread scratch to the region's epilogue (bias, activation, residual, cast),
 which runs on the panel's columns as on the packed path's blocks.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 from kumiko.kernel.contract import ContractionLowering
 from kumiko.kernel.loops import Comment, Decl, If, Raw
 from kumiko.kernel.micro import micro_name
+from kumiko.region.operands import unit_rows
 
 
 class SkinnyLowering(ContractionLowering):
@@ -28,6 +32,10 @@ class SkinnyLowering(ContractionLowering):
     def __init__(self, lo, c, plan, constants: frozenset = frozenset()):
         super().__init__(lo, c, plan, constants)
         self.stage = None         # B is read from its panels (pre-packed or packed per panel), never staged
+        t = self.b.table          # B read in place where a panel's rows are consecutive fp32 elements
+        self.in_place = ("b" not in self.pre and t is not None and not t.guards and t.identity
+                         and unit_rows(self.b.rows, t))
+        lo.b_ld = lo.b_ld or self.in_place
 
     def emit(self, epilogue) -> list:
         c, lo, A, B = self.c, self.lo, self.a, self.b
@@ -59,6 +67,11 @@ class SkinnyLowering(ContractionLowering):
                      Decl("const int", "kk_nt", "omp_get_num_threads()")]
         if fills:
             par += fills + [Raw("#pragma omp barrier")]
+        if self.in_place:     # the K offsets one stride apart: rows kk_ldb elements apart
+            par += [Decl("const long long", "kk_ldb", "kk_K > 1 ? kk_bko[1] - kk_bko[0] : 0"),
+                    Decl("int", "kk_bin", "1"),
+                    Raw("for (long long kk_k = 1; kk_k < kk_K; ++kk_k)\n"
+                        "  kk_bin &= kk_bko[kk_k] == kk_bko[0] + kk_k * kk_ldb;")]
         par += [Decl("const long long", "kk_u0", "kk_t * kk_U / kk_nt"),
                 Decl("const long long", "kk_u1", "(kk_t + 1) * kk_U / kk_nt"),
                 Decl("float* KUMIKO_RESTRICT", "kk_Ct", f"(float*)kk_scratch(0, sizeof(float) * {mr * nr})"),
@@ -78,10 +91,19 @@ class SkinnyLowering(ContractionLowering):
                 unit += self._batch_parts(sd)
         if not pre_a:
             unit.append(If("kk_b != kk_bl", (*self._pack(A, "0", "1", "0", "kk_M", "kk_Ap"), Raw("kk_bl = kk_b;"))))
-        unit += self._pack(B, "0", "1", "kk_jc", "kk_N", "kk_Bc") if not pre_b else []
         b_at = f"{self.pre['b']} + kk_jc * kk_K" if pre_b else "kk_Bc"
-        unit += [Raw(f"{micro_name(mr, nr, self.vw)}(kk_K, kk_Ap, {b_at}, kk_Ct, kk_ldc, 0);"),
-                 *self._epi_pointwise(epilogue, "0", "kk_M", "0", "kk_ncur")]
+        call = Raw(f"{micro_name(mr, nr, self.vw)}(kk_K, kk_Ap, {b_at}, kk_Ct, kk_ldc, 0);")
+        if self.in_place:     # a whole panel of consecutive rows: read in place, else packed
+            src = f"{lo.cname[B.table.tensor]} + kk_bbo + kk_bro[kk_jc] + kk_bko[0]"
+            unit += [Decl("int", "kk_dir", f"kk_bin && kk_ncur == {nr}"),
+                     Raw(f"for (int kk_r = 1; kk_r < {nr} && kk_dir; ++kk_r) kk_dir = kk_bro[kk_jc + kk_r] == "
+                         "kk_bro[kk_jc] + kk_r;"),
+                     If("kk_dir", (Raw(f"{micro_name(mr, nr, self.vw, b_ld=True)}(kk_K, kk_Ap, {src}, kk_ldb, "
+                                       "kk_Ct, kk_ldc, 0);"),),
+                        (*self._pack(B, "0", "1", "kk_jc", "kk_N", "kk_Bc"), call))]
+        else:
+            unit += [*(self._pack(B, "0", "1", "kk_jc", "kk_N", "kk_Bc") if not pre_b else []), call]
+        unit += self._epi_pointwise(epilogue, "0", "kk_M", "0", "kk_ncur")
         par.append(Raw("for (long long kk_u = kk_u0; kk_u < kk_u1; ++kk_u) {"))
         par += unit
         par.append(Raw("}"))

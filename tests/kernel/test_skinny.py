@@ -1,6 +1,7 @@
 """The skinny contraction path (kumiko/kernel/skinny.py): GEMV and skinny GEMM (few rows on the A side)
 against the Tiny IR evaluator at sizes that are not multiples of a vector or a panel, with a bias and an
-activation in the epilogue, the weights bound (pre-packed once) and unbound (packed per panel), batched
+activation in the epilogue, the weights bound (pre-packed once) and unbound (read in place, or packed per
+panel: the last, partial one, and weights used transposed), batched
 with broadcast weights and with weights per batch point; the plan that picks it, and its checks."""
 from dataclasses import replace
 
@@ -55,13 +56,15 @@ def test_skinny_matches_the_evaluator(m, k, n, bound):
     runner = exe._run.runner
     packs = sum(len(st.packs) for st in runner.steps)
     assert (packs > 0) == bound            # a bound weight is pre-packed, an input is not
+    assert ("kk_micro_bld_" in exe._run.source) == (not bound)    # an input is read in place (whole panels)
     assert runner.pack_calls == packs      # after two calls: packed on the first one only
 
 
 @pytest.mark.parametrize("bound", [True, False], ids=["bound", "input"])
 def test_skinny_with_transposed_weights(bound):
     """x @ W.T (a torch Linear's [N, K] weight): B's rows are not contiguous; packed (or pre-packed) all the same."""
-    _check(_linear(3, 37, 70, bound, transposed=True))
+    exe = _check(_linear(3, 37, 70, bound, transposed=True))
+    assert "kk_micro_bld_" not in exe._run.source
 
 
 def test_batched_rows_with_broadcast_weights_are_rows():
