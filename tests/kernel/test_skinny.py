@@ -44,8 +44,7 @@ def _linear(m, k, n, bound, act="relu", batch=None, transposed=False, seed=0):
     return {"relu": y.relu(), "tanh": y.tanh(), "none": y}[act].graph("y")
 
 
-CASES = [(1, 2, 7), (1, 767, 33), (1, 33, 3073), (2, 7, 33), (3, 767, 65), (5, 33, 767), (15, 65, 33),
-         (16, 100, 50)]
+CASES = [(1, 2, 7), (1, 767, 33), (1, 33, 3073), (2, 7, 33), (3, 767, 65), (5, 33, 767), (14, 65, 33)]
 
 
 @pytest.mark.parametrize("m,k,n", CASES)
@@ -89,8 +88,12 @@ def test_residual_epilogue_is_fused():
     assert len(exe._run.plans) == 1
 
 
-def test_many_rows_and_unknown_rows_take_the_packed_path():
-    _check(_linear(MAX_SKINNY_ROWS + 1, 20, 40, True), algo="packed")
+@pytest.mark.parametrize("m", [15, 16, MAX_SKINNY_ROWS + 1])
+def test_many_rows_take_the_packed_path(m):
+    _check(_linear(m, 20, 40, True), algo="packed")
+
+
+def test_unknown_rows_take_the_packed_path():
     a, b = Tensor.input("a", ("M", "K")), Tensor.input("b", ("K", "N"))
     exe = kumiko.compile((a @ b).graph("y"), "cpu")
     assert {p.algo for p in exe._run.plans.values()} == {"packed"}
@@ -99,8 +102,9 @@ def test_many_rows_and_unknown_rows_take_the_packed_path():
 def test_skinny_tile():
     assert skinny_tile(16, 1, None) == (1, 128)         # 8 accumulators, 8 B vectors and a broadcast
     assert skinny_tile(16, 4, None) == (4, 96)          # 24 + 6 + 1 registers of 32
-    assert skinny_tile(16, 16, None) == (16, 16)
-    assert skinny_tile(8, 16, None) is None             # 16 registers hold no 16-row tile
+    assert skinny_tile(16, 14, None) == (14, 32)
+    assert skinny_tile(16, 15, None) is None            # one vector per row and panel: the packed tiles win
+    assert skinny_tile(8, 7, None) is None and skinny_tile(8, 6, None) == (6, 16)
     assert skinny_tile(8, 2, None) == (2, 40)
     assert skinny_tile(16, 1, 100) == (1, 16)           # every thread gets two panels of a narrow B side
     assert skinny_tile(16, 0, None) is None and skinny_tile(16, None, 64) is None
