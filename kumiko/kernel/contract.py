@@ -66,7 +66,7 @@ class ContractionLowering(PanelPacking):
         self.lo, self.c, self.plan = lo, c, plan
         self.mr, self.nr = plan.register_block
         self.vw = plan.vector_width
-        self.mc, self.nc, self.kc = plan.cache_block
+        self.mc, self.nc, self.kc = plan.cache_block or (self.mr, self.nr, 0)    # a skinny plan has none
         extra = c.k_axes + (c.outer.axes if c.outer is not None else ())
         for a in extra:
             lo.sizes[a.name] = a.size
@@ -381,15 +381,16 @@ class Prepack:
     sources: tuple
 
 
-def lower_contraction_kernels(lo: CpuLowering, plan: Plan, constants: frozenset = frozenset()
-                              ) -> tuple[Kernel, tuple[Prepack, ...]] | None:
+def lower_contraction_kernels(lo: CpuLowering, plan: Plan, constants: frozenset = frozenset(),
+                              lowering: type | None = None) -> tuple[Kernel, tuple[Prepack, ...]] | None:
     """The region as contraction (+ in-tile epilogue, or + generic rest over a scratch accumulator), with
     the operands that read only ``constants`` (inputs bound once, the weights) packed by functions of their
-    own: (the kernel, its Prepacks); None when the region holds no contraction."""
+    own: (the kernel, its Prepacks); None when the region holds no contraction. ``lowering``: another
+    ContractionLowering class (the skinny path, ``kumiko.kernel.skinny``)."""
     c = lo.facts.contraction
     if c is None:
         return None
-    cl = ContractionLowering(lo, c, plan, constants)
+    cl = (lowering or ContractionLowering)(lo, c, plan, constants)
     kern = _contraction_kernel(lo, c, cl)
     packs = []
     for key in sorted(cl.pre):

@@ -12,8 +12,8 @@ the OpenMP thread queries (stubs without OpenMP), the per-thread scratch kept be
 from __future__ import annotations
 
 
-def micro_name(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
-    return f"kk_micro_{'rows_' if a_rows else ''}{mr}x{nr}_v{vw}"
+def micro_name(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = False) -> str:
+    return f"kk_micro_{'rows_' if a_rows else ''}{'bld_' if b_ld else ''}{mr}x{nr}_v{vw}"
 
 
 def _fmas(mr: int, nv: int, vw: int, src, indent: str) -> list:
@@ -77,16 +77,19 @@ def stage_micro_kernel(mr: int, nr: int, vw: int) -> str:
     return "\n".join(lines + _finish(mr, nv, vw))
 
 
-def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
+def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = False) -> str:
     """An MR x NR register-blocked micro-kernel: C[MR][NR] (+)= sum_p A[p][MR] * B[p][NR].
 
     The accumulators start at zero and C is added at the end (``acc``), its rows prefetched at the start:
     a C tile that comes from L3 then costs no stall before the first multiply-add. With ``a_rows`` A is
     not a packed panel but MR rows of a row-major tile (``a[i*lda + p]``, an extra ``lda`` argument): the
-    row-block pipeline (``kumiko.kernel.stream``) stores P along its rows and multiplies it in place."""
+    row-block pipeline (``kumiko.kernel.stream``) stores P along its rows and multiplies it in place. With
+    ``b_ld`` B is not a packed panel but NR consecutive elements of each of kc rows ``ldb`` apart, read in
+    place with unaligned loads (an extra ``ldb`` argument: the skinny path's unpacked weights)."""
     nv = nr // vw
     a_arg = "const float* KUMIKO_RESTRICT a, long long lda" if a_rows else "const float* KUMIKO_RESTRICT a"
-    lines = [f"static void {micro_name(mr, nr, vw, a_rows)}(long long kc, {a_arg}, const float* KUMIKO_RESTRICT b, "
+    b_arg = "const float* KUMIKO_RESTRICT b, long long ldb" if b_ld else "const float* KUMIKO_RESTRICT b"
+    lines = [f"static void {micro_name(mr, nr, vw, a_rows, b_ld)}(long long kc, {a_arg}, {b_arg}, "
              "float* KUMIKO_RESTRICT c, long long ldc, int acc) {"]
     if a_rows:
         for i in range(mr):
@@ -94,7 +97,8 @@ def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False) -> str:
     lines += _start(mr, nr, nv)
     lines.append("  for (long long p = 0; p < kc; ++p) {")
     for v in range(nv):
-        lines.append(f"    kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});")
+        lines.append(f"    kk_vf b{v} = *(const kk_vfu*)(b + p*ldb + {v * vw});" if b_ld else
+                     f"    kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});")
     lines += _fmas(mr, nv, vw, (lambda i: f"a{i}r[p]") if a_rows else (lambda i: f"a[p*{mr} + {i}]"), "    ")
     lines.append("  }")
     return "\n".join(lines + _finish(mr, nv, vw))

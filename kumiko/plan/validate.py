@@ -2,8 +2,9 @@
 
 A packed plan needs a contraction in the region, a ``register_block`` (MR, NR) whose NR is a whole number
 of vectors, a ``cache_block`` (MC, NC, KC) of whole register blocks (MC % MR == 0, NC % NR == 0), and a
-vector width the machine has; any plan must be for this machine's arch family (a CUDA plan cannot drive
-the CPU backend) and set only a CPU plan's fields (``check_fields``).
+vector width the machine has; a skinny plan a contraction and such a ``register_block``, but no
+``cache_block`` (it runs all of K in one pass); any plan must be for this machine's arch family (a CUDA
+plan cannot drive the CPU backend) and set only a CPU plan's fields (``check_fields``).
 """
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ def validate(plan: Plan, region: Region, syms: tuple, features: dict) -> Plan:
     if plan.vector_width > vw:
         raise KumikoError("E1801", at=at, why=f"vector width {plan.vector_width} exceeds this machine's {vw} floats",
                           suggestion=f"use a width of at most {vw} (arch {arch})")
-    if plan.algo != "packed":
+    if plan.algo not in ("packed", "skinny"):
         return plan
     if analyze(region).contraction is None:
-        raise KumikoError("E1801", at=at, why="a packed plan needs a contraction (Reduce(sum) of a product) and "
-                          "this region has none", suggestion="use algo_choice {\"region\": \"loops\"}")
+        raise KumikoError("E1801", at=at, why=f"a {plan.algo} plan needs a contraction (Reduce(sum) of a product) "
+                          "and this region has none", suggestion="use algo_choice {\"region\": \"loops\"}")
+    if plan.algo == "skinny":
+        return _skinny(plan, at)
     if plan.register_block is None or plan.cache_block is None:
         raise KumikoError("E1801", at=at, why="a packed plan needs register_block {mr, nr} and cache_block "
                           "{mc, nc, kc}", suggestion=f'e.g. "register_block": {{"mr": 6, "nr": {2 * vw}}}, '
@@ -40,4 +43,17 @@ def validate(plan: Plan, region: Region, syms: tuple, features: dict) -> Plan:
         raise KumikoError("E1801", at=at, why=f"cache_block mc={mc}, nc={nc} must be positive multiples of "
                           f"register_block mr={mr}, nr={nr} (and kc={kc} positive)",
                           suggestion=f"e.g. mc={mr * 20}, nc={nr * 64}")
+    return plan
+
+
+def _skinny(plan: Plan, at: str) -> Plan:
+    """A skinny plan: a register_block whose NR is whole vectors, no cache_block (one pass over all of K)."""
+    if plan.register_block is None or plan.cache_block is not None:
+        raise KumikoError("E1801", at=at, why="a skinny plan needs register_block {mr, nr} and no cache_block",
+                          suggestion=f'e.g. "register_block": {{"mr": 1, "nr": {8 * plan.vector_width}}}, '
+                          '"cache_block": null')
+    mr, nr = plan.register_block
+    if mr < 1 or nr < 1 or nr % plan.vector_width:
+        raise KumikoError("E1801", at=at, why=f"register_block mr={mr}, nr={nr}: both must be positive and nr a "
+                          f"whole number of {plan.vector_width}-float vectors")
     return plan

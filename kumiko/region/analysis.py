@@ -174,6 +174,8 @@ def find_contraction(facts: RegionFacts) -> Contraction | None:
         # an output axis neither operand reads (size 1) goes with M; the window axes are M's innermost
         m_axes = tuple(a for a in out_axes if roles[a] in ("m", "free") and a not in w_names) + w_names
         n_axes = tuple(a for a in out_axes if roles[a] == "n")
+        if not m_axes:      # one row whose axis the let dropped (x[0, k] of an x[1, K]): a size-1 iter is M
+            m_axes = tuple(a.name for a in r.iters if facts.sizes.get(a.name) == 1 and a.name not in out_axes)[:1]
         if not m_axes or not n_axes:
             continue
         others = [x2 for x2 in r.lets if x2.name != let.name]

@@ -37,6 +37,7 @@ from kumiko.kernel.contract import lower_contraction_kernels
 from kumiko.kernel.loops import Kernel
 from kumiko.kernel.lower_cpu import CpuLowering
 from kumiko.kernel.micro import micro_kernel, stage_micro_kernel, vector_types
+from kumiko.kernel.skinny import SkinnyLowering
 from kumiko.kernel.stream import find_pipe, lower_pipe, pipe_buffers
 from kumiko.plan.plan import Plan
 from kumiko.region.analysis import analyze
@@ -139,11 +140,12 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             continue
         facts = analyze(r)
         kern, micros, packs = None, (), []
-        if plan.algo == "packed" and facts.contraction is not None:
+        if plan.algo in ("packed", "skinny") and facts.contraction is not None:
             lo = CpuLowering(r, syms, name, facts=facts)
-            kern, prepacks = lower_contraction_kernels(lo, plan, constants)
+            kern, prepacks = lower_contraction_kernels(lo, plan, constants,
+                                                       SkinnyLowering if plan.algo == "skinny" else None)
             m = (*plan.register_block, plan.vector_width)
-            micros = (("p", *m),) + ((("s", *m),) if lo.staged else ())
+            micros = (("p", *m),) + ((("s", *m),) if lo.staged else ()) + ((("l", *m),) if lo.b_ld else ())
             for pk in prepacks:
                 pieces.append(_Piece(pk.kernel, (("p", *m),), plan.vector_width))
                 packs.append((len(pieces) - 1, pk, f"{r.name}.pack_{pk.key}"))
@@ -234,10 +236,11 @@ def _blank(m: re.Match) -> str:
 
 
 def _micro_texts(micros) -> list[str]:
-    """The micro-kernels, in the order one translation unit has always had them: packed, a_rows, stage."""
+    """The micro-kernels, in the order one translation unit has always had them: packed, a_rows, stage, B in place."""
     out = [micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "p")]
     out += [micro_kernel(*m[1:], a_rows=True) for m in sorted(m for m in micros if m[0] == "r")]
     out += [stage_micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "s")]
+    out += [micro_kernel(*m[1:], b_ld=True) for m in sorted(m for m in micros if m[0] == "l")]
     return out
 
 
