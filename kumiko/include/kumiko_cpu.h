@@ -492,13 +492,8 @@ KUMIKO_INLINE void kv_store_bool(unsigned char* p, kvi_t m) {
     for (int i = 0; i < KUMIKO_VW; i++) p[i] = (unsigned char)(m[i] != 0);
 }
 
-/* Lane masks of an affine guard over the vectorised axis: lane l is set when c + k*l >= 0 (== 0), c the
- * constraint's value at lane 0 and k its coefficient of the axis (|k| < 2^20). c is clamped first: the
- * lanes' signs only depend on it within a few k of zero, so 32-bit lanes are exact. */
-KUMIKO_INLINE kvi_t kv_affine_lanes(long long c, long long k) {
-    const long long lim = 1LL << 28;
-    const int32_t c32 = (int32_t)(c < -lim ? -lim : (c > lim ? lim : c));
-    /* vector arithmetic on a constant 0, 1, 2, ... (a lane-by-lane loop here became 16 inserts per call) */
+/* the constant 0, 1, ..., KUMIKO_VW - 1 */
+KUMIKO_INLINE kvi_t kv_iota(void) {
 #if KUMIKO_VW == 16
     const kvi_t iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 #elif KUMIKO_VW == 8
@@ -506,7 +501,17 @@ KUMIKO_INLINE kvi_t kv_affine_lanes(long long c, long long k) {
 #else
     const kvi_t iota = {0, 1, 2, 3};
 #endif
-    return c32 + iota * (int32_t)k;
+    return iota;
+}
+
+/* Lane masks of an affine guard over the vectorised axis: lane l is set when c + k*l >= 0 (== 0), c the
+ * constraint's value at lane 0 and k its coefficient of the axis (|k| < 2^20). c is clamped first: the
+ * lanes' signs only depend on it within a few k of zero, so 32-bit lanes are exact. */
+KUMIKO_INLINE kvi_t kv_affine_lanes(long long c, long long k) {
+    const long long lim = 1LL << 28;
+    const int32_t c32 = (int32_t)(c < -lim ? -lim : (c > lim ? lim : c));
+    /* vector arithmetic on a constant 0, 1, 2, ... (a lane-by-lane loop here became 16 inserts per call) */
+    return c32 + kv_iota() * (int32_t)k;
 }
 KUMIKO_INLINE kvi_t kv_affine_ge(long long c, long long k) { return kv_affine_lanes(c, k) >= 0; }
 KUMIKO_INLINE kvi_t kv_affine_eq(long long c, long long k) { return kv_affine_lanes(c, k) == 0; }
@@ -520,18 +525,6 @@ KUMIKO_INLINE kvi_t kv_affine_eq(long long c, long long k) { return kv_affine_la
 #if defined(__AVX512F__)
 KUMIKO_INLINE __mmask16 kv_kmask(kvi_t m) { return _mm512_cmplt_epi32_mask((__m512i)m, _mm512_setzero_si512()); }
 #endif
-
-/* the constant 0, 1, ..., KUMIKO_VW - 1 */
-KUMIKO_INLINE kvi_t kv_iota(void) {
-#if KUMIKO_VW == 16
-    const kvi_t iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-#elif KUMIKO_VW == 8
-    const kvi_t iota = {0, 1, 2, 3, 4, 5, 6, 7};
-#else
-    const kvi_t iota = {0, 1, 2, 3};
-#endif
-    return iota;
-}
 
 KUMIKO_INLINE kv_t kv_load_mask(const float* p, kvi_t m) {
 #if defined(__AVX512F__)
