@@ -1,0 +1,126 @@
+"""A hand-assembled SM90 GPU IR program for the emulator, verifier and nvcc tests: C = A @ Bt.T on one warpgroup.
+
+A (M x K) and Bt (N x K, B stored K-major) come in by TMA with the 128-byte swizzle into a two-stage ring
+(full barriers: the producer's arrive.expect_tx plus the TMA bytes; empty barriers: all 128 consumer threads
+arrive after wgmma.wait_group retired their reads), four wgmma m64nNk16 per 64-wide K tile read them through
+K-major 128B-swizzle descriptors (start + 32 bytes per k16 step, stride byte offset 1024 = 8 rows of 128 bytes),
+the fp32 accumulator goes to shared memory by ordinary stores, then, after fence.proxy.async and a barrier, out
+by a TMA store. Tile 64 x N (one CTA per tile), K tiles of 64; sizes need not be multiples of the tile (TMA
+fills out-of-bounds elements with zeros and does not store them).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kumiko.kernel.gpu_ir_sm90 import (
+    AccToSmem,
+    BarDecl,
+    BarRef,
+    BulkCommit,
+    BulkWait,
+    Elect,
+    FenceMbarInit,
+    FenceProxyAsync,
+    For,
+    IExpr,
+    If,
+    MatDesc,
+    MbarArrive,
+    MbarArriveTx,
+    MbarInit,
+    MbarWait,
+    Ring,
+    Sm90Kernel,
+    SmemBuf,
+    SmemRef,
+    SyncThreads,
+    TensorMapDesc,
+    TmaLoad,
+    TmaStore,
+    WgmmaCommit,
+    WgmmaFence,
+    WgmmaMma,
+    WgmmaWait,
+    layout_smem,
+)
+from kumiko.runtime.tensormap import TensorMapArg
+
+BM = BK = 64
+
+
+def gemm_kernel(n: int = 64, dtype: str = "fp16", stages: int = 2, swizzle: str = "128B",
+                desc_swizzle: str | None = None) -> Sm90Kernel:
+    """The program for tile 64 x ``n``; ``desc_swizzle`` (default: ``swizzle``) is what the wgmma descriptors say."""
+    v = IExpr.var
+    kt, ks, s_ = v("kt"), v("ks"), v("s")
+    KT, bx, by = v("kk_KT"), v("blockIdx.x"), v("blockIdx.y")
+    S = stages
+    span = {"none": 16, "32B": 32, "64B": 64, "128B": 128}[swizzle]
+    box_k = span // 2 if swizzle != "none" else BK
+    assert box_k == BK, "this program loads K tiles of 64 halves: 128-byte rows"
+    a_bytes, b_bytes = BM * BK * 2, n * BK * 2
+    maps = (TensorMapDesc("tmA", "A", dtype, (v("kk_K"), v("kk_M")), (v("kk_K") * 2,), (BK, BM), swizzle),
+            TensorMapDesc("tmB", "Bt", dtype, (v("kk_K"), v("kk_N")), (v("kk_K") * 2,), (BK, n), swizzle),
+            TensorMapDesc("tmC", "C", "fp32", (v("kk_N"), v("kk_M")), (v("kk_N") * 4,), (n, BM)))
+    smem = layout_smem((SmemBuf("sA", "uint16_t", a_bytes, S), SmemBuf("sB", "uint16_t", b_bytes, S),
+                        SmemBuf("sC", "float", BM * n * 4)))
+    full, empty = (lambda i: BarRef("kk_full", i)), (lambda i: BarRef("kk_empty", i))
+    st = kt % S
+    dsw = desc_swizzle or swizzle
+
+    def load(tile, stage) -> tuple:
+        return (MbarArriveTx(full(stage), a_bytes + b_bytes),
+                TmaLoad("tmA", SmemRef("sA", stage), full(stage), (tile * BK, by * BM)),
+                TmaLoad("tmB", SmemRef("sB", stage), full(stage), (tile * BK, bx * n)))
+
+    def desc(buf) -> MatDesc:
+        return MatDesc(SmemRef(buf, st), dsw, 16, 8 * 128, "K", ks * 32)
+
+    body = (
+        Elect((For("s", IExpr.const(0), IExpr.const(S), (MbarInit(full(s_), 1), MbarInit(empty(s_), 128))),
+               FenceMbarInit())),
+        SyncThreads(),
+        Elect((For("kt", IExpr.const(0), IExpr.const(S).min(KT), load(kt, kt)),)),
+        For("kt", IExpr.const(0), KT, (
+            MbarWait(full(st), (kt // S) & 1),
+            WgmmaFence(),
+            For("ks", IExpr.const(0), IExpr.const(BK // 16),
+                (WgmmaMma("acc", desc("sA"), desc("sB"), n, dtype, kt.gt(0) | ks.gt(0)),), unroll=True),
+            WgmmaCommit(),
+            WgmmaWait(0),
+            MbarArrive(empty(st)),
+            Elect((If((kt + S).lt(KT), (MbarWait(empty(st), (kt // S) & 1), *load(kt + S, st))),)),
+        )),
+        AccToSmem("acc", SmemRef("sC"), n),
+        FenceProxyAsync(),
+        SyncThreads(),
+        Elect((TmaStore("tmC", SmemRef("sC"), (bx * n, by * BM)), BulkCommit(), BulkWait(0))),
+    )
+    return Sm90Kernel(f"sm90_gemm_n{n}_{dtype}", 128, maps, ("kk_M", "kk_N", "kk_K", "kk_KT"), smem,
+                      (BarDecl("kk_full", S), BarDecl("kk_empty", S)), (("acc", n),), body,
+                      rings=(Ring(("sA", "sB"), "kk_full", "kk_empty", S),),
+                      verify_sizes=(("kk_KT", (1, 2, S, S + 1, 2 * S + 1)),),
+                      notes=(f"hand-assembled SM90 test GEMM: 64x{n} tile, {S} stages, {swizzle} swizzle",))
+
+
+def inputs(m: int, n: int, k: int, dtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random A (m x k), Bt (n x k) as 16-bit patterns (fp16, or bf16 bits) and the float64 reference A @ Bt.T."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((n, k))
+    if dtype == "fp16":
+        a16, b16 = a.astype(np.float16), b.astype(np.float16)
+        ref = a16.astype(np.float64) @ b16.astype(np.float64).T
+        return a16.view(np.uint16), b16.view(np.uint16), ref
+    import ml_dtypes
+    a16, b16 = a.astype(ml_dtypes.bfloat16), b.astype(ml_dtypes.bfloat16)
+    ref = a16.astype(np.float64) @ b16.astype(np.float64).T
+    return a16.view(np.uint16), b16.view(np.uint16), ref
+
+
+def launch(mod, k: Sm90Kernel, m: int, n_total: int, kk: int, a, bt, c) -> None:
+    """Run ``k`` over C (m x n_total) with the tensor maps its description records give at these sizes."""
+    sizes = {"kk_M": m, "kk_N": n_total, "kk_K": kk}
+    arrays = {"A": a, "Bt": bt, "C": c}
+    n = dict(k.accs)["acc"]
+    args = [TensorMapArg(d.encoding(sizes), arrays[d.buf]) for d in k.maps] + [m, n_total, kk, -(-kk // BK)]
+    mod.launch(k.name, grid=(-(-n_total // n), -(-m // BM)), block=k.threads, smem=k.smem_bytes, args=args)
