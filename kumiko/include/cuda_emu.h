@@ -813,7 +813,7 @@ inline void lane_exited(Fiber* f);
 // SM90 state (cuda_emu_sm90.h): reset per block, deferred TMA landing, exit and deadlock checks
 inline void sm90_reset_block();
 inline bool sm90_progress();
-inline void sm90_thread_exit(Fiber* f);
+inline void sm90_block_done();
 inline std::string sm90_deadlock_detail();
 
 [[noreturn]] inline void fiber_finish(Fiber* f) {
@@ -822,7 +822,6 @@ inline std::string sm90_deadlock_detail();
   --rt.live;
   if (!rt.aborting && !rt.fault.set) {
     lane_exited(f);
-    sm90_thread_exit(f);
     if (rt.bar_arrived && rt.bar_arrived == rt.live) release_barrier();
   }
   Fiber* next = (rt.aborting || rt.fault.set) ? nullptr : pop_ready();
@@ -1259,6 +1258,7 @@ inline bool run_block(uint3 bidx) {
     switch_to(nullptr, next);
   }
   if (!rt.fault.set && rt.done != rt.nthreads) deadlock_report();
+  if (!rt.fault.set) sm90_block_done();
   if (!rt.fault.set) check_dynamic_tail();
   if (rt.fault.set) {
     abort_block();

@@ -563,15 +563,23 @@ inline void setmaxnreg(bool inc, unsigned n, const std::source_location& loc) {
     }
 }
 
-inline void thread_exit(Fiber* f) {
-  ThreadState& me = ts(f);
-  if (!me.wg_groups.empty() || !me.wg_open.empty())
-    record_fault("wgmma", fmt("thread %u exited with %zu wgmma group(s) never retired by wgmma.wait_group", f->linear,
-                              me.wg_groups.size() + !me.wg_open.empty()), f, nullptr);
-  else if (!me.bulk_groups.empty() || !me.bulk_open.empty())
-    record_fault("bulk_async", fmt("thread %u exited with %zu TMA store group(s) not waited for "
-                                   "(cp.async.bulk.wait_group)", f->linear, me.bulk_groups.size() + !me.bulk_open.empty()),
-                 f, nullptr);
+// At the end of a block (so a poisoned accumulator read elsewhere is reported first): work a thread left behind.
+inline void block_done() {
+  for (unsigned i = 0; i < rt.nthreads; ++i) {
+    const ThreadState& me = st.th[i];
+    const Fiber* f = &rt.fibers[i];
+    if (!me.wg_groups.empty() || !me.wg_open.empty()) {
+      record_fault("wgmma", fmt("thread %u exited with %zu wgmma group(s) never retired by wgmma.wait_group", i,
+                                me.wg_groups.size() + !me.wg_open.empty()), f, nullptr);
+      return;
+    }
+    if (!me.bulk_groups.empty() || !me.bulk_open.empty()) {
+      record_fault("bulk_async", fmt("thread %u exited with %zu TMA store group(s) not waited for "
+                                     "(cp.async.bulk.wait_group)", i, me.bulk_groups.size() + !me.bulk_open.empty()),
+                   f, nullptr);
+      return;
+    }
+  }
 }
 inline std::string deadlock_detail() {
   std::string s;
@@ -600,7 +608,7 @@ inline std::string deadlock_detail() {
 
 inline void sm90_reset_block() { sm90::reset_block(); }
 inline bool sm90_progress() { return sm90::progress(); }
-inline void sm90_thread_exit(Fiber* f) { sm90::thread_exit(f); }
+inline void sm90_block_done() { sm90::block_done(); }
 inline std::string sm90_deadlock_detail() { return sm90::deadlock_detail(); }
 inline void acc_poison_seen(uint32_t bits) {
   if (g_cur && (bits & 0x7fffffffu) == sm90::kAccPoison) sm90::check_acc_poison_bits(bits, "conversion", g_cur, nullptr);

@@ -10,6 +10,8 @@ fills out-of-bounds elements with zeros and does not store them).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from kumiko.kernel.gpu_ir_sm90 import (
@@ -30,6 +32,9 @@ from kumiko.kernel.gpu_ir_sm90 import (
     MbarInit,
     MbarWait,
     Ring,
+    Role,
+    Roles,
+    SetMaxNReg,
     Sm90Kernel,
     SmemBuf,
     SmemRef,
@@ -42,6 +47,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     WgmmaMma,
     WgmmaWait,
     layout_smem,
+    rewrite,
 )
 from kumiko.runtime.tensormap import TensorMapArg
 
@@ -124,3 +130,50 @@ def launch(mod, k: Sm90Kernel, m: int, n_total: int, kk: int, a, bt, c) -> None:
     n = dict(k.accs)["acc"]
     args = [TensorMapArg(d.encoding(sizes), arrays[d.buf]) for d in k.maps] + [m, n_total, kk, -(-kk // BK)]
     mod.launch(k.name, grid=(-(-n_total // n), -(-m // BM)), block=k.threads, smem=k.smem_bytes, args=args)
+
+
+def inject(k: Sm90Kernel, bug: str) -> Sm90Kernel:
+    """``k`` with one bug of issue 24's list, by rewriting its statements."""
+    def fn(s):
+        if bug in ("no_wgmma_wait", "no_epilogue_wait") and isinstance(s, WgmmaWait):
+            return ()
+        if bug == "no_epilogue_wait" and isinstance(s, MbarArrive):  # (so the epilogue is the first to need it)
+            return ()
+        if bug == "no_wgmma_fence" and isinstance(s, WgmmaFence):
+            return ()
+        if bug == "expect_tx" and isinstance(s, MbarArriveTx):
+            return (replace(s, bytes=s.bytes + BM * BK * 2),)
+        if bug == "parity" and isinstance(s, MbarWait) and s.bar.name == "kk_full":
+            return (replace(s, parity=s.parity ^ 1),)
+        if bug == "no_proxy_fence" and isinstance(s, FenceProxyAsync):
+            return ()
+        if bug == "desc_swizzle" and isinstance(s, WgmmaMma):
+            return (replace(s, a=replace(s.a, swizzle="64B"), b=replace(s.b, swizzle="64B")),)
+        if bug == "no_empty_wait" and isinstance(s, MbarWait) and s.bar.name == "kk_empty":
+            return ()
+        if bug == "no_full_wait" and isinstance(s, MbarWait) and s.bar.name == "kk_full":
+            return ()
+        if bug == "empty_count" and isinstance(s, MbarInit) and s.bar.name == "kk_empty":
+            return (replace(s, count=2 * s.count),)
+        if bug == "no_barrier" and isinstance(s, SyncThreads):
+            return ()
+        if bug == "no_bulk_wait" and isinstance(s, BulkWait):
+            return ()
+        if bug == "wrong_n" and isinstance(s, WgmmaMma):
+            return (replace(s, n=s.n + 8),)
+        if bug == "early_release" and isinstance(s, MbarArrive):
+            return ()
+        if bug == "early_release" and isinstance(s, WgmmaCommit):
+            return (s, MbarArrive(BarRef("kk_empty", IExpr.var("kt") % k.rings[0].stages)))
+        return None
+    out = replace(k, body=rewrite(k.body, fn))
+    assert out != k, f"bug {bug} changed nothing"
+    return out
+
+
+def roles_kernel(consumer_regs: int) -> Sm90Kernel:
+    """Three warpgroups: a producer that gives registers back (setmaxnreg.dec 40) and two consumers that take
+    ``consumer_regs`` each (setmaxnreg.inc): 232 fits the SM's 65536 registers, 240 does not."""
+    return Sm90Kernel(f"sm90_roles_{consumer_regs}", 384, (), (), (), (), (),
+                      (Roles((Role("producer", 0, 1, (SetMaxNReg(False, 40),)),
+                              Role("consumer", 1, 2, (SetMaxNReg(True, consumer_regs),)))),))
