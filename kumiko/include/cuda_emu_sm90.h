@@ -97,7 +97,8 @@ struct WarpRegs { unsigned regs = 0, calls = 0; };
 struct State {
   std::vector<std::pair<uint32_t, Mbar>> bars;
   std::vector<TmaLand> landing;
-  std::vector<unsigned char> async_view;   // the async proxy's view of [sh_lo, sh_hi)
+  std::vector<unsigned char> async_view;   // the async proxy's view of [sh_lo, sh_hi), made at the first use
+  bool view_ready = false;
   std::vector<ThreadState> th;
   std::vector<WgRendezvous> rv;
   std::vector<std::unique_ptr<WgOp>> ops;
@@ -123,7 +124,32 @@ inline void reset_block() {
   const unsigned per_thread = std::min(256u, (65536u / std::max(1u, rt.nthreads)) & ~7u);
   st.warp_regs.assign(nwarps, WarpRegs{per_thread, 0});
   st.reg_pool = 65536 - 32ll * per_thread * nwarps;
-  if (rt.sh_lo) st.async_view.assign(rt.sh_lo, rt.sh_hi);  // poisoned already: both views agree
+  st.view_ready = false;
+}
+// The threads' view of shared memory -> the async proxy's, except the dynamic arrays' bytes past the launch's
+// size (never used; under ASan they are poisoned and must not be read).
+inline void sync_view() {
+  if (!rt.sh_lo) return;
+  if (st.async_view.size() != size_t(rt.sh_hi - rt.sh_lo)) st.async_view.assign(size_t(rt.sh_hi - rt.sh_lo), 0xFF);
+  unsigned char* p = rt.sh_lo;
+  std::vector<Runtime::Region> holes;
+  for (const auto& d : rt.dyn) holes.push_back({d.p + rt.smem_bytes, d.n - rt.smem_bytes});
+  std::sort(holes.begin(), holes.end(), [](auto& a, auto& b) { return a.p < b.p; });
+  for (const auto& h : holes) {
+    if (h.p > p) std::memcpy(st.async_view.data() + (p - rt.sh_lo), p, size_t(h.p - p));
+    p = std::max(p, h.p + h.n);
+  }
+  if (rt.sh_hi > p) std::memcpy(st.async_view.data() + (p - rt.sh_lo), p, size_t(rt.sh_hi - p));
+  st.view_ready = true;
+}
+// Made at a block's first SM90 access (SM80 kernels never pay for it): the async proxy has seen nothing but
+// the 0xFF every block starts with.
+inline unsigned char* view() {
+  if (!st.view_ready) {
+    st.async_view.assign(size_t(rt.sh_hi - rt.sh_lo), 0xFF);
+    st.view_ready = true;
+  }
+  return st.async_view.data();
 }
 
 inline Mbar* find_bar(uint32_t a) {
@@ -239,7 +265,7 @@ inline void box_walk(const CUtensorMap& m, const int* c, F&& fn) {
 }
 inline void write_both(uint32_t a, const unsigned char* src, size_t n) {
   std::memcpy(smem_ptr(a), src, n);
-  std::memcpy(st.async_view.data() + a, src, n);
+  std::memcpy(view() + a, src, n);
 }
 inline void land(const TmaLand& t) {
   for (const auto& r : t.runs) write_both(r.first, r.second.data(), r.second.size());
@@ -283,7 +309,7 @@ inline bool progress() {
 
 inline void check_async_read(uint32_t a, size_t n, const char* what, const Fiber* f, const std::source_location& loc) {
   const unsigned char* g = smem_ptr(a);
-  const unsigned char* v = st.async_view.data() + a;
+  const unsigned char* v = view() + a;
   if (std::memcmp(g, v, n) == 0) return;
   size_t i = 0;
   while (g[i] == v[i]) ++i;
@@ -342,8 +368,8 @@ inline void bulk_wait(int n) {
 }
 inline void fence_proxy_async() {
   cur("fence.proxy.async");
-  if (rt.aborting || !rt.sh_lo) return;
-  std::memcpy(st.async_view.data(), rt.sh_lo, st.async_view.size());
+  if (rt.aborting) return;
+  sync_view();
 }
 
 // -- wgmma (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate") --------------------
