@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Union
 
-from kumiko.runtime.tensormap import DTYPE_BYTES, TiledEncoding
+from kumiko.kernel.tensormap import DTYPE_BYTES, TiledEncoding
 
 # ------------------------------------------------------------------------------------------------- IExpr
 

@@ -31,10 +31,11 @@ from kumiko.kernel.gpu_ir_sm90 import (
     TmaStore,
 )
 from kumiko.kernel.gpu_verify_sm90 import verify_sm90
+from kumiko.kernel.tensormap import TiledEncoding
 from kumiko.render.cuda import render_cuda
 from kumiko.runtime.emu import CONFIGS, build
 from kumiko.runtime.ptxas import nvcc_compile, nvcc_path
-from kumiko.runtime.tensormap import TensorMapArg, TiledEncoding, emu_encode
+from kumiko.runtime.tensormap import TensorMapArg, emu_encode
 
 from .conftest import kernel_source, needs_gxx, rel_l2
 from .sm90_program import gemm_kernel, inject, inputs, launch, roles_kernel
@@ -66,6 +67,34 @@ def tma_roundtrip_kernel(swizzle: str, oob: str) -> Sm90Kernel:
                       (BarDecl("kk_bar"),), (), body, verify_sizes=(("kk_x", (0,)),))
 
 
+def tma_nd_kernel(shape: tuple, box: tuple) -> Sm90Kernel:
+    """The same round trip for a rank-len(shape) fp16 array (numpy order) and box (innermost first), no swizzle:
+    the box lands in shared memory row-major and goes out unchanged to an array of the box's shape."""
+    c, r = IExpr.const, len(shape)
+    dims = tuple(reversed(shape))
+    strides, acc = [], 2
+    for d in dims[:-1]:
+        acc *= d
+        strides.append(c(acc))
+    out_strides, acc = [], 2
+    for d in box[:-1]:
+        acc *= d
+        out_strides.append(c(acc))
+    maps = (TensorMapDesc("tin", "x", "fp16", tuple(c(d) for d in dims), tuple(strides), box),
+            TensorMapDesc("tout", "y", "fp16", tuple(c(d) for d in box), tuple(out_strides), box))
+    bar = BarRef("kk_bar")
+    nbytes = 2 * int(np.prod(box))
+    body = (Elect((MbarInit(bar, 1), FenceMbarInit(), MbarArriveTx(bar, nbytes),
+                   TmaLoad("tin", SmemRef("sx"), bar, tuple(IExpr.var(f"kk_c{i}") for i in range(r))),
+                   MbarWait(bar, IExpr.const(0)),
+                   TmaStore("tout", SmemRef("sx"), (c(0),) * r), BulkCommit(), BulkWait(0))),)
+    return Sm90Kernel(f"tma_{r}d", 128, maps, tuple(f"kk_c{i}" for i in range(r)), (SmemBuf("sx", "uint16_t", 4096),),
+                      (BarDecl("kk_bar"),), (), body, verify_sizes=(("kk_c0", (0,)),))
+
+
+TMA_ND = {3: ((6, 7, 24), (8, 4, 5)), 5: ((3, 4, 5, 6, 16), (16, 2, 3, 2, 2))}
+
+
 def swizzled_image(x: np.ndarray, x0: int, y0: int, inner: int, swizzle: str, oob: str) -> np.ndarray:
     """numpy's model of the box in shared memory: row-major box bytes, then the 16-byte chunk index XOR the
     address bits above the 128-byte line (CUDA programming guide, TMA swizzle; cute Swizzle<B,4,3>)."""
@@ -91,6 +120,7 @@ def sm90_modules(emu_cache):
     gemms = [gemm_kernel(n, dt) for n, dt in GEMMS]
     bugs = [_named(inject(gemm_kernel(64), b), b) for b in BUGS] + [roles_kernel(232), roles_kernel(240)]
     tmas = [tma_roundtrip_kernel(s, o) for s in SWIZZLES for o in ("zero", "nan")]
+    tmas += [tma_nd_kernel(*TMA_ND[r]) for r in TMA_ND]
     cfg = CONFIGS["deferred+round_robin"]
     return {"gemm": (build(render_cuda(gemms), cfg, name="sm90_gemm"), {k.name: k for k in gemms}),
             "bugs": (build(render_cuda(bugs), cfg, name="sm90_bugs"), {k.name: k for k in bugs}),
@@ -167,6 +197,26 @@ def test_tma_swizzle_and_out_of_bounds_fill(sm90_modules, swizzle, oob):
         args = [TensorMapArg(k.maps[0].encoding(sizes), x), TensorMapArg(k.maps[1].encoding(sizes), y), x0, y0]
         mod.launch(k.name, grid=1, block=128, smem=4096, args=args)
         np.testing.assert_array_equal(y, swizzled_image(x, x0, y0, inner, swizzle, oob), err_msg=f"{x0},{y0}")
+
+
+@needs_gxx
+@pytest.mark.parametrize("rank", sorted(TMA_ND))
+def test_tma_3d_and_5d_boxes(sm90_modules, rank):
+    mod, ks = sm90_modules["tma"]
+    k = ks[f"tma_{rank}d"]
+    shape, box = TMA_ND[rank]
+    rng = np.random.default_rng(rank)
+    x = rng.integers(1, 0x7C00, shape, dtype=np.uint16)
+    for start in ((0,) * rank, tuple(d - b // 2 for d, b in zip(reversed(shape), box)), (-1,) * rank):
+        y = np.zeros(tuple(reversed(box)), np.uint16)
+        args = [TensorMapArg(k.maps[0].encoding({}), x), TensorMapArg(k.maps[1].encoding({}), y), *start]
+        mod.launch(k.name, grid=1, block=128, smem=4096, args=args)
+        want = np.zeros_like(y)
+        for idx in np.ndindex(*y.shape):  # numpy order: outermost first; start is innermost first
+            g = tuple(s + i for s, i in zip(reversed(start), idx))
+            if all(0 <= gi < n for gi, n in zip(g, shape)):
+                want[idx] = x[g]
+        np.testing.assert_array_equal(y, want, err_msg=str(start))
 
 
 @needs_gxx
