@@ -159,8 +159,10 @@ class Ring:
 
 @dataclass(frozen=True)
 class SmemRef:
+    """Stage ``stage`` of buffer ``buf``, ``offset`` bytes in (a stage may hold several TMA boxes)."""
     buf: str
     stage: IExpr = IExpr.const(0)
+    offset: int = 0
 
 
 @dataclass(frozen=True)

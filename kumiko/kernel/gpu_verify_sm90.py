@@ -97,8 +97,8 @@ class _Machine:
     def __init__(self, k: Sm90Kernel, env: dict):
         self.k, self.env = k, env
         self.bars: dict = {}
-        self.fills: dict = {}                      # (buf, stage) -> (barrier key, phase, map)
-        self.nfills: dict = {}
+        self.fills: dict = {}                      # (buf, stage) -> {byte offset: (barrier key, phase, map)}
+        self.nfills: dict = {}                     # (buf, stage, byte offset) -> TMA loads so far
         self.dirty: dict = {}                      # (buf, stage) -> {"fenced": bool, "synced": bool}
         self.read_since_sync: set = set()
         self.ring_of = {b: r for r in k.rings for b in r.buffers}
@@ -157,20 +157,19 @@ class _Machine:
                 raise self.fail("no_barrier", f"{what} reads {key[0]}[{key[1]}], which other threads wrote, with no "
                                 "barrier since", suggestion="a __syncthreads (or named barrier) after the fence")
             return
-        fill = self.fills.get(key)
-        if fill is None:
+        if not self.fills.get(key):
             raise self.fail("unwaited_tma", f"{what} reads {key[0]}[{key[1]}], which nothing filled")
-        bkey, phase, tmap = fill
-        if role.observed.get(bkey, -2) < phase:
-            why = self.tx_mismatch(bkey)
-            if why:
-                raise self.fail("expect_tx", why, suggestion="announce exactly the boxes' bytes")
-            raise self.fail("unwaited_tma", f"{what} reads {key[0]}[{key[1]}], whose TMA load completes phase {phase} "
-                            f"of {bkey[0]}[{bkey[1]}], but role {role.name} observed only phase "
-                            f"{role.observed.get(bkey, 'none')}", suggestion="mbar_wait with that phase's parity first")
-        if desc is not None and desc.swizzle != tmap.swizzle:
-            raise self.fail("desc_swizzle", f"{what}: the descriptor of {key[0]} says {desc.swizzle} swizzle, the "
-                            f"tensor map {tmap.name} that filled it {tmap.swizzle}")
+        for bkey, phase, tmap in self.fills[key].values():
+            if role.observed.get(bkey, -2) < phase:
+                why = self.tx_mismatch(bkey)
+                if why:
+                    raise self.fail("expect_tx", why, suggestion="announce exactly the boxes' bytes")
+                raise self.fail("unwaited_tma", f"{what} reads {key[0]}[{key[1]}], whose TMA load completes phase "
+                                f"{phase} of {bkey[0]}[{bkey[1]}], but role {role.name} observed only phase "
+                                f"{role.observed.get(bkey, 'none')}", suggestion="mbar_wait with that phase's parity")
+            if desc is not None and desc.swizzle != tmap.swizzle:
+                raise self.fail("desc_swizzle", f"{what}: the descriptor of {key[0]} says {desc.swizzle} swizzle, the "
+                                f"tensor map {tmap.name} that filled it {tmap.swizzle}")
         self.read_since_sync.add(key)
 
     # -- statements ------------------------------------------------------------------------------
@@ -320,15 +319,16 @@ class _Machine:
         tmap = self.k.map(s.map)
         key = (s.dst.buf, s.dst.stage.eval(env))
         buf = self.k.buf(s.dst.buf)
-        if tmap.box_bytes > buf.stage_bytes or not 0 <= key[1] < buf.stages:
+        if s.dst.offset + tmap.box_bytes > buf.stage_bytes or not 0 <= key[1] < buf.stages or s.dst.offset % 128:
             raise self.fail("shape", f"the {tmap.box_bytes}-byte box of {tmap.name} into stage {key[1]} of {buf.name} "
-                            f"({buf.stages} stages of {buf.stage_bytes} bytes)")
+                            f"at byte {s.dst.offset} ({buf.stages} stages of {buf.stage_bytes} bytes; boxes start at "
+                            "multiples of 128 bytes)")
         for r in self.all_roles:
             if any(key in op[1] for op in r.in_flight()):
                 raise self.fail("stage_not_released", f"TMA load refills {key[0]}[{key[1]}] while a wgmma of role "
                                 f"{r.name} reading it is in flight")
         self.written(role, key, "a TMA load")
-        n = self.nfills.get(key, 0)
+        n = self.nfills.get(key + (s.dst.offset,), 0)
         ring = self.ring_of.get(key[0])
         if ring is not None and n >= 1:
             ekey = (ring.empty, key[1])
@@ -341,8 +341,8 @@ class _Machine:
             raise self.fail("stage_not_released", f"TMA load refills {key[0]}[{key[1]}] read since the last barrier")
         bkey = self.bar(s.bar, env)
         b = self.bars[bkey]
-        self.fills[key] = (bkey, b.phase, tmap)
-        self.nfills[key] = n + 1
+        self.fills.setdefault(key, {})[s.dst.offset] = (bkey, b.phase, tmap)
+        self.nfills[key + (s.dst.offset,)] = n + 1
         self.dirty.pop(key, None)
         b.delivered[b.phase] = b.delivered.get(b.phase, 0) + tmap.box_bytes
         b.tx -= tmap.box_bytes

@@ -45,7 +45,8 @@ class _Sm90Renderer:
 
     def ref(self, r: SmemRef) -> str:
         b = self.k.buf(r.buf)
-        return f"(kk_smem + {b.offset} + {r.stage.c()} * {b.stage_bytes})"
+        extra = f" + {r.offset}" if r.offset else ""
+        return f"(kk_smem + {b.offset} + {r.stage.c()} * {b.stage_bytes}{extra})"
 
     @staticmethod
     def bar(r: BarRef) -> str:

@@ -43,7 +43,8 @@ from kumiko.util.files import cache_root, clear_path, file_error, write_file
 from kumiko.util.log import log
 
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"
-_HEADERS = ("cuda_emu.h", "cuda_emu_sm90.h", "cuda_emu_sm90_api.h", "kumiko_cuda.cuh", "kumiko_cuda_sm90.cuh")
+_HEADERS = ("cuda_emu.h", "cuda_emu_sm90.h", "cuda_emu_sm90_api.h", "cuda_emu_sm90_wgmma.h", "kumiko_cuda.cuh",
+            "kumiko_cuda_sm90.cuh")
 _ASAN_OPTIONS = "detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=86:allocator_may_return_null=1"
 _WORKER_TIMEOUT_S = 600
 

@@ -55,8 +55,11 @@ BM = BK = 64
 
 
 def gemm_kernel(n: int = 64, dtype: str = "fp16", stages: int = 2, swizzle: str = "128B",
-                desc_swizzle: str | None = None) -> Sm90Kernel:
-    """The program for tile 64 x ``n``; ``desc_swizzle`` (default: ``swizzle``) is what the wgmma descriptors say."""
+                desc_swizzle: str | None = None, b_major: str = "K") -> Sm90Kernel:
+    """The program for tile 64 x ``n``; ``desc_swizzle`` (default: ``swizzle``) is what the wgmma descriptors say.
+    ``b_major="MN"``: B comes as K x N (N contiguous), n/64 boxes of 64 x 64 a stage 8192 bytes apart, read by
+    MN-major descriptors (imm-trans-b; leading byte offset 8192 between the boxes, stride byte offset 1024 between
+    groups of 8 K rows, 16 rows of 128 bytes per k16 step)."""
     v = IExpr.var
     kt, ks, s_ = v("kt"), v("ks"), v("s")
     KT, bx, by = v("kk_KT"), v("blockIdx.x"), v("blockIdx.y")
@@ -66,7 +69,9 @@ def gemm_kernel(n: int = 64, dtype: str = "fp16", stages: int = 2, swizzle: str 
     assert box_k == BK, "this program loads K tiles of 64 halves: 128-byte rows"
     a_bytes, b_bytes = BM * BK * 2, n * BK * 2
     maps = (TensorMapDesc("tmA", "A", dtype, (v("kk_K"), v("kk_M")), (v("kk_K") * 2,), (BK, BM), swizzle),
-            TensorMapDesc("tmB", "Bt", dtype, (v("kk_K"), v("kk_N")), (v("kk_K") * 2,), (BK, n), swizzle),
+            TensorMapDesc("tmB", "Bt", dtype, (v("kk_K"), v("kk_N")), (v("kk_K") * 2,), (BK, n), swizzle)
+            if b_major == "K" else
+            TensorMapDesc("tmB", "B", dtype, (v("kk_N"), v("kk_K")), (v("kk_N") * 2,), (64, BK), swizzle),
             TensorMapDesc("tmC", "C", "fp32", (v("kk_N"), v("kk_M")), (v("kk_N") * 4,), (n, BM)))
     smem = layout_smem((SmemBuf("sA", "uint16_t", a_bytes, S), SmemBuf("sB", "uint16_t", b_bytes, S),
                         SmemBuf("sC", "float", BM * n * 4)))
@@ -75,11 +80,15 @@ def gemm_kernel(n: int = 64, dtype: str = "fp16", stages: int = 2, swizzle: str 
     dsw = desc_swizzle or swizzle
 
     def load(tile, stage) -> tuple:
+        b = ((TmaLoad("tmB", SmemRef("sB", stage), full(stage), (tile * BK, bx * n)),) if b_major == "K" else
+             tuple(TmaLoad("tmB", SmemRef("sB", stage, j * 64 * BK * 2), full(stage), (bx * n + 64 * j, tile * BK))
+                   for j in range(n // 64)))
         return (MbarArriveTx(full(stage), a_bytes + b_bytes),
-                TmaLoad("tmA", SmemRef("sA", stage), full(stage), (tile * BK, by * BM)),
-                TmaLoad("tmB", SmemRef("sB", stage), full(stage), (tile * BK, bx * n)))
+                TmaLoad("tmA", SmemRef("sA", stage), full(stage), (tile * BK, by * BM))) + b
 
     def desc(buf) -> MatDesc:
+        if buf == "sB" and b_major == "MN":
+            return MatDesc(SmemRef(buf, st), dsw, 64 * BK * 2, 8 * 128, "MN", ks * 16 * 128)
         return MatDesc(SmemRef(buf, st), dsw, 16, 8 * 128, "K", ks * 32)
 
     body = (
@@ -102,7 +111,8 @@ def gemm_kernel(n: int = 64, dtype: str = "fp16", stages: int = 2, swizzle: str 
         SyncThreads(),
         Elect((TmaStore("tmC", SmemRef("sC"), (bx * n, by * BM)), BulkCommit(), BulkWait(0))),
     )
-    return Sm90Kernel(f"sm90_gemm_n{n}_{dtype}", 128, maps, ("kk_M", "kk_N", "kk_K", "kk_KT"), smem,
+    name = f"sm90_gemm_n{n}_{dtype}" + ("_bmn" if b_major == "MN" else "")
+    return Sm90Kernel(name, 128, maps, ("kk_M", "kk_N", "kk_K", "kk_KT"), smem,
                       (BarDecl("kk_full", S), BarDecl("kk_empty", S)), (("acc", n),), body,
                       rings=(Ring(("sA", "sB"), "kk_full", "kk_empty", S),),
                       verify_sizes=(("kk_KT", (1, 2, S, S + 1, 2 * S + 1)),),
@@ -126,7 +136,7 @@ def inputs(m: int, n: int, k: int, dtype: str, seed: int = 0) -> tuple[np.ndarra
 def launch(mod, k: Sm90Kernel, m: int, n_total: int, kk: int, a, bt, c) -> None:
     """Run ``k`` over C (m x n_total) with the tensor maps its description records give at these sizes."""
     sizes = {"kk_M": m, "kk_N": n_total, "kk_K": kk}
-    arrays = {"A": a, "Bt": bt, "C": c}
+    arrays = {"A": a, "Bt": bt, "B": np.ascontiguousarray(bt.T), "C": c}
     n = dict(k.accs)["acc"]
     args = [TensorMapArg(d.encoding(sizes), arrays[d.buf]) for d in k.maps] + [m, n_total, kk, -(-kk // BK)]
     mod.launch(k.name, grid=(-(-n_total // n), -(-m // BM)), block=k.threads, smem=k.smem_bytes, args=args)

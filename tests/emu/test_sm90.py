@@ -40,7 +40,8 @@ from kumiko.runtime.tensormap import TensorMapArg, emu_encode
 from .conftest import kernel_source, needs_gxx, rel_l2
 from .sm90_program import gemm_kernel, inject, inputs, launch, roles_kernel
 
-GEMMS = [(64, "fp16"), (128, "fp16"), (256, "fp16"), (64, "bf16"), (128, "bf16")]
+GEMMS = [(64, "fp16", "K"), (128, "fp16", "K"), (256, "fp16", "K"), (64, "bf16", "K"), (128, "bf16", "K"),
+         (64, "fp16", "MN"), (128, "bf16", "MN")]
 BUGS = ["no_wgmma_wait", "expect_tx", "desc_swizzle", "no_proxy_fence", "parity", "no_wgmma_fence"]
 SWIZZLES = ["none", "32B", "64B", "128B"]
 ROWS = 16
@@ -117,7 +118,7 @@ def swizzled_image(x: np.ndarray, x0: int, y0: int, inner: int, swizzle: str, oo
 def sm90_modules(emu_cache):
     if shutil.which("g++") is None:
         pytest.skip("the CUDA emulator needs g++")
-    gemms = [gemm_kernel(n, dt) for n, dt in GEMMS]
+    gemms = [gemm_kernel(n, dt, b_major=bm) for n, dt, bm in GEMMS]
     bugs = [_named(inject(gemm_kernel(64), b), b) for b in BUGS] + [roles_kernel(232), roles_kernel(240)]
     tmas = [tma_roundtrip_kernel(s, o) for s in SWIZZLES for o in ("zero", "nan")]
     tmas += [tma_nd_kernel(*TMA_ND[r]) for r in TMA_ND]
@@ -136,16 +137,17 @@ def _gemm(mod, k, m, n_total, kk, dtype, seed=0):
 
 
 @needs_gxx
-@pytest.mark.parametrize("n,dtype", GEMMS)
+@pytest.mark.parametrize("n,dtype,b_major", GEMMS)
 @pytest.mark.parametrize("config", ["deferred+round_robin", "eager+run_ahead", "eager+reversed", "deferred+random1"])
-def test_tma_wgmma_gemm_matches_numpy(sm90_modules, n, dtype, config):
+def test_tma_wgmma_gemm_matches_numpy(sm90_modules, n, dtype, b_major, config):
     if n == 256 and config != "deferred+round_robin":
         pytest.skip("n256 runs in one configuration (the slowest kernel)")
     mod, ks = sm90_modules["gemm"]
-    k = ks[f"sm90_gemm_n{n}_{dtype}"]
+    k = ks[f"sm90_gemm_n{n}_{dtype}" + ("_bmn" if b_major == "MN" else "")]
     verify_sm90(k)
-    # M, N, K not tile multiples (TMA zero-fills the loads past them and clips the store); K = 40: one partial tile
-    for m, n_total, kk in ((100, n + 8, 200), (37, n - 4, 40)):
+    # M, N, K not tile multiples (TMA zero-fills the loads past them and clips the store); K = 40: one partial tile.
+    # (B as K x N needs N a multiple of 8: TMA's row strides are multiples of 16 bytes.)
+    for m, n_total, kk in ((100, n + 8, 200), (37, n - (8 if b_major == "MN" else 4), 40)):
         c, ref = _gemm(mod.with_config(CONFIGS[config]), k, m, n_total, kk, dtype)
         assert rel_l2(c, ref) < 1e-6, (m, n_total, kk)
 
@@ -260,7 +262,7 @@ needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH
 @pytest.mark.nvcc
 @needs_nvcc
 def test_sm90_program_builds_for_sm90a():
-    kernels = [gemm_kernel(n, dt) for n, dt in GEMMS]
+    kernels = [gemm_kernel(n, dt, b_major=bm) for n, dt, bm in GEMMS]
     res = nvcc_compile(render_cuda(kernels), "sm_90a", name="sm90_gemm")
     for k in kernels:
         r = res.resources[k.name]
