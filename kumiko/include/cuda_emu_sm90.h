@@ -12,9 +12,9 @@
 // Shared memory has a second view, the async proxy's: a copy of the generic view taken at each
 // fence.proxy.async (and written by TMA loads); a TMA store or wgmma that reads bytes on which the
 // two views differ read memory threads wrote after the last fence (fault "async_proxy_fence").
-// wgmma.mma_async is a warpgroup rendezvous (128 threads); the result is computed at issue (eager)
-// or at the first wait_group that retires it (deferred: shared memory overwritten before that gives
-// wrong data, as on hardware); until a thread's wait_group retires it, its accumulator registers
+// wgmma.mma_async is a warpgroup rendezvous (128 threads); the result is computed at the first wait_group
+// that retires it, after letting the other threads run (shared memory released or refilled before that
+// gives wrong data, as on hardware); until a thread's wait_group retires it, its accumulator registers
 // hold a poison NaN (payload 0x7FDEAD00) that faults where it is converted or stored by TMA.
 // wgmma itself is in cuda_emu_sm90_wgmma.h.
 #ifndef KUMIKO_CUDA_EMU_SM90_H
@@ -93,7 +93,7 @@ struct WgRendezvous {
   uint32_t a[128][4] = {};
   std::source_location loc;
 };
-struct WarpRegs { unsigned regs = 0, calls = 0; };
+struct WarpRegs { unsigned regs = 0, calls = 0; bool busy = false; };
 
 struct State {
   std::vector<std::pair<uint32_t, Mbar>> bars;
@@ -123,7 +123,7 @@ inline void reset_block() {
   // The registers a thread starts with: what ptxas gives a kernel of this many threads at one block
   // per SM (65536 / threads, a multiple of 8, at most 256); setmaxnreg moves them between warps.
   const unsigned per_thread = std::min(256u, (65536u / std::max(1u, rt.nthreads)) & ~7u);
-  st.warp_regs.assign(nwarps, WarpRegs{per_thread, 0});
+  st.warp_regs.assign(nwarps, WarpRegs{per_thread, 0, false});
   st.reg_pool = 65536 - 32ll * per_thread * nwarps;
   st.view_ready = false;
 }
@@ -153,6 +153,14 @@ inline unsigned char* view() {
   return st.async_view.data();
 }
 
+// Let the other ready threads run first (this one stays ready).
+inline void yield_here(Fiber* f) {
+  push_ready(*f);
+  Fiber* next = pop_ready();
+  if (next == f) return;
+  switch_to(f, next);
+  if (rt.aborting && std::uncaught_exceptions() == 0) throw Abort{};
+}
 inline Mbar* find_bar(uint32_t a) {
   for (auto& b : st.bars)
     if (b.first == a) return &b.second;
@@ -389,19 +397,24 @@ inline void setmaxnreg(bool inc, unsigned n, const std::source_location& loc) {
   ThreadState& me = ts(f);
   const unsigned call = me.nreg_calls++;
   if (call < w.calls) return;  // another lane of this warp applied it
+  if (w.busy) {                // another lane of this warp is waiting for the registers: wait with it
+    while (call >= w.calls) block_here(f, Op::setmaxnreg, 0, loc);
+    return;
+  }
   if (inc ? n < w.regs : n > w.regs)
     raise_fault("setmaxnreg", fmt("setmaxnreg.%s %u in warp %u, which holds %u registers per thread", inc ? "inc" : "dec",
                                   n, f->warp, w.regs), f, loc);
   const long long delta = 32ll * (static_cast<long long>(n) - static_cast<long long>(w.regs));
+  w.busy = true;
   while (inc && st.reg_pool < delta) block_here(f, Op::setmaxnreg, 0, loc);  // until another warp releases
   st.reg_pool -= delta;
   w.regs = n;
   w.calls = call + 1;
-  if (!inc)
-    for (unsigned k = 0; k < rt.nthreads; ++k) {
-      Fiber& g = rt.fibers[k];
-      if (g.state == Fiber::Waiting && g.wait_op == Op::setmaxnreg) push_ready(g);
-    }
+  w.busy = false;
+  for (unsigned k = 0; k < rt.nthreads; ++k) {  // the warp's other lanes, and warps waiting for registers
+    Fiber& g = rt.fibers[wake_order(k, rt.nthreads)];
+    if (g.state == Fiber::Waiting && g.wait_op == Op::setmaxnreg) push_ready(g);
+  }
 }
 
 // At the end of a block (so a poisoned accumulator read elsewhere is reported first): work a thread left behind.

@@ -154,7 +154,7 @@ inline void mma_async(float* d, const uint32_t* a_regs, uint64_t a_desc, uint64_
   st.ops.push_back(std::move(op));
   r = WgRendezvous{};
   ++rt.stats.collectives;
-  if (rt.cfg.cp_async == CpAsyncMode::eager) compute(*raw, f);
+  (void)raw;
   for (unsigned k = 0; k < 128; ++k) {
     const unsigned u = wake_order(k, 128);
     if (u != t) push_ready(rt.fibers[wg * 128 + u]);
@@ -175,6 +175,9 @@ inline void wgmma_wait(int n, const std::source_location& loc) {
   if (rt.aborting) return;
   ThreadState& me = ts(f);
   const unsigned t = f->linear % 128;
+  // A scheduling point: other threads (a producer warpgroup) run before the product is computed, so a stage
+  // released or refilled too early is what this retire reads.
+  if (me.wg_groups.size() > size_t(n)) yield_here(f);
   while (me.wg_groups.size() > size_t(n)) {
     const auto& group = me.wg_groups.front();
     for (size_t oi = 0; oi < group.size(); ++oi) {

@@ -216,6 +216,9 @@ class _Machine:
                     self.observe(role, key, target - 1, parity)
                 else:
                     self.observe(role, key, b.phase - 1, parity)
+                if b.count >= role.threads > 1:  # every thread of the role arrived: a barrier among them
+                    for d in self.dirty.values():
+                        d["synced"] |= d["role"] == role.name
             elif isinstance(s, TmaLoad):
                 self.tma_load(s, env, role)
             elif isinstance(s, TmaStore):
@@ -254,7 +257,7 @@ class _Machine:
                                     "wgmma writing it", suggestion="wgmma_wait<0> before the epilogue")
                 key = (s.dst.buf, s.dst.stage.eval(env))
                 self.written(role, key, "threads' stores")
-                self.dirty[key] = {"fenced": False, "synced": False}
+                self.dirty[key] = {"fenced": False, "synced": False, "role": role.name}
             elif isinstance(s, SetMaxNReg):
                 if not 24 <= s.regs <= 256 or s.regs % 8 or (s.regs < role.regs if s.inc else s.regs > role.regs):
                     raise self.fail("setmaxnreg", f"setmaxnreg.{'inc' if s.inc else 'dec'} {s.regs} in role "

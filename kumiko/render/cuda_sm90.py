@@ -24,6 +24,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     MbarArriveTx,
     MbarInit,
     MbarWait,
+    Role,
     Roles,
     SetMaxNReg,
     Sm90Kernel,
@@ -119,13 +120,20 @@ class _Sm90Renderer:
             return [f"{pad}if (threadIdx.x == {self.role_first}) {{", *self.stmts(s.body, pad + "  "), f"{pad}}}"]
         if isinstance(s, Roles):
             out = []
-            for r in s.roles:
+            for i, r in enumerate(s.roles):
                 self.role_first = 128 * r.first
-                out += [f"{pad}if (kk_wg >= {r.first} && kk_wg < {r.first + r.count}) {{  // role {r.name}",
-                        *self.stmts(r.body, pad + "  "), f"{pad}}}"]
+                cond = f"kk_wg >= {r.first} && kk_wg < {r.first + r.count}"
+                out += [f"{pad}{'} else ' if i else ''}if ({cond}) {{  // role {r.name}",
+                        *self.decls(_uses(r.body), pad + "  "), *self.stmts(r.body, pad + "  ")]
             self.role_first = 0
-            return out
+            return out + [f"{pad}}}"]
         raise TypeError(f"not an SM90 GPU IR statement: {type(s).__name__}")
+
+    def decls(self, names: set, pad: str) -> list[str]:
+        """The accumulators and register arrays among ``names``, declared where they are used: inside a role, so
+        they are not live in the other roles (after a producer's setmaxnreg.dec, a live accumulator spills)."""
+        return ([f"{pad}float {name}[{n // 2}];" for name, n in self.k.accs if name in names] +
+                [f"{pad}uint32_t {name}[{n}];" for name, n in self.k.regs if name in names])
 
     def stmts(self, body, pad: str) -> list[str]:
         return [line for s in body for line in self.stmt(s, pad)]
@@ -137,13 +145,29 @@ class _Sm90Renderer:
         out += [f"extern \"C\" __global__ void __launch_bounds__({k.threads}, 1) {k.name}({', '.join(params)}) {{",
                 "  extern __shared__ __align__(1024) unsigned char kk_smem[];"]
         out += [f"  __shared__ __align__(8) uint64_t {b.name}[{b.n}];" for b in k.bars]
-        out += [f"  float {name}[{n // 2}];" for name, n in k.accs]
-        out += [f"  uint32_t {name}[{n}];" for name, n in k.regs]
-        if any(isinstance(s, Roles) for s in k.body):
+        roles = [s for s in k.body if isinstance(s, Roles)]
+        in_roles = _uses(tuple(r for s in roles for r in s.roles))
+        out += self.decls({name for name, _ in k.accs + k.regs} - in_roles, "  ")
+        if roles:
             out.append("  const int kk_wg = threadIdx.x / 128;")
         out += self.stmts(k.body, "  ")
         out += ["}", f"KUMIKO_ENTRY({k.name})"]
         return "\n".join(out)
+
+
+def _uses(body) -> set:
+    """Names of the accumulators and A-register arrays the statements (nested ones too) use."""
+    out: set = set()
+    for s in body:
+        if isinstance(s, WgmmaMma):
+            out |= {s.acc} | ({s.a} if isinstance(s.a, str) else set())
+        elif isinstance(s, AccToSmem):
+            out.add(s.acc)
+        elif isinstance(s, (For, If, Elect, Role)):
+            out |= _uses(s.body)
+        elif isinstance(s, Roles):
+            out |= _uses(s.roles)
+    return out
 
 
 def render_sm90(k: Sm90Kernel) -> str:

@@ -119,6 +119,62 @@ def gemm_kernel(n: int = 64, dtype: str = "fp16", stages: int = 2, swizzle: str 
                       notes=(f"hand-assembled SM90 test GEMM: 64x{n} tile, {S} stages, {swizzle} swizzle",))
 
 
+def ws_gemm_kernel(n: int = 64, dtype: str = "fp16", stages: int = 2) -> Sm90Kernel:
+    """The same GEMM warp-specialised, 128 x ``n`` tiles: warpgroup 0 is the producer (setmaxnreg.dec 40; one
+    thread waits on empty[s] - parity ((kt / S) & 1) ^ 1, so the first round passes on the fresh barrier -, announces
+    and issues the TMA loads), warpgroups 1 and 2 the consumers (setmaxnreg.inc 232), each 64 rows of the tile: wait
+    on full[s], wgmma, wait_group, release the stage (empty[s] counts both consumers' 256 threads); each stores its
+    rows through its own shared buffer, synchronising its 128 threads on an mbarrier before its TMA store."""
+    v = IExpr.var
+    kt, ks = v("kt"), v("ks")
+    KT, bx, by = v("kk_KT"), v("blockIdx.x"), v("blockIdx.y")
+    S, bm = stages, 2 * BM
+    a_bytes, b_bytes = bm * BK * 2, n * BK * 2
+    maps = (TensorMapDesc("tmA", "A", dtype, (v("kk_K"), v("kk_M")), (v("kk_K") * 2,), (BK, bm), "128B"),
+            TensorMapDesc("tmB", "Bt", dtype, (v("kk_K"), v("kk_N")), (v("kk_K") * 2,), (BK, n), "128B"),
+            TensorMapDesc("tmC", "C", "fp32", (v("kk_N"), v("kk_M")), (v("kk_N") * 4,), (n, BM)))
+    smem = layout_smem((SmemBuf("sA", "uint16_t", a_bytes, S), SmemBuf("sB", "uint16_t", b_bytes, S),
+                        SmemBuf("sC0", "float", BM * n * 4), SmemBuf("sC1", "float", BM * n * 4)))
+    full, empty = (lambda i: BarRef("kk_full", i)), (lambda i: BarRef("kk_empty", i))
+    epi = (lambda i: BarRef("kk_epi", i))
+    st = kt % S
+    c = IExpr.const
+    producer = (SetMaxNReg(False, 40), Elect((For("kt", c(0), KT, (
+        MbarWait(empty(st), ((kt // S) & 1) ^ 1),
+        MbarArriveTx(full(st), a_bytes + b_bytes),
+        TmaLoad("tmA", SmemRef("sA", st), full(st), (kt * BK, by * bm)),
+        TmaLoad("tmB", SmemRef("sB", st), full(st), (kt * BK, bx * n)))),)))
+
+    def consumer(ci: int) -> tuple:
+        da = MatDesc(SmemRef("sA", st, ci * BM * 128), "128B", 16, 1024, "K", ks * 32)
+        db = MatDesc(SmemRef("sB", st), "128B", 16, 1024, "K", ks * 32)
+        return (SetMaxNReg(True, 232),
+                For("kt", c(0), KT, (
+                    MbarWait(full(st), (kt // S) & 1),
+                    WgmmaFence(),
+                    For("ks", c(0), c(BK // 16), (WgmmaMma("acc", da, db, n, dtype, kt.gt(0) | ks.gt(0)),),
+                        unroll=True),
+                    WgmmaCommit(),
+                    WgmmaWait(0),
+                    MbarArrive(empty(st)))),
+                AccToSmem("acc", SmemRef(f"sC{ci}"), n),
+                FenceProxyAsync(),
+                MbarArrive(epi(c(ci))),
+                MbarWait(epi(c(ci)), c(0)),
+                Elect((TmaStore("tmC", SmemRef(f"sC{ci}"), (bx * n, by * bm + BM * ci)), BulkCommit(), BulkWait(0))))
+
+    body = (Elect((For("s", c(0), c(S), (MbarInit(full(v("s")), 1), MbarInit(empty(v("s")), 256))),
+                   MbarInit(epi(c(0)), 128), MbarInit(epi(c(1)), 128), FenceMbarInit())),
+            SyncThreads(),
+            Roles((Role("producer", 0, 1, producer), Role("consumer0", 1, 1, consumer(0)),
+                   Role("consumer1", 2, 1, consumer(1)))))
+    return Sm90Kernel(f"sm90_ws_gemm_n{n}_{dtype}", 384, maps, ("kk_M", "kk_N", "kk_K", "kk_KT"), smem,
+                      (BarDecl("kk_full", S), BarDecl("kk_empty", S), BarDecl("kk_epi", 2)), (("acc", n),), body,
+                      rings=(Ring(("sA", "sB"), "kk_full", "kk_empty", S),),
+                      verify_sizes=(("kk_KT", (1, 2, S, S + 1, 2 * S + 1)),),
+                      notes=(f"hand-assembled warp-specialised SM90 test GEMM: 128x{n} tile, {S} stages",))
+
+
 def inputs(m: int, n: int, k: int, dtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Random A (m x k), Bt (n x k) as 16-bit patterns (fp16, or bf16 bits) and the float64 reference A @ Bt.T."""
     rng = np.random.default_rng(seed)
@@ -138,8 +194,9 @@ def launch(mod, k: Sm90Kernel, m: int, n_total: int, kk: int, a, bt, c) -> None:
     sizes = {"kk_M": m, "kk_N": n_total, "kk_K": kk}
     arrays = {"A": a, "Bt": bt, "B": np.ascontiguousarray(bt.T), "C": c}
     n = dict(k.accs)["acc"]
+    bm = k.maps[0].box[1]
     args = [TensorMapArg(d.encoding(sizes), arrays[d.buf]) for d in k.maps] + [m, n_total, kk, -(-kk // BK)]
-    mod.launch(k.name, grid=(-(-n_total // n), -(-m // BM)), block=k.threads, smem=k.smem_bytes, args=args)
+    mod.launch(k.name, grid=(-(-n_total // n), -(-m // bm)), block=k.threads, smem=k.smem_bytes, args=args)
 
 
 def inject(k: Sm90Kernel, bug: str) -> Sm90Kernel:
@@ -147,7 +204,7 @@ def inject(k: Sm90Kernel, bug: str) -> Sm90Kernel:
     def fn(s):
         if bug in ("no_wgmma_wait", "no_epilogue_wait") and isinstance(s, WgmmaWait):
             return ()
-        if bug == "no_epilogue_wait" and isinstance(s, MbarArrive):  # (so the epilogue is the first to need it)
+        if bug == "no_epilogue_wait" and isinstance(s, MbarArrive) and s.bar.name == "kk_empty":  # (the epilogue first)
             return ()
         if bug == "no_wgmma_fence" and isinstance(s, WgmmaFence):
             return ()
@@ -171,7 +228,7 @@ def inject(k: Sm90Kernel, bug: str) -> Sm90Kernel:
             return ()
         if bug == "wrong_n" and isinstance(s, WgmmaMma):
             return (replace(s, n=s.n + 8),)
-        if bug == "early_release" and isinstance(s, MbarArrive):
+        if bug == "early_release" and isinstance(s, MbarArrive) and s.bar.name == "kk_empty":
             return ()
         if bug == "early_release" and isinstance(s, WgmmaCommit):
             return (s, MbarArrive(BarRef("kk_empty", IExpr.var("kt") % k.rings[0].stages)))

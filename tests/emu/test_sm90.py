@@ -38,11 +38,13 @@ from kumiko.runtime.ptxas import nvcc_compile, nvcc_path
 from kumiko.runtime.tensormap import TensorMapArg, emu_encode
 
 from .conftest import kernel_source, needs_gxx, rel_l2
-from .sm90_program import gemm_kernel, inject, inputs, launch, roles_kernel
+from .sm90_program import gemm_kernel, inject, inputs, launch, roles_kernel, ws_gemm_kernel
 
 GEMMS = [(64, "fp16", "K"), (128, "fp16", "K"), (256, "fp16", "K"), (64, "bf16", "K"), (128, "bf16", "K"),
          (64, "fp16", "MN"), (128, "bf16", "MN")]
 BUGS = ["no_wgmma_wait", "expect_tx", "desc_swizzle", "no_proxy_fence", "parity", "no_wgmma_fence"]
+WS_GEMMS = [(64, "fp16"), (128, "bf16")]
+WS_BUGS = ["early_release", "no_empty_wait"]
 SWIZZLES = ["none", "32B", "64B", "128B"]
 ROWS = 16
 
@@ -120,6 +122,8 @@ def sm90_modules(emu_cache):
         pytest.skip("the CUDA emulator needs g++")
     gemms = [gemm_kernel(n, dt, b_major=bm) for n, dt, bm in GEMMS]
     bugs = [_named(inject(gemm_kernel(64), b), b) for b in BUGS] + [roles_kernel(232), roles_kernel(240)]
+    bugs += [_named(inject(ws_gemm_kernel(64), b), b) for b in WS_BUGS]
+    gemms += [ws_gemm_kernel(n, dt) for n, dt in WS_GEMMS]
     tmas = [tma_roundtrip_kernel(s, o) for s in SWIZZLES for o in ("zero", "nan")]
     tmas += [tma_nd_kernel(*TMA_ND[r]) for r in TMA_ND]
     cfg = CONFIGS["deferred+round_robin"]
@@ -150,6 +154,38 @@ def test_tma_wgmma_gemm_matches_numpy(sm90_modules, n, dtype, b_major, config):
     for m, n_total, kk in ((100, n + 8, 200), (37, n - (8 if b_major == "MN" else 4), 40)):
         c, ref = _gemm(mod.with_config(CONFIGS[config]), k, m, n_total, kk, dtype)
         assert rel_l2(c, ref) < 1e-6, (m, n_total, kk)
+
+
+@needs_gxx
+@pytest.mark.parametrize("n,dtype", WS_GEMMS)
+@pytest.mark.parametrize("config", ["deferred+round_robin", "eager+run_ahead", "eager+reversed", "deferred+random1"])
+def test_warp_specialised_gemm_matches_numpy(sm90_modules, n, dtype, config):
+    """A producer warpgroup (setmaxnreg.dec) and two consumer warpgroups (setmaxnreg.inc) over the ring."""
+    mod, ks = sm90_modules["gemm"]
+    k = ks[f"sm90_ws_gemm_n{n}_{dtype}"]
+    verify_sm90(k)
+    for m, n_total, kk in ((200, n + 8, 200), (37, n - 4, 40)):
+        c, ref = _gemm(mod.with_config(CONFIGS[config]), k, m, n_total, kk, dtype)
+        assert rel_l2(c, ref) < 1e-6, (m, n_total, kk)
+
+
+@needs_gxx
+def test_ring_bugs_in_the_warp_specialised_gemm(sm90_modules):
+    """Where the producer is another warpgroup, the ring bugs the one-warpgroup program hides show: a consumer
+    releasing its stage before wgmma.wait_group lets the producer refill it before the product is computed (seen
+    when the producer runs ahead and its copies land at issue), a producer not waiting for the release arrives
+    on a full barrier whose phase has not completed."""
+    mod, ks = sm90_modules["bugs"]
+    k = ks["sm90_ws_gemm_n64_fp16_early_release"]
+    c, ref = _gemm(mod.with_config(CONFIGS["eager+run_ahead"]), k, 200, 72, 200, "fp16")
+    assert rel_l2(c, ref) > 0.1
+    with pytest.raises(KumikoError) as e:
+        _gemm(mod, ks["sm90_ws_gemm_n64_fp16_no_empty_wait"], 200, 72, 200, "fp16")
+    assert e.value.details["fault"] == "mbarrier" and "more arrivals than its count 1" in e.value.why
+    with pytest.raises(KumikoError) as e:
+        _gemm(mod.with_config(CONFIGS["eager+run_ahead"]), ks["sm90_ws_gemm_n64_fp16_no_empty_wait"], 200, 72, 200,
+              "fp16")
+    assert e.value.details["fault"] == "deadlock" and "mbarrier at" in e.value.why
 
 
 @needs_gxx
@@ -262,7 +298,7 @@ needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH
 @pytest.mark.nvcc
 @needs_nvcc
 def test_sm90_program_builds_for_sm90a():
-    kernels = [gemm_kernel(n, dt, b_major=bm) for n, dt, bm in GEMMS]
+    kernels = [gemm_kernel(n, dt, b_major=bm) for n, dt, bm in GEMMS] + [ws_gemm_kernel(n, dt) for n, dt in WS_GEMMS]
     res = nvcc_compile(render_cuda(kernels), "sm_90a", name="sm90_gemm")
     for k in kernels:
         r = res.resources[k.name]
@@ -272,7 +308,8 @@ def test_sm90_program_builds_for_sm90a():
                   "wgmma.wait_group.sync.aligned", "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier",
                   "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group", "cp.async.bulk.wait_group",
                   "mbarrier.try_wait.parity.shared::cta.b64", "mbarrier.arrive.expect_tx.shared::cta.b64",
-                  "mbarrier.init.shared::cta.b64", "fence.proxy.async.shared::cta"):
+                  "mbarrier.init.shared::cta.b64", "fence.proxy.async.shared::cta",
+                  "setmaxnreg.inc.sync.aligned.u32 232", "setmaxnreg.dec.sync.aligned.u32 40"):
         assert instr in res.ptx, instr
     res = nvcc_compile(kernel_source("wgmma_rs.cu"), "sm_90a", name="wgmma_rs")
     assert "wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16" in res.ptx

@@ -9,7 +9,7 @@ import pytest
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.gpu_ir_sm90 import SetMaxNReg, rewrite
 from kumiko.kernel.gpu_verify_sm90 import verify_sm90
-from tests.emu.sm90_program import gemm_kernel, inject, roles_kernel
+from tests.emu.sm90_program import gemm_kernel, inject, roles_kernel, ws_gemm_kernel
 
 
 @pytest.mark.parametrize("n", [64, 128, 256])
@@ -45,6 +45,15 @@ def test_each_rule_rejects_its_bug(bug, hazard, text):
         verify_sm90(inject(gemm_kernel(64), bug))
     assert e.value.code == "E1801" and e.value.details["hazard"] == hazard, e.value
     assert text in e.value.why, e.value.why
+
+
+def test_warp_specialised_gemm_verifies_and_its_ring_bugs_do_not():
+    k = verify_sm90(ws_gemm_kernel(128, "bf16", 3))
+    for bug, hazard in (("no_empty_wait", "stage_not_released"), ("early_release", "release_in_flight"),
+                        ("parity", "mbar_parity")):
+        with pytest.raises(KumikoError) as e:
+            verify_sm90(inject(k, bug))
+        assert e.value.details["hazard"] == hazard, (bug, e.value)
 
 
 def test_register_budget_and_setmaxnreg():
