@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <source_location>
 #include <string>
@@ -131,6 +132,8 @@ struct dim3 {
 //    NaN 0x7FFF like CUDA's __float2half / __float2bfloat16; overflow gives inf.
 // ------------------------------------------------------------------------------------------------
 namespace emu {
+// cuda_emu_sm90.h: a float converted by kernel code carries the wgmma accumulator poison (a fault)
+inline void acc_poison_seen(uint32_t bits);
 namespace fp {
 inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -139,7 +142,7 @@ inline uint16_t f32_to_f16(float f) {
   const uint32_t x = f32_bits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return 0x7fffu;                  // NaN
+  if (ax > 0x7f800000u) { acc_poison_seen(x); return 0x7fffu; }  // NaN
   if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u); // >= 65520 rounds to inf (and inf)
   if (ax >= 0x38800000u) {                                // normal half: rebias 127 -> 15
     const uint32_t v = ax - 0x38000000u;
@@ -173,7 +176,7 @@ inline float f16_to_f32(uint16_t h) {
 
 inline uint16_t f32_to_bf16(float f) {
   const uint32_t x = f32_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;   // NaN
+  if ((x & 0x7fffffffu) > 0x7f800000u) { acc_poison_seen(x); return 0x7fffu; }  // NaN
   return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 inline float bf16_to_f32(uint16_t b) { return bits_f32(uint32_t(b) << 16); }
@@ -399,7 +402,7 @@ struct Config {
 };
 
 enum class Op : uint8_t { none, syncthreads, syncwarp, shfl_idx, shfl_xor, shfl_up, shfl_down, ballot,
-                          ldmatrix, mma };
+                          ldmatrix, mma, mbar_wait, wgmma, setmaxnreg };
 
 inline const char* op_name(Op op, int variant = 0) {
   switch (op) {
@@ -416,6 +419,9 @@ inline const char* op_name(Op op, int variant = 0) {
       return names[variant & 7];
     }
     case Op::mma: return variant ? "mma_m16n8k16_bf16f32" : "mma_m16n8k16_f16f32";
+    case Op::mbar_wait: return "mbar_wait (mbarrier.try_wait.parity)";
+    case Op::wgmma: return "wgmma.mma_async (warpgroup)";
+    case Op::setmaxnreg: return "setmaxnreg.inc";
     default: return "?";
   }
 }
@@ -804,6 +810,11 @@ inline void block_here(Fiber* f, Op op, int variant, const std::source_location&
 
 inline void release_barrier();
 inline void lane_exited(Fiber* f);
+// SM90 state (cuda_emu_sm90.h): reset per block, deferred TMA landing, exit and deadlock checks
+inline void sm90_reset_block();
+inline bool sm90_progress();
+inline void sm90_block_done();
+inline std::string sm90_deadlock_detail();
 
 [[noreturn]] inline void fiber_finish(Fiber* f) {
   f->state = Fiber::Done;
@@ -1170,6 +1181,7 @@ inline void reset_block(uint3 bidx) {
   rt.rng = rt.cfg.seed ^ (block_linear * 0xd1b54a32d192ed03ull);
   for (unsigned k = 0; k < n; ++k) push_ready(rt.fibers[wake_order(k, n)]);
   poison_shared();
+  sm90_reset_block();
 }
 
 inline void deadlock_report() {
@@ -1196,6 +1208,7 @@ inline void deadlock_report() {
     for (const auto& g : rt.warps[wi].groups)
       msg += fmt(" warp %u: %s (mask 0x%08x) misses lanes 0x%08x;", wi, op_name(g.op, g.variant), g.mask,
                  g.mask & ~g.arrived);
+  msg += sm90_deadlock_detail();
   msg.pop_back();
   record_fault("deadlock", msg, nullptr, nullptr);
 }
@@ -1240,10 +1253,12 @@ inline bool run_block(uint3 bidx) {
   rt.stats.threads += rt.nthreads;
   for (;;) {
     Fiber* next = pop_ready();
+    if (!next && !rt.fault.set && sm90_progress()) continue;  // deferred TMA loads land when nothing can run
     if (!next || rt.fault.set) break;
     switch_to(nullptr, next);
   }
   if (!rt.fault.set && rt.done != rt.nthreads) deadlock_report();
+  if (!rt.fault.set) sm90_block_done();
   if (!rt.fault.set) check_dynamic_tail();
   if (rt.fault.set) {
     abort_block();
@@ -1400,6 +1415,8 @@ kumiko_emu_ctx_trampoline:
   .size kumiko_emu_ctx_trampoline, .-kumiko_emu_ctx_trampoline
 )");
 #endif
+
+#include "cuda_emu_sm90.h"
 
 // ------------------------------------------------------------------------------------------------
 // 6. CUDA built-ins seen by kernel code

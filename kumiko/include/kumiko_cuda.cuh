@@ -19,6 +19,8 @@
 //   st_global_v2(p, lo, hi)                 one store of two adjacent uint16_t (b32) or floats (v2.f32)
 //   st_shared_16(smem, a, b, c, d)          st.shared.v4.b32: 16 bytes (a at the lowest address), 16-byte aligned
 //   lane_id(), warp_id()
+//   SM90 (sm_90a): mbarrier, TMA, bulk groups, fence.proxy.async, wgmma, setmaxnreg - the list is in
+//   kumiko_cuda_sm90.cuh; wgmma_desc(smem, lbo, sbo, swizzle) builds a wgmma matrix descriptor.
 // Fragment layouts are the PTX ISA's (see cuda_emu.h next to each emulation for the formulas).
 #ifndef KUMIKO_CUDA_CUH
 #define KUMIKO_CUDA_CUH
@@ -42,6 +44,35 @@ using emu::ptx::mma_m16n8k16_f16f32;
 using emu::ptx::mma_m16n8k16_bf16f32;
 using emu::ptx::lane_id;
 using emu::ptx::st_shared_16;
+// SM90 (kumiko_cuda_sm90.cuh has the API)
+using emu::ptx::smem_u32;
+using emu::ptx::mbar_init;
+using emu::ptx::mbar_arrive;
+using emu::ptx::mbar_arrive_expect_tx;
+using emu::ptx::mbar_wait;
+using emu::ptx::fence_proxy_async;
+using emu::ptx::fence_mbarrier_init;
+using emu::ptx::tma_load_1d;
+using emu::ptx::tma_load_2d;
+using emu::ptx::tma_load_3d;
+using emu::ptx::tma_load_4d;
+using emu::ptx::tma_load_5d;
+using emu::ptx::tma_store_1d;
+using emu::ptx::tma_store_2d;
+using emu::ptx::tma_store_3d;
+using emu::ptx::tma_store_4d;
+using emu::ptx::tma_store_5d;
+using emu::ptx::bulk_commit;
+using emu::ptx::bulk_wait;
+using emu::ptx::bulk_wait_read;
+using emu::ptx::wgmma_fence;
+using emu::ptx::wgmma_commit;
+using emu::ptx::wgmma_wait;
+using emu::ptx::wgmma_fence_operand;
+using emu::ptx::wgmma_ss;
+using emu::ptx::wgmma_rs;
+using emu::ptx::setmaxnreg_inc;
+using emu::ptx::setmaxnreg_dec;
 
 #elif defined(__CUDACC__)
 // ---------------------------------------------------------------- a GPU (nvcc or NVRTC, sm_80+)
@@ -49,6 +80,7 @@ using emu::ptx::st_shared_16;
 #include <cuda_bf16.h>
 #if defined(__CUDACC_RTC__)
 typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
 #else
 #include <cstdint>
 #endif
@@ -123,6 +155,7 @@ __device__ __forceinline__ void mma_m16n8k16_bf16f32(float (&d)[4], const uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
         "f"(c[3]));
 }
+#include "kumiko_cuda_sm90.cuh"
 #else
 #error "kumiko_cuda.cuh: compile with nvcc/NVRTC, or with g++ -DKUMIKO_EMU (the CUDA emulator)"
 #endif
@@ -195,6 +228,16 @@ __device__ __forceinline__ void st_global_v2(float* p, float lo, float hi) {
   *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
 #endif
 }
+
+#if defined(KUMIKO_EMU) || !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// A wgmma matrix descriptor (PTX ISA "Matrix Descriptor Format"): bits 0-13 the start address >> 4, 16-29 the
+// leading dimension byte offset >> 4, 32-45 the stride dimension byte offset >> 4, 49-51 the matrix base offset
+// (0: operands start at the swizzle pattern's repeat), 62-63 the swizzle (0 none, 1 128B, 2 64B, 3 32B).
+__device__ __forceinline__ uint64_t wgmma_desc(const void* smem, unsigned lbo, unsigned sbo, unsigned swizzle) {
+  return uint64_t((smem_u32(smem) & 0x3FFFFu) >> 4) | (uint64_t((lbo >> 4) & 0x3FFFu) << 16) |
+         (uint64_t((sbo >> 4) & 0x3FFFu) << 32) | (uint64_t(swizzle & 3u) << 62);
+}
+#endif
 
 // ---------------------------------------------------------------- the launch ABI
 // A generated .cu defines each kernel as `extern "C" __global__ void NAME(params...)` (parameters:

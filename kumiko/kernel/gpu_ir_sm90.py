@@ -1,0 +1,392 @@
+"""The SM90 (Hopper) GPU dialect IR: TMA, mbarrier, wgmma, warpgroup roles (seed 001 §9, issue 24).
+
+An ``Sm90Kernel`` is a structured program of the statements below, written as data like the SM80
+``MmaKernel`` (``gpu_ir``) so the verifier (``gpu_verify_sm90``) checks the schedule as written, the
+renderer (``render/cuda_sm90``) prints it as CUDA C over ``kumiko_cuda.cuh``'s SM90 functions, and tests
+mutate the records to inject bugs.
+
+Asynchrony is explicit, with the PTX objects as tokens: a ``TmaLoad`` delivers its bytes to an mbarrier
+(``complete_tx``) that a ``MbarArriveTx`` announced; ``MbarWait`` with the phase parity makes them
+visible to the waiting threads; ``WgmmaMma`` reads shared memory through matrix descriptors and its
+accumulator is in flight until a ``WgmmaWait`` retires its ``WgmmaCommit`` group; threads' ordinary
+stores to shared memory (``AccToSmem``) reach the async proxy (TMA stores, wgmma) only after a
+``FenceProxyAsync``; a ``TmaStore`` is complete at the ``BulkWait`` of its ``BulkCommit`` group.
+
+Integer expressions (stage indices, phase parities, coordinates, loop bounds) are ``IExpr`` trees over
+loop variables and kernel scalars: the renderer prints them as C, the verifier evaluates them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Union
+
+from kumiko.kernel.tensormap import DTYPE_BYTES, TiledEncoding
+
+# ------------------------------------------------------------------------------------------------- IExpr
+
+
+@dataclass(frozen=True)
+class IExpr:
+    """An integer expression: ``op`` "var" / "const" or a binary C operator over ``args``."""
+    op: str
+    args: tuple = ()
+    value: Union[int, str] = 0
+
+    @staticmethod
+    def var(name: str) -> IExpr:
+        return IExpr("var", value=name)
+
+    @staticmethod
+    def const(v: int) -> IExpr:
+        return IExpr("const", value=int(v))
+
+    def _bin(self, op: str, other, swap: bool = False) -> IExpr:
+        o = other if isinstance(other, IExpr) else IExpr.const(other)
+        return IExpr(op, (o, self) if swap else (self, o))
+
+    def __add__(self, o): return self._bin("+", o)
+    def __radd__(self, o): return self._bin("+", o, True)
+    def __sub__(self, o): return self._bin("-", o)
+    def __rsub__(self, o): return self._bin("-", o, True)
+    def __mul__(self, o): return self._bin("*", o)
+    def __rmul__(self, o): return self._bin("*", o, True)
+    def __floordiv__(self, o): return self._bin("/", o)
+    def __mod__(self, o): return self._bin("%", o)
+    def __and__(self, o): return self._bin("&", o)
+    def __xor__(self, o): return self._bin("^", o)
+    def __or__(self, o): return self._bin("|", o)
+    def lt(self, o): return self._bin("<", o)
+    def gt(self, o): return self._bin(">", o)
+    def min(self, o): return self._bin("min", o)
+
+    def c(self) -> str:
+        if self.op == "var":
+            return str(self.value)
+        if self.op == "const":
+            return str(self.value)
+        a, b = (x.c() for x in self.args)
+        if self.op == "min":
+            return f"min({a}, {b})"
+        return f"({a} {self.op} {b})"
+
+    def eval(self, env: dict) -> int:
+        if self.op == "var":
+            return int(env[self.value])
+        if self.op == "const":
+            return int(self.value)
+        a, b = (x.eval(env) for x in self.args)
+        if self.op in ("/", "%") and (a < 0 or b <= 0):
+            raise ValueError(f"{self.c()}: C division of {a} by {b} (operands must be >= 0 and > 0)")
+        return {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0, "%": a % b if b else 0, "&": a & b,
+                "^": a ^ b, "|": a | b, "<": int(a < b), ">": int(a > b), "min": min(a, b)}[self.op]
+
+
+def ix(v: Union[int, str, IExpr]) -> IExpr:
+    """An int, a variable name or an IExpr as an IExpr."""
+    if isinstance(v, IExpr):
+        return v
+    return IExpr.var(v) if isinstance(v, str) else IExpr.const(v)
+
+
+# ------------------------------------------------------------------------------------------------- declarations
+
+SWIZZLE_SPAN = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
+#: the matrix descriptor's swizzle code (bits 62-63, PTX ISA "Matrix Descriptor Format")
+DESC_SWIZZLE = {"none": 0, "128B": 1, "64B": 2, "32B": 3}
+
+
+@dataclass(frozen=True)
+class TensorMapDesc:
+    """A tiled tensor map over the global array ``buf`` (runtime side: cuTensorMapEncodeTiled). ``dims`` and
+    ``box`` innermost first; ``strides`` the byte strides of dims 1.. (dim 0 is contiguous). The kernel takes it as
+    ``const __grid_constant__ CUtensorMap name``."""
+    name: str
+    buf: str
+    dtype: str                      # "fp16" | "bf16" | "fp32"
+    dims: tuple                     # IExpr per dimension (kernel scalars, for the host to evaluate)
+    strides: tuple                  # IExpr per dimension 1.. (bytes)
+    box: tuple                      # ints
+    swizzle: str = "none"           # "none" | "32B" | "64B" | "128B"
+    oob: str = "zero"               # "zero" | "nan"
+
+    @property
+    def rank(self) -> int:
+        return len(self.box)
+
+    @property
+    def box_bytes(self) -> int:
+        n = DTYPE_BYTES[self.dtype]
+        for b in self.box:
+            n *= b
+        return n
+
+    def encoding(self, sizes: dict) -> TiledEncoding:
+        """cuTensorMapEncodeTiled's arguments at these sizes (the address is the launch's)."""
+        return TiledEncoding.make(self.dtype, tuple(ix(d).eval(sizes) for d in self.dims),
+                                  tuple(ix(s).eval(sizes) for s in self.strides), self.box, self.swizzle, self.oob)
+
+
+@dataclass(frozen=True)
+class SmemBuf:
+    """A shared-memory buffer of ``stages`` stages of ``stage_bytes`` each, at ``offset`` in dynamic shared memory."""
+    name: str
+    ctype: str                      # element type the kernel sees ("uint16_t", "float")
+    stage_bytes: int
+    stages: int = 1
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.stage_bytes * self.stages
+
+
+@dataclass(frozen=True)
+class BarDecl:
+    """An array of ``n`` mbarriers (static shared memory)."""
+    name: str
+    n: int = 1
+
+
+@dataclass(frozen=True)
+class Ring:
+    """A multi-stage ring: ``buffers`` (SmemBuf names, same stages) filled by TMA under ``full[s]`` and released by
+    their consumers through ``empty[s]`` (the verifier checks a stage is refilled only after its release)."""
+    buffers: tuple
+    full: str
+    empty: str
+    stages: int
+
+
+@dataclass(frozen=True)
+class SmemRef:
+    """Stage ``stage`` of buffer ``buf``, ``offset`` bytes in (a stage may hold several TMA boxes)."""
+    buf: str
+    stage: IExpr = IExpr.const(0)
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class BarRef:
+    name: str
+    index: IExpr = IExpr.const(0)
+
+
+@dataclass(frozen=True)
+class MatDesc:
+    """A wgmma operand in shared memory: descriptor over ``ref`` + ``k_bytes`` (the k16 step's offset), K-major
+    (``major="K"``) or MN-major (``"MN"``, B only: imm-trans-b), with swizzle, leading and stride byte offsets."""
+    ref: SmemRef
+    swizzle: str
+    lbo: int
+    sbo: int
+    major: str = "K"
+    k_bytes: IExpr = IExpr.const(0)
+
+
+# ------------------------------------------------------------------------------------------------- statements
+
+
+@dataclass(frozen=True)
+class MbarInit:
+    bar: BarRef
+    count: int
+
+
+@dataclass(frozen=True)
+class MbarArrive:
+    bar: BarRef
+
+
+@dataclass(frozen=True)
+class MbarArriveTx:
+    """``mbarrier.arrive.expect_tx``: announce ``bytes`` of TMA transactions for the current phase, and arrive."""
+    bar: BarRef
+    bytes: int
+
+
+@dataclass(frozen=True)
+class MbarWait:
+    """``mbarrier.try_wait.parity`` until the phase of parity ``parity`` completed."""
+    bar: BarRef
+    parity: IExpr
+
+
+@dataclass(frozen=True)
+class TmaLoad:
+    map: str
+    dst: SmemRef
+    bar: BarRef
+    coords: tuple                   # IExpr, innermost first
+
+
+@dataclass(frozen=True)
+class TmaStore:
+    map: str
+    src: SmemRef
+    coords: tuple
+
+
+@dataclass(frozen=True)
+class BulkCommit:
+    pass
+
+
+@dataclass(frozen=True)
+class BulkWait:
+    pending: int
+    read: bool = False              # .read: only the shared source may be reused
+
+
+@dataclass(frozen=True)
+class FenceProxyAsync:
+    pass
+
+
+@dataclass(frozen=True)
+class FenceMbarInit:
+    pass
+
+
+@dataclass(frozen=True)
+class SyncThreads:
+    pass
+
+
+@dataclass(frozen=True)
+class WgmmaFence:
+    pass
+
+
+@dataclass(frozen=True)
+class WgmmaMma:
+    """``wgmma.mma_async.m64nNk16`` into accumulator ``acc`` (fp32): A from shared memory (``a`` a MatDesc, K-major)
+    or registers (``a`` the name of a ``uint32_t[4]`` fragment), B from shared memory."""
+    acc: str
+    a: Union[MatDesc, str]
+    b: MatDesc
+    n: int
+    dtype: str                      # "fp16" | "bf16"
+    scale_d: IExpr = IExpr.const(1)  # 0: D = A*B (the accumulator's old value is ignored)
+
+
+@dataclass(frozen=True)
+class WgmmaCommit:
+    pass
+
+
+@dataclass(frozen=True)
+class WgmmaWait:
+    pending: int
+
+
+@dataclass(frozen=True)
+class AccToSmem:
+    """Ordinary stores of accumulator ``acc`` (m64nN, the D fragment layout) to ``dst`` as fp32, row-major, ``ld``
+    floats a row."""
+    acc: str
+    dst: SmemRef
+    ld: int
+
+
+@dataclass(frozen=True)
+class SetMaxNReg:
+    inc: bool
+    regs: int
+
+
+@dataclass(frozen=True)
+class For:
+    var: str
+    start: IExpr
+    stop: IExpr
+    body: tuple
+    unroll: bool = False
+
+
+@dataclass(frozen=True)
+class If:
+    cond: IExpr
+    body: tuple
+
+
+@dataclass(frozen=True)
+class Elect:
+    """The body runs on one thread (thread 0 of the enclosing role)."""
+    body: tuple
+
+
+@dataclass(frozen=True)
+class Role:
+    """Warp specialisation: warpgroups [first, first + count) run ``body``; the others skip it."""
+    name: str
+    first: int
+    count: int
+    body: tuple
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Roles running concurrently (the verifier schedules them like threads)."""
+    roles: tuple
+
+
+Sm90Stmt = Union[MbarInit, MbarArrive, MbarArriveTx, MbarWait, TmaLoad, TmaStore, BulkCommit, BulkWait,
+                 FenceProxyAsync, FenceMbarInit, SyncThreads, WgmmaFence, WgmmaMma, WgmmaCommit, WgmmaWait,
+                 AccToSmem, SetMaxNReg, For, If, Elect, Roles]
+
+
+@dataclass(frozen=True)
+class Sm90Kernel:
+    name: str
+    threads: int
+    maps: tuple                     # TensorMapDesc
+    scalars: tuple                  # kernel int parameters (names)
+    smem: tuple                     # SmemBuf
+    bars: tuple                     # BarDecl
+    accs: tuple                     # (name, n): fp32 accumulators of m64nN wgmma, n/2 floats a thread
+    body: tuple
+    rings: tuple = ()               # Ring
+    regs: tuple = ()                # (name, count): uint32_t register arrays (A fragments)
+    verify_sizes: tuple = ()        # ((scalar, (values...)), ...): the verifier runs each combination
+    notes: tuple = ()
+
+    @property
+    def smem_bytes(self) -> int:
+        return max((b.offset + b.nbytes for b in self.smem), default=0)
+
+    def buf(self, name: str) -> SmemBuf:
+        for b in self.smem:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def map(self, name: str) -> TensorMapDesc:
+        for m in self.maps:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+
+def layout_smem(bufs, align: int = 1024) -> tuple:
+    """Place the buffers one after another in dynamic shared memory, each aligned to ``align`` (the 128-byte
+    swizzle pattern repeats every 1024 bytes, and TMA boxes and descriptors follow the shared address)."""
+    out, off = [], 0
+    for b in bufs:
+        off = -(-off // align) * align
+        out.append(SmemBuf(b.name, b.ctype, b.stage_bytes, b.stages, off))
+        off += b.nbytes
+    return tuple(out)
+
+
+def rewrite(body: tuple, fn) -> tuple:
+    """``body`` with every statement ``s`` (nested ones first) replaced by ``fn(s)``: a tuple of statements, or None
+    to keep it. The bug-injection tests mutate kernels with it (``dataclasses.replace(k, body=rewrite(...))``)."""
+    out = []
+    for s in body:
+        if isinstance(s, (For, If, Elect)):
+            s = replace(s, body=rewrite(s.body, fn))
+        elif isinstance(s, Roles):
+            s = Roles(tuple(replace(r, body=rewrite(r.body, fn)) for r in s.roles))
+        new = fn(s)
+        out.extend((s,) if new is None else new)
+    return tuple(out)

@@ -1,0 +1,175 @@
+"""Render an SM90 GPU IR kernel (``kernel/gpu_ir_sm90.Sm90Kernel``) as CUDA C over kumiko_cuda.cuh's SM90 API.
+
+One spelling per statement, PTX only through the header's functions (mbar_*, tma_*, bulk_*, wgmma_*,
+setmaxnreg_*), so the same text builds with nvcc for sm_90a and with g++ for the emulator. Tensor maps are
+``const __grid_constant__ CUtensorMap`` parameters (the host encodes them: ``runtime/tensormap``), the
+shared-memory buffers live in one dynamic array aligned to 1024 bytes (the 128-byte swizzle's repeat),
+mbarriers in static shared memory. Deterministic: the same IR gives byte-identical source.
+"""
+from __future__ import annotations
+
+from kumiko.kernel.gpu_ir_sm90 import (
+    DESC_SWIZZLE,
+    AccToSmem,
+    BarRef,
+    BulkCommit,
+    BulkWait,
+    Elect,
+    FenceMbarInit,
+    FenceProxyAsync,
+    For,
+    If,
+    MatDesc,
+    MbarArrive,
+    MbarArriveTx,
+    MbarInit,
+    MbarWait,
+    Role,
+    Roles,
+    SetMaxNReg,
+    Sm90Kernel,
+    SmemRef,
+    SyncThreads,
+    TmaLoad,
+    TmaStore,
+    WgmmaCommit,
+    WgmmaFence,
+    WgmmaMma,
+    WgmmaWait,
+)
+
+
+class _Sm90Renderer:
+    def __init__(self, k: Sm90Kernel):
+        self.k = k
+        self.role_first = 0              # thread 0 of the enclosing role (Elect)
+
+    def ref(self, r: SmemRef) -> str:
+        b = self.k.buf(r.buf)
+        extra = f" + {r.offset}" if r.offset else ""
+        return f"(kk_smem + {b.offset} + {r.stage.c()} * {b.stage_bytes}{extra})"
+
+    @staticmethod
+    def bar(r: BarRef) -> str:
+        return f"&{r.name}[{r.index.c()}]"
+
+    def desc(self, d: MatDesc) -> str:
+        return f"wgmma_desc({self.ref(d.ref)} + {d.k_bytes.c()}, {d.lbo}, {d.sbo}, {DESC_SWIZZLE[d.swizzle]})"
+
+    def fence_operands(self, pad: str) -> list[str]:
+        return [f"{pad}wgmma_fence_operand({name});" for name, _ in self.k.accs]
+
+    def stmt(self, s, pad: str) -> list[str]:
+        k = self.k
+        if isinstance(s, MbarInit):
+            return [f"{pad}mbar_init({self.bar(s.bar)}, {s.count});"]
+        if isinstance(s, MbarArrive):
+            return [f"{pad}mbar_arrive({self.bar(s.bar)});"]
+        if isinstance(s, MbarArriveTx):
+            return [f"{pad}mbar_arrive_expect_tx({self.bar(s.bar)}, {s.bytes});"]
+        if isinstance(s, MbarWait):
+            return [f"{pad}mbar_wait({self.bar(s.bar)}, {s.parity.c()});"]
+        if isinstance(s, TmaLoad):
+            cs = ", ".join(c.c() for c in s.coords)
+            return [f"{pad}tma_load_{len(s.coords)}d({self.ref(s.dst)}, &{s.map}, {self.bar(s.bar)}, {cs});"]
+        if isinstance(s, TmaStore):
+            cs = ", ".join(c.c() for c in s.coords)
+            return [f"{pad}tma_store_{len(s.coords)}d(&{s.map}, {self.ref(s.src)}, {cs});"]
+        if isinstance(s, BulkCommit):
+            return [f"{pad}bulk_commit();"]
+        if isinstance(s, BulkWait):
+            return [f"{pad}bulk_wait{'_read' if s.read else ''}<{s.pending}>();"]
+        if isinstance(s, FenceProxyAsync):
+            return [f"{pad}fence_proxy_async();"]
+        if isinstance(s, FenceMbarInit):
+            return [f"{pad}fence_mbarrier_init();"]
+        if isinstance(s, SyncThreads):
+            return [f"{pad}__syncthreads();"]
+        if isinstance(s, WgmmaFence):
+            return self.fence_operands(pad) + [f"{pad}wgmma_fence();"]
+        if isinstance(s, WgmmaMma):
+            bf16 = "true" if s.dtype == "bf16" else "false"
+            tb = int(s.b.major == "MN")
+            if isinstance(s.a, MatDesc):
+                return [f"{pad}wgmma_ss<{s.n}, {bf16}, {tb}>({s.acc}, {self.desc(s.a)}, {self.desc(s.b)}, "
+                        f"{s.scale_d.c()});"]
+            return [f"{pad}wgmma_rs<{s.n}, {bf16}, {tb}>({s.acc}, {s.a}, {self.desc(s.b)}, {s.scale_d.c()});"]
+        if isinstance(s, WgmmaCommit):
+            return [f"{pad}wgmma_commit();"]
+        if isinstance(s, WgmmaWait):
+            return [f"{pad}wgmma_wait<{s.pending}>();"] + self.fence_operands(pad)
+        if isinstance(s, AccToSmem):
+            n = dict(k.accs)[s.acc]
+            return [f"{pad}{{  // {s.acc} (m64n{n} D fragment) -> shared memory, fp32 row-major",
+                    f"{pad}  float* const kk_c = reinterpret_cast<float*>({self.ref(s.dst)});",
+                    f"{pad}  const int kk_l = threadIdx.x % 32, kk_w = (threadIdx.x / 32) % 4;",
+                    f"{pad}#pragma unroll",
+                    f"{pad}  for (int kk_v = 0; kk_v < {n // 2}; ++kk_v)",
+                    f"{pad}    kk_c[(16 * kk_w + kk_l / 4 + 8 * ((kk_v >> 1) & 1)) * {s.ld} + 8 * (kk_v >> 2) + "
+                    f"2 * (kk_l % 4) + (kk_v & 1)] = {s.acc}[kk_v];",
+                    f"{pad}}}"]
+        if isinstance(s, SetMaxNReg):
+            return [f"{pad}setmaxnreg_{'inc' if s.inc else 'dec'}<{s.regs}>();"]
+        if isinstance(s, For):
+            head = [f"{pad}#pragma unroll"] if s.unroll else []
+            return head + [f"{pad}for (int {s.var} = {s.start.c()}; {s.var} < {s.stop.c()}; ++{s.var}) {{",
+                           *self.stmts(s.body, pad + "  "), f"{pad}}}"]
+        if isinstance(s, If):
+            return [f"{pad}if ({s.cond.c()}) {{", *self.stmts(s.body, pad + "  "), f"{pad}}}"]
+        if isinstance(s, Elect):
+            return [f"{pad}if (threadIdx.x == {self.role_first}) {{", *self.stmts(s.body, pad + "  "), f"{pad}}}"]
+        if isinstance(s, Roles):
+            out = []
+            for i, r in enumerate(s.roles):
+                self.role_first = 128 * r.first
+                cond = f"kk_wg >= {r.first} && kk_wg < {r.first + r.count}"
+                out += [f"{pad}{'} else ' if i else ''}if ({cond}) {{  // role {r.name}",
+                        *self.decls(_uses(r.body), pad + "  "), *self.stmts(r.body, pad + "  ")]
+            self.role_first = 0
+            return out + [f"{pad}}}"]
+        raise TypeError(f"not an SM90 GPU IR statement: {type(s).__name__}")
+
+    def decls(self, names: set, pad: str) -> list[str]:
+        """The accumulators and register arrays among ``names``, declared where they are used: inside a role, so
+        they are not live in the other roles (after a producer's setmaxnreg.dec, a live accumulator spills)."""
+        return ([f"{pad}float {name}[{n // 2}];" for name, n in self.k.accs if name in names] +
+                [f"{pad}uint32_t {name}[{n}];" for name, n in self.k.regs if name in names])
+
+    def stmts(self, body, pad: str) -> list[str]:
+        return [line for s in body for line in self.stmt(s, pad)]
+
+    def render(self) -> str:
+        k = self.k
+        params = [f"const __grid_constant__ CUtensorMap {m.name}" for m in k.maps] + [f"int {s}" for s in k.scalars]
+        out = [f"// {n}" for n in k.notes]
+        out += [f"extern \"C\" __global__ void __launch_bounds__({k.threads}, 1) {k.name}({', '.join(params)}) {{",
+                "  extern __shared__ __align__(1024) unsigned char kk_smem[];"]
+        out += [f"  __shared__ __align__(8) uint64_t {b.name}[{b.n}];" for b in k.bars]
+        roles = [s for s in k.body if isinstance(s, Roles)]
+        in_roles = _uses(tuple(r for s in roles for r in s.roles))
+        out += self.decls({name for name, _ in k.accs + k.regs} - in_roles, "  ")
+        if roles:
+            out.append("  const int kk_wg = threadIdx.x / 128;")
+        out += self.stmts(k.body, "  ")
+        out += ["}", f"KUMIKO_ENTRY({k.name})"]
+        return "\n".join(out)
+
+
+def _uses(body) -> set:
+    """Names of the accumulators and A-register arrays the statements (nested ones too) use."""
+    out: set = set()
+    for s in body:
+        if isinstance(s, WgmmaMma):
+            out |= {s.acc} | ({s.a} if isinstance(s.a, str) else set())
+        elif isinstance(s, AccToSmem):
+            out.add(s.acc)
+        elif isinstance(s, (For, If, Elect, Role)):
+            out |= _uses(s.body)
+        elif isinstance(s, Roles):
+            out |= _uses(s.roles)
+    return out
+
+
+def render_sm90(k: Sm90Kernel) -> str:
+    """The kernel as CUDA C (``extern "C" __global__`` + ``KUMIKO_ENTRY``)."""
+    return _Sm90Renderer(k).render()
