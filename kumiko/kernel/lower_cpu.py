@@ -30,6 +30,7 @@ packing and epilogue) gets scalar C with the CPU's math.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from kumiko import dtypes, ops
@@ -384,11 +385,45 @@ PARALLEL_MIN_POINTS = 1 << 15
 
 def _enough_work(s: For) -> str:
     """C for "the nest has at least PARALLEL_MIN_POINTS points": the product of the extents along its
-    first-loop chain (inner reductions only add to the work, so this errs towards one thread for small
-    nests only)."""
-    extents, cur = [], s
-    while isinstance(cur, For):
-        extents.append(f"({cur.hi} - ({cur.lo}))")
-        inner = [x for x in cur.body if isinstance(x, For)]
-        cur = inner[0] if len(inner) == 1 else None
+    loop chain, inner reduction loops included (a depthwise conv's 3x3 window is 9 points of work per output).
+    Where a body holds several loops over one variable (a vector loop's masked head, body and tail) the
+    chain counts their union and goes on into the first; a bound that names a value of the nest itself
+    (its loop variables, its locals) ends the chain there. The count errs towards one thread: a body's
+    other loops and the work outside loops are left out."""
+    inner = _names_inside(s)
+    extents: list[str] = []
+    level: list[For] = [s]
+    while level:
+        lo, hi = level[0].lo, level[-1].hi
+        if any(x.var != level[0].var for x in level) or (extents and inner & set(_IDENT.findall(lo + " " + hi))):
+            break
+        extents.append(f"({hi} - ({lo}))")
+        level = _child_loops(level[0].body)
     return f"{' * '.join(extents)} >= {PARALLEL_MIN_POINTS}LL"
+
+
+def _child_loops(body: tuple) -> list[For]:
+    """The loops directly in ``body``, looking through plain blocks (a reduction's ``{ for r ... }``)."""
+    out: list[For] = []
+    for b in body:
+        if isinstance(b, For):
+            out.append(b)
+        elif isinstance(b, Block):
+            out.extend(_child_loops(b.body))
+    return out
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+
+def _names_inside(s) -> set[str]:
+    """The loop variables and locals a statement declares, at any depth."""
+    if isinstance(s, For):
+        return {s.var}.union(*(_names_inside(b) for b in s.body))
+    if isinstance(s, (Decl, Scratch)):
+        return {s.name}
+    if isinstance(s, If):
+        return set().union(*(_names_inside(b) for b in s.then + s.other))
+    if isinstance(s, (Block, Parallel)):
+        return set().union(*(_names_inside(b) for b in s.body))
+    return set()
