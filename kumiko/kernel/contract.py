@@ -41,7 +41,7 @@ from kumiko.plan.plan import Plan
 from kumiko.region.analysis import Contraction
 from kumiko.region.operands import stage_bounds, unit_rows
 from kumiko.region.srnf import children, free_axes
-from kumiko.region.ssa import Read, Ref, RExpr, VType
+from kumiko.region.ssa import Binary, BroadcastInDim, Cast, Const, Read, Ref, RExpr, Unary, VType
 from kumiko.symbolic import Expr, prod
 
 _MACS_PER_THREAD = 1 << 17   # the least work (multiply-adds) worth another thread of a contraction
@@ -135,13 +135,16 @@ class ContractionLowering(PanelPacking):
     # epilogues ------------------------------------------------------------------------------------------
     def _epi_pointwise(self, epilogue, r0: str, r1: str, c0: str, c1: str) -> list:
         """``epilogue()`` at rows [r0, r1) x columns [c0, c1) of the block: runs of the innermost N axis
-        (``omp simd``), the other axes advanced by counters."""
+        (``omp simd``), the other axes advanced by counters. Trailing N axes that the epilogue and the
+        output only see as one row-major span (``_merged_cols``: a conv's 7x7 pixels) are one run."""
         lo, A, B = self.lo, self.a, self.b
         dm: list = []
         self.decompose("kk_ii", A.rows, dm)
-        last, outer = B.rows[-1], B.rows[:-1]
-        sizes = [C.index(lo.sizes[a], set()) for a in B.rows]
-        dn: list = []
+        m = self._merged_cols()
+        last, outer = B.rows[-1], B.rows[:-m]
+        sizes = [C.index(lo.sizes[a], set()) for a in outer] + [
+            C.index(lo.sizes[last], set()) if m == 1 else f"({self.size(B.rows[-m:])})"]
+        dn: list = [Decl("const long long", a, "0") for a in B.rows[-m:-1]]
         _split(f"kk_jc + {c0}", outer + ("kk_nl",), sizes, dn)
         g0 = lo.uses_gather
         lo.uses_gather = False
@@ -158,6 +161,23 @@ class ContractionLowering(PanelPacking):
             For(last, "kk_nl", "kk_nl + kk_run", (Decl("float", "kk_acc", f"kk_cr[{last} - kk_nl]"),) + body,
                 vector=int(simd)),
             Raw(f"kk_j += kk_run; kk_nl += kk_run;\nif (kk_nl == {s_last}) {{ {carry} }}\n}}")))]
+
+    def _merged_cols(self) -> int:
+        """How many trailing N axes the pointwise epilogue can run as one flat axis (1: none): they are the
+        region's trailing iterators, every output's trailing dimensions, and every read of the epilogue that
+        uses them indexes its trailing dimensions (of the same sizes) with exactly them. Then the first of
+        them are 0 and the last runs over the span: the offsets are the same."""
+        lo, rows = self.lo, self.b.rows
+        iters = [a.name for a in lo.r.iters]
+        rest = [x.expr for x in lo.r.lets if x.name != self.c.let]
+        for m in range(len(rows), 1, -1):
+            span = rows[-m:]
+            sizes = tuple(Expr.lift(lo.sizes[a]) for a in span)
+            if iters[-m:] != list(span) or any(tuple(lo.memrefs[y.to].shape[-m:]) != sizes for y in lo.r.yields):
+                continue
+            if all(_flat_span(e, span, sizes, lo.memrefs) for e in rest):
+                return m
+        return 1
 
     def _epi_window(self, epilogue, u0: str, u1: str) -> list:
         """Units (row, window group) [u0, u1) of the block: reduce each window of ``f(acc)`` with the
@@ -402,6 +422,23 @@ def lower_contraction_kernels(lo: CpuLowering, plan: Plan, constants: frozenset 
                                         "once: a constant operand",), gather_check=False, no_loop_vectorize=False)
         packs.append(Prepack(key, pk, cl.prepack_floats(key), reads))
     return kern, tuple(packs)
+
+
+def _flat_span(e: RExpr, span: tuple, sizes: tuple, memrefs: dict) -> bool:
+    """Does ``e`` see the axes ``span`` only as the trailing index of reads whose trailing dimensions have
+    ``sizes`` (and through pointwise ops)? Anything else that could use them (a guard, a gather) says no."""
+    if isinstance(e, (Const, Ref)):
+        return True
+    if isinstance(e, Read):
+        m, names = len(span), set(span)
+        if not any(x.symbols() & names for x in e.index):
+            return True
+        return (not e.flat and len(e.index) >= m and tuple(e.index[-m:]) == tuple(Expr.sym(a) for a in span)
+                and tuple(memrefs[e.tensor].shape[-m:]) == sizes
+                and not any(x.symbols() & names for x in e.index[:-m]))
+    if isinstance(e, (Unary, Binary, Cast, BroadcastInDim)):
+        return all(_flat_span(k, span, sizes, memrefs) for k in children(e))
+    return False
 
 
 def _read_tensors(e: RExpr) -> frozenset | None:

@@ -102,3 +102,44 @@ def test_depthwise_nest_counts_its_window_for_threads(c, hw, stride, parallel):
     points = c * oh * oh * 9
     assert all(_holds(x) == parallel for x in conds)
     assert (points >= PARALLEL_MIN_POINTS) == parallel
+
+
+_SYMBOLIC = r"""
+import numpy as np, kumiko
+from kumiko import Tensor
+x, w, b = Tensor.input("x", ("N", 24, "H", "W")), Tensor.input("w", (40, 24, 1, 1)), Tensor.input("b", (40,))
+r = Tensor.input("r", ("N", 40, "H", "W"))
+g = (x.conv2d(w, b).clip(0.0, 6.0) + r).graph("y")
+exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+for n, h, wd in ((1, 9, 45), (3, 7, 7), (2, 14, 13), (1, 1, 300)):
+    ins = exe.random_inputs(n, {"N": n, "H": h, "W": wd})
+    a, e = exe(**ins)["y"], ref(**ins)["y"]
+    assert np.linalg.norm(a - e) <= 1e-5 * np.linalg.norm(e), (n, h, wd)
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_pointwise_symbolic_sizes_with_threads(threads):
+    """A 1x1 conv over symbolic N, H, W whose epilogue runs each output channel's H x W pixels as one span
+    (the threads' N ranges start inside it), at batch 1 and N."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, OMP_NUM_THREADS=threads)
+    r = subprocess.run([sys.executable, "-c", _SYMBOLIC], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
+def test_pointwise_epilogue_runs_the_pixels_as_one_span():
+    """The 1x1 conv's bias + ReLU6 + residual epilogue runs 7x7 = 49 pixels as one run (not 7 runs of 7);
+    a read that uses the pixel axes otherwise (a transposed residual) keeps the per-row runs."""
+    g, ins = conv(1, 37, 83, 7, 7, 1, residual=True)
+    assert "(49LL) - kk_nl" in check(g, ins)
+    x, w = Tensor.input("x", (1, 16, 7, 7)), Tensor.input("w", (16, 16, 1, 1))
+    r = Tensor.input("r", (1, 16, 7, 7))
+    g = (x.conv2d(w) + r.transpose(2, 3)).graph("y")
+    rng = np.random.default_rng(1)
+    src = check(g, {k: rng.standard_normal(s, np.float32) for k, s in (("x", (1, 16, 7, 7)), ("w", (16, 16, 1, 1)),
+                                                                      ("r", (1, 16, 7, 7)))})
+    assert "(49LL) - kk_nl" not in src and "7LL - kk_nl" in src
