@@ -143,3 +143,20 @@ def test_pointwise_epilogue_runs_the_pixels_as_one_span():
     src = check(g, {k: rng.standard_normal(s, np.float32) for k, s in (("x", (1, 16, 7, 7)), ("w", (16, 16, 1, 1)),
                                                                       ("r", (1, 16, 7, 7)))})
     assert "(49LL) - kk_nl" not in src and "7LL - kk_nl" in src
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_strided_conv_epilogue_runs_down_the_columns(n):
+    """A stride-2 conv puts its pixels on the M side (its rows are not consecutive elements) and its
+    channels on N: the epilogue runs over each channel's pixels (contiguous stores), as one span when it
+    can (bias + ReLU6 + residual), per pixel row when a read uses the pixel axes otherwise."""
+    g, ins = conv(n, 6, 21, 23, 17, 3, stride=2, pad=1, residual=True)
+    src = check(g, ins)
+    assert "for (long long kk_jj = 0;" in src and "(108LL) - kk_ml" in src      # 12 x 9 output pixels
+    x, w = Tensor.input("x", (n, 4, 15, 15)), Tensor.input("w", (8, 4, 3, 3))
+    r = Tensor.input("r", (n, 8, 9, 9))
+    g = (x.conv2d(w, stride=2, padding=2) + r.transpose(2, 3)).graph("y")
+    rng = np.random.default_rng(2)
+    src = check(g, {k: rng.standard_normal(s, np.float32) for k, s in (("x", (n, 4, 15, 15)), ("w", (8, 4, 3, 3)),
+                                                                      ("r", (n, 8, 9, 9)))})
+    assert "for (long long kk_jj = 0;" in src and "9LL - kk_ml" in src
