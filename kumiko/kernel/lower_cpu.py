@@ -385,11 +385,10 @@ PARALLEL_MIN_POINTS = 1 << 15
 
 def _enough_work(s: For) -> str:
     """C for "the nest has at least PARALLEL_MIN_POINTS points": the product of the extents along its
-    loop chain, inner reduction loops included (a depthwise conv's 3x3 window is 9 points of work per output).
-    Where a body holds several loops over one variable (a vector loop's masked head, body and tail) the
-    chain counts their union and goes on into the first; a bound that names a value of the nest itself
-    (its loop variables, its locals) ends the chain there. The count errs towards one thread: a body's
-    other loops and the work outside loops are left out."""
+    loop chain (inner reductions only add to the work, so this errs towards one thread for small nests only).
+    Where a body holds several loops over one variable (a vector loop's masked head, plain interior and
+    masked tail: a depthwise conv's row) the chain counts their union and goes on into the first; a bound
+    that names a value of the nest itself (its loop variables, its locals) ends the chain there."""
     inner = _names_inside(s)
     extents: list[str] = []
     level: list[For] = [s]
@@ -398,19 +397,8 @@ def _enough_work(s: For) -> str:
         if any(x.var != level[0].var for x in level) or (extents and inner & set(_IDENT.findall(lo + " " + hi))):
             break
         extents.append(f"({hi} - ({lo}))")
-        level = _child_loops(level[0].body)
+        level = [x for x in level[0].body if isinstance(x, For)]
     return f"{' * '.join(extents)} >= {PARALLEL_MIN_POINTS}LL"
-
-
-def _child_loops(body: tuple) -> list[For]:
-    """The loops directly in ``body``, looking through plain blocks (a reduction's ``{ for r ... }``)."""
-    out: list[For] = []
-    for b in body:
-        if isinstance(b, For):
-            out.append(b)
-        elif isinstance(b, Block):
-            out.extend(_child_loops(b.body))
-    return out
 
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
