@@ -184,12 +184,17 @@ class ContractionLowering(PanelPacking):
         lo.uses_gather = lo.uses_gather or g0
         s_last = sizes[-1]
         carry = "kk_ml = 0;" if not outer else "kk_ml = 0; " + advance_counter(outer, tuple(sizes[:-1]))
+        # the run's column first into a contiguous buffer (a run is at most one M block: MC + MR rows), so
+        # the epilogue loop reads contiguously and vectorises (read down the column in place, gcc kept it
+        # scalar with a branch per clamp: 1.8 ms for MobileNetV2's first conv)
         return [For("kk_jj", c0, c1, tuple(dn) + tuple(dm) + (
+            Raw(f"KUMIKO_ALIGN(64) float kk_col[{self.mc + self.mr}];"),
             Decl("long long", "kk_i", r0),
             Raw(f"while (kk_i < {r1}) {{"),
             Decl("const long long", "kk_run", f"{r1} - kk_i < {s_last} - kk_ml ? {r1} - kk_i : {s_last} - kk_ml"),
             Decl("const float* KUMIKO_RESTRICT", "kk_cr", "kk_Ct + kk_i*kk_ldc + kk_jj"),
-            For(last, "kk_ml", "kk_ml + kk_run", (Decl("float", "kk_acc", f"kk_cr[({last} - kk_ml)*kk_ldc]"),) + body,
+            Raw("for (long long kk_r = 0; kk_r < kk_run; ++kk_r) kk_col[kk_r] = kk_cr[kk_r*kk_ldc];"),
+            For(last, "kk_ml", "kk_ml + kk_run", (Decl("float", "kk_acc", f"kk_col[{last} - kk_ml]"),) + body,
                 vector=int(simd)),
             Raw(f"kk_i += kk_run; kk_ml += kk_run;\nif (kk_ml == {s_last}) {{ {carry} }}\n}}")))]
 
