@@ -43,6 +43,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))       # run from a checkout without installing
+sys.path.insert(1, str(HERE))              # convs.py beside us
+
+from convs import conv_workloads  # noqa: E402
 
 import kumiko  # noqa: E402
 from kumiko import Tensor  # noqa: E402
@@ -192,6 +195,7 @@ WORKLOADS = {w.key: w for w in [
              {"B": 1, "H": 2, "S": 64, "D": 32}, _attn_graph(True), numpy=_np_attn(True), torch=_torch_attn(True),
              onnx=_onnx_attn(True), tinygrad=_tg_attn(True)),
 ]}
+WORKLOADS.update({w.key: w for w in conv_workloads(Workload)})     # C-*: the conv classes (bench/convs.py)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -502,7 +506,7 @@ def install_peers() -> None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--workloads", default="all", help=f"comma-separated keys or prefixes ({', '.join(WORKLOADS)}; "
-                   "W1 = both GEMMs); default all")
+                   "W1 = both GEMMs, C = every conv class); default all")
     p.add_argument("--target", default=None, help="kumiko target (default cpu when available, else eval)")
     p.add_argument("--reps", type=int, default=10, help="timed runs per runner (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")

@@ -40,6 +40,32 @@ def __getattr__(name: str):
 
 
 _SMALL_INT = re.compile(r"^\(?\s*(-?[1-4])(?:\.0*)?f?\s*\)?$")
+#: a float literal as ``literal`` spells it (never NaN)
+_FLOAT_LIT = re.compile(r"^(?:-?\d+(?:\.\d*)?(?:e[+-]?\d+)?f|INFINITY|\(-INFINITY\))$")
+_VEC_LIT = re.compile(r"^kv_broadcast\((.*)\)$")
+
+
+def _lit_value(s: str) -> float | None:
+    """The value of a float literal operand (None: not one)."""
+    if not _FLOAT_LIT.match(s):
+        return None
+    return {"INFINITY": math.inf, "(-INFINITY)": -math.inf}.get(s) or float(s[:-1])
+
+
+def _minmax_lit(fn: str, a: str, b: str, la: str | None, lb: str | None, pick) -> str | None:
+    """numpy's ``maximum``/``minimum`` of ``a`` and ``b`` when one is a float literal ``L`` (its text ``la`` or
+    ``lb``), as the one-instruction form ``pick(L, x)`` = ``L > x ? L : x`` (``<`` for min; x86's maxps/minps:
+    a NaN ``x`` comes out, as numpy's). numpy gives its second operand on a tie: with ``L`` first that is
+    ``x``, as ``pick``; with ``L`` second it differs only for zeros of the other sign, so ``L = +0`` adds
+    ``+0`` (a ``-0`` becomes ``+0``, any other value is unchanged) and ``L = -0`` keeps the general form."""
+    if fn not in ("max", "min"):
+        return None
+    if la is not None and _lit_value(la) is not None:
+        return pick(a, b)
+    v = _lit_value(lb) if lb is not None else None
+    if v is None or (v == 0 and math.copysign(1.0, v) < 0):
+        return None
+    return pick(b, a) if v != 0 else f"({pick(b, a)} + {b})"
 
 
 def index(e, axes: set) -> str:
@@ -173,6 +199,11 @@ def binary(fn: str, a: str, b: str, ct: str) -> str:
     n = _SMALL_INT.match(b) if op.c_small_int and ct == "float" else None
     if n is not None:
         return op.c_small_int.format(a=a, n=n.group(1))
+    if ct == "float":
+        sym = ">" if fn == "max" else "<"
+        lit = _minmax_lit(fn, a, b, a, b, lambda c, x: f"({c} {sym} ({x}) ? {c} : ({x}))")
+        if lit is not None:
+            return lit
     return op.spell(ct, a=a, b=b)
 
 
@@ -241,5 +272,10 @@ def vcast(v: str, src: dtypes.DType, to: dtypes.DType) -> str | None:
 def vbinary(fn: str, a: str, b: str, kind: str) -> str | None:
     """Lane-wise ``binary`` of two vectors of ``kind`` ('m': bools as 0 / -1 masks); comparisons give masks."""
     op = ops.BY_FN[fn]
+    if kind == "f":
+        va, vb = (_VEC_LIT.match(x) for x in (a, b))
+        lit = _minmax_lit(fn, a, b, va and va.group(1), vb and vb.group(1), lambda c, x: f"kv_{fn}({c}, {x})")
+        if lit is not None:
+            return lit
     tmpl = op.cv_mask if kind == "m" else op.cv
     return tmpl.format(a=a, b=b) if tmpl is not None else None

@@ -30,6 +30,7 @@ packing and epilogue) gets scalar C with the CPU's math.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from kumiko import dtypes, ops
@@ -385,11 +386,33 @@ PARALLEL_MIN_POINTS = 1 << 15
 
 def _enough_work(s: For) -> str:
     """C for "the nest has at least PARALLEL_MIN_POINTS points": the product of the extents along its
-    first-loop chain (inner reductions only add to the work, so this errs towards one thread for small
-    nests only)."""
-    extents, cur = [], s
-    while isinstance(cur, For):
-        extents.append(f"({cur.hi} - ({cur.lo}))")
-        inner = [x for x in cur.body if isinstance(x, For)]
-        cur = inner[0] if len(inner) == 1 else None
+    loop chain (inner reductions only add to the work, so this errs towards one thread for small nests only).
+    Where a body holds several loops over one variable (a vector loop's masked head, plain interior and
+    masked tail: a depthwise conv's row) the chain counts their union and goes on into the first; a bound
+    that names a value of the nest itself (its loop variables, its locals) ends the chain there."""
+    inner = _names_inside(s)
+    extents: list[str] = []
+    level: list[For] = [s]
+    while level:
+        lo, hi = level[0].lo, level[-1].hi
+        if any(x.var != level[0].var for x in level) or (extents and inner & set(_IDENT.findall(lo + " " + hi))):
+            break
+        extents.append(f"({hi} - ({lo}))")
+        level = [x for x in level[0].body if isinstance(x, For)]
     return f"{' * '.join(extents)} >= {PARALLEL_MIN_POINTS}LL"
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+
+def _names_inside(s) -> set[str]:
+    """The loop variables and locals a statement declares, at any depth."""
+    if isinstance(s, For):
+        return {s.var}.union(*(_names_inside(b) for b in s.body))
+    if isinstance(s, (Decl, Scratch)):
+        return {s.name}
+    if isinstance(s, If):
+        return set().union(*(_names_inside(b) for b in s.then + s.other))
+    if isinstance(s, (Block, Parallel)):
+        return set().union(*(_names_inside(b) for b in s.body))
+    return set()

@@ -68,3 +68,50 @@ def test_small_integer_powers_are_multiplies_and_match_the_evaluator():
     g2 = (y ** 3 + y ** -2 + y ** 2).graph("z")
     ins2 = {"y": np.random.default_rng(1).uniform(0.5, 2.0, (5, 33)).astype(np.float32)}
     assert rel_l2(kumiko.compile(g2, "cpu")(**ins2)["z"], kumiko.compile(g2, "eval")(**ins2)["z"]) < 1e-5
+
+
+def test_max_min_with_a_literal_are_one_instruction_forms():
+    """``maximum(x, L)``/``minimum(x, L)`` with a float literal: ``L > x ? L : x`` (maxps/minps), not the
+    general NaN-aware compare-and-blend, which gcc vectorised into ~35 instructions a vector in a GEMM's
+    ReLU6 epilogue. ``L = +0`` on the right adds ``+0`` (numpy's tie gives the second operand); ``-0`` and
+    non-literals keep the general form."""
+    assert C.binary("max", "x", "6.0f", "float") == "(6.0f > (x) ? 6.0f : (x))"
+    assert C.binary("min", "1e-05f", "x", "float") == "(1e-05f < (x) ? 1e-05f : (x))"
+    assert C.binary("max", "x", "0.0f", "float") == "((0.0f > (x) ? 0.0f : (x)) + 0.0f)"
+    assert C.binary("max", "x", "-0.0f", "float") == "kk_maxf(x, -0.0f)"
+    assert C.binary("max", "x", "y", "float") == "kk_maxf(x, y)"
+    assert C.vbinary("min", "v", "kv_broadcast(6.0f)", "f") == "kv_min(kv_broadcast(6.0f), v)"
+    assert C.vbinary("max", "v", "kv_broadcast(0.0f)", "f") == "(kv_max(kv_broadcast(0.0f), v) + kv_broadcast(0.0f))"
+    assert C.vbinary("max", "v", "w", "f") == "kv_maxnan(v, w)"
+
+
+def test_max_min_with_a_literal_keep_numpy_bits():
+    """NaN, signed zeros and infinities through max/min against literals on either side, in a vector loop,
+    a scalar loop (a strided read) and a GEMM's epilogue: the bits numpy gives (a NaN where numpy has one)."""
+    import numpy as np
+
+    import kumiko
+    from kumiko import Tensor
+    special = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 6.0, -6.0, 1e-5, -1e-30, 3.5], np.float32)
+
+    def ops_of(t):
+        return {"a": t.maximum(0.0).minimum(6.0), "b": t.minimum(0.0), "c": t.clip(-0.0, 0.0),
+                "d": t.maximum(float("inf")) + t.minimum(float("-inf")), "e": t.maximum(-6.0).minimum(1e-5)}
+    x = Tensor.input("x", (7, 40))
+    xt = x.transpose(0, 1)       # a strided read: the scalar path
+    w = Tensor.input("w", (40, 40))
+    outs = {**ops_of(x), **{k + "t": v for k, v in ops_of(xt).items()},
+            **{k + "g": v for k, v in ops_of(x @ w).items()}}
+    first = next(iter(outs))
+    g = outs[first].graph(first, outputs={k: v for k, v in outs.items() if k != first})
+    rng = np.random.default_rng(3)
+    xv = rng.choice(special, (7, 40)).astype(np.float32)
+    wv = np.zeros((40, 40), np.float32)
+    wv[np.arange(40), np.arange(40)] = 1.0          # x @ I: the specials reach the epilogue as they are
+    wv[0, 1] = 1e-3
+    got, want = kumiko.compile(g, "cpu")(x=xv, w=wv), kumiko.compile(g, "eval")(x=xv, w=wv)
+    for k in want:
+        o, e = got[k], want[k]
+        assert np.array_equal(np.isnan(o), np.isnan(e)), k
+        fin = ~np.isnan(e)
+        assert np.array_equal(o[fin].view(np.int32), e[fin].view(np.int32)), k
