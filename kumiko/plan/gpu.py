@@ -211,6 +211,9 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
         if point not in SIMT_BINDINGS or (point == "warp" and (plan.threads or 256) % 32):
             raise KumikoError("E1801", at=at, why=f"bind.{key}={point!r}: a SIMT point binds to one of "
                               f"{SIMT_BINDINGS} (a warp needs a multiple of 32 threads)")
+    if plan.algo in ("streaming_softmax", "fused"):     # the attention pair's plans (kernel.gpu_attention)
+        from kumiko.kernel.gpu_attention import validate_attention_plan
+        return validate_attention_plan(plan, at)
     if plan.algo != "mma":
         return plan
     facts = analyze(region)
