@@ -13,8 +13,14 @@ from kumiko import knobs
 from kumiko.backend import Backend, Options, override_plans, refuse_tune
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.abi import Launch, program_symbols
-from kumiko.kernel.gpu_attention import FUSED, STREAMING, find_attention_pair, lower_attention, pair_attention, \
-    pair_buffers
+from kumiko.kernel.gpu_attention import (
+    FUSED,
+    STREAMING,
+    find_attention_pair,
+    lower_attention,
+    pair_attention,
+    pair_buffers,
+)
 from kumiko.kernel.gpu_ir import SimtKernel, ir_json
 from kumiko.kernel.gpu_mma import lower_mma
 from kumiko.kernel.gpu_simt import lower_simt

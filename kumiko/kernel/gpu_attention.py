@@ -33,13 +33,26 @@ below), checked by ``verify_attention`` for 1 to 4 key blocks, rendered by ``kum
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.elide import masked_elision, prefix_bound
-from kumiko.kernel.gpu_ir import Barrier, CommitGroup, Epilogue, KLoop, LdMatrix, Mma, Param, SmemRing, StGlobal, \
-    TileRef, Token, WaitGroup
+from kumiko.kernel.gpu_ir import (
+    Barrier,
+    CommitGroup,
+    Epilogue,
+    KLoop,
+    LdMatrix,
+    Mma,
+    Param,
+    SmemRing,
+    StGlobal,
+    TileRef,
+    Token,
+    WaitGroup,
+)
 from kumiko.kernel.gpu_mma import PAD, _vec_access
 from kumiko.kernel.gpu_simt import decompose, extent
 from kumiko.kernel.loops import Assign, Decl
@@ -411,6 +424,7 @@ def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tup
     decompose(lo1, "kk_gm", c1.m_axes, decl_out)
     decompose(lo1, "kk_gn", c1.n_axes, decl_out)
     out_code = tuple(lo1.point_code(c1.let, "kk_acc"))
+    decl_score, decl_out = _used(decl_score, score), _used(decl_out, out_code)   # e.g. no mask: no row index
     bound = ""
     if pair.guards:
         bound = prefix_bound(pair.guards, c0.m_axes[0], c0.n_axes[0], "kk_mhi", set(a.name for a in lo0.r.iters),
@@ -444,6 +458,12 @@ def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tup
                            StGlobal(te), tuple(setup), tuple(batch1), tuple(decl_score), tuple(score), tuple(decl_out),
                            pair.k2, bound, notes)
     return verify_attention(kern)
+
+
+def _used(decls: list, code) -> list:
+    """The declarations ``code`` uses (an unused one is an nvcc warning)."""
+    text = " ".join(repr(x) for x in code)
+    return [d for d in decls if re.search(rf"\b{re.escape(d.name)}\b", text)]
 
 
 def _memref(pair: AttentionPair, name: str):

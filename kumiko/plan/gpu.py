@@ -262,6 +262,10 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
 def describe_gpu_plan(plan: Plan) -> str:
     """One line for reports (CLI, bench), after the plan's algo: an MMA plan's tile, warp tile, stages, CTA
     runs and ring schedule (and its SIMT rest's binding), or a SIMT plan's binding."""
+    if plan.algo in ("streaming_softmax", "fused"):     # the attention pair (kernel.gpu_attention)
+        other = dict(plan.local_edges[0]).get("to", "?") if plan.local_edges else "?"
+        return (f"tile {'x'.join(map(str, plan.tile))} {plan.stages} stages, online softmax, P @ V of {other} fused"
+                if plan.algo == "streaming_softmax" else f"fused into {other}'s kernel")
     if plan.algo != "mma":
         return f"a {plan.get('bind', 'point', 'thread')} per point"
     out = (f"tile {'x'.join(map(str, plan.tile))} warps {plan.warp_tile} {plan.stages} stages "

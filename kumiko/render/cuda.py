@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from kumiko import ops
 from kumiko.kernel import cexpr
+from kumiko.kernel.gpu_attention import AttentionKernel
 from kumiko.kernel.gpu_ir import (
     Barrier,
     CommitGroup,
@@ -23,7 +24,6 @@ from kumiko.kernel.gpu_ir import (
     SimtKernel,
     WaitGroup,
 )
-from kumiko.kernel.gpu_attention import AttentionKernel
 from kumiko.kernel.loops import STATUS_BAD_INDEX, Assign, Decl, Store
 from kumiko.render.c import render_stmts
 from kumiko.render.cuda_attention import render_attention

@@ -51,8 +51,8 @@ class _AttentionRenderer:
                 f"kk_cc = (kk_c % {cpr}) * 8;",
                 f"{pad}    const long long kk_row = kk_r0 + kk_r;",
                 f"{pad}    const bool kk_ok = {ok};",
-                f"{pad}    cp_async_16(kk_d + kk_r * {r.ld} + kk_cc, kk_ok ? kk_p{s.ring} + kk_row * {ld.row_step} + kk_cc "
-                f": kk_p{s.ring}, kk_ok ? 16 : 0);",
+                f"{pad}    cp_async_16(kk_d + kk_r * {r.ld} + kk_cc, kk_ok ? kk_p{s.ring} + kk_row * {ld.row_step} + "
+                f"kk_cc : kk_p{s.ring}, kk_ok ? 16 : 0);",
                 f"{pad}  }}",
                 f"{pad}}}"]
 
