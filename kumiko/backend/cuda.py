@@ -25,6 +25,7 @@ from kumiko.kernel.gpu_ir import SimtKernel, ir_json
 from kumiko.kernel.gpu_mma import lower_mma
 from kumiko.kernel.gpu_simt import lower_simt
 from kumiko.kernel.gpu_verify import verify_mma
+from kumiko.kernel.gpu_verify_attention import verify_attention
 from kumiko.plan.gpu import choose_gpu_plan, fallback_gpu_plan, validate_gpu_plan
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Program
@@ -242,7 +243,7 @@ def _lower_pair(program: Program, k: int, plans: Mapping[str, Plan], syms: tuple
                           "(scores -> streaming softmax -> P @ V) whose consumer's plan is "
                           f'{{"region": "{FUSED}"}}', suggestion="let the chooser plan both regions")
     names = pair_buffers(pair)
-    kern = lower_attention(program, pair, plans[r0.name], syms, name, names)
+    kern = verify_attention(lower_attention(program, pair, plans[r0.name], syms, name, names))
     c0, sizes = pair.c0, {a.name: a.size for a in r0.iters}
     grid = ((prod([sizes[a] for a in c0.m_axes]), kern.tile[0]),
             (prod([sizes[a] for a in c0.batch]) if c0.batch else 1, 1), (1, 1))

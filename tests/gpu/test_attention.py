@@ -13,8 +13,9 @@ import kumiko
 from kumiko import Tensor
 from kumiko.accuracy import bound
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_attention import AttentionKernel, LoadBlock, OnlineSoftmax, find_attention_pair, verify_attention
+from kumiko.kernel.gpu_attention import AttentionKernel, LoadBlock, OnlineSoftmax, find_attention_pair
 from kumiko.kernel.gpu_ir import Barrier, KLoop
+from kumiko.kernel.gpu_verify_attention import verify_attention
 from kumiko.pipeline import compile_cuda
 from kumiko.render.cuda import render_cuda
 from kumiko.runtime.emu_program import CompiledCuda, GpuRunner
