@@ -14,8 +14,6 @@ from kumiko.backend import Backend, Options, override_plans, refuse_tune
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.abi import Launch, program_symbols
 from kumiko.kernel.gpu_attention import (
-    FUSED,
-    STREAMING,
     find_attention_pair,
     lower_attention,
     pair_attention,
@@ -26,7 +24,7 @@ from kumiko.kernel.gpu_mma import lower_mma
 from kumiko.kernel.gpu_simt import lower_simt
 from kumiko.kernel.gpu_verify import verify_mma
 from kumiko.kernel.gpu_verify_attention import verify_attention
-from kumiko.plan.gpu import choose_gpu_plan, fallback_gpu_plan, validate_gpu_plan
+from kumiko.plan.gpu import FUSED, STREAMING, choose_gpu_plan, fallback_gpu_plan, validate_gpu_plan
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Program
 from kumiko.render.cuda import render_cuda

@@ -33,6 +33,7 @@ below), checked by ``kumiko.kernel.gpu_verify_attention`` for 1 to 4 key blocks,
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -59,18 +60,12 @@ from kumiko.kernel.gpu_simt import decompose, extent
 from kumiko.kernel.loops import Assign, Decl
 from kumiko.kernel.lower_base import RegionEmitter
 from kumiko.kernel.stream import _reads, acc_guards
-from kumiko.plan.gpu import MMA_DTYPES
+from kumiko.plan.gpu import FUSED, MMA_DTYPES, STREAMING, WARP_ROWS
 from kumiko.plan.plan import Plan, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, analyze
 from kumiko.region.srnf import children
 from kumiko.region.ssa import Binary, BroadcastInDim, Const, Program, Read, Reduce, Ref, RExpr, Unary
 from kumiko.symbolic import Expr
-
-#: the producer plan's algo (``algo_choice.contraction``) and the consumer's (``algo_choice.region``)
-STREAMING = "streaming_softmax"
-FUSED = "fused"
-#: query rows per warp (one m16 MMA row block)
-WARP_ROWS = 16
 
 
 # -- the pair ---------------------------------------------------------------------------------------------
@@ -145,15 +140,13 @@ def _row_program(f0: RegionFacts, c0: Contraction, n: str):
         return None
     mx = rest[0]
     if not (isinstance(mx.expr, Reduce) and mx.expr.op == "max" and [a.name for a in mx.expr.axes] == [n]
-            and isinstance(mx.expr.body, Ref) and mx.expr.body.name in score and mx.name not in full):
+            and mx.expr.init == -math.inf and isinstance(mx.expr.body, Ref) and mx.expr.body.name in score
+            and mx.name not in full):
         return None
     z, env = mx.expr.body.name, {}
-    k2, e_let, j = None, None, 1
-    for let in rest[1:]:
-        j += 1
-        if let.name not in full:
-            j -= 1
-            break
+    k2, e_let = None, None
+    chain = list(itertools.takewhile(lambda x: x.name in full, rest[1:]))    # the lets between the max and the sum
+    for let in chain:
         form = _lin(let.expr, z, mx.name, env)
         if form is not None:
             env[let.name] = form
@@ -164,12 +157,12 @@ def _row_program(f0: RegionFacts, c0: Contraction, n: str):
         if a <= 0.0 or b != -a or c != 0.0:
             return None
         k2, e_let = (a if let.expr.fn == "exp2" else a * math.log2(math.e)), let.name
-    tail = rest[j:]
+    tail = rest[1 + len(chain):]
     if e_let is None or len(tail) != 2:
         return None
     sm, out = tail
     if not (isinstance(sm.expr, Reduce) and sm.expr.op == "sum" and [a.name for a in sm.expr.axes] == [n]
-            and sm.expr.body == Ref(e_let) and sm.name not in full):
+            and sm.expr.init == 0 and sm.expr.body == Ref(e_let) and sm.name not in full):
         return None
     d = out.expr
     den = d.y.operand if isinstance(d, Binary) and isinstance(d.y, BroadcastInDim) else getattr(d, "y", None)
@@ -264,20 +257,6 @@ def pair_attention(program: Program, plans: dict, arch: str, given=()) -> dict:
         if pair is not None:
             out[r.name], out[r1.name] = attention_plan(arch, pair, r1.name), fused_plan(arch, pair, r.name)
     return out
-
-
-def validate_attention_plan(plan: Plan, at: str) -> Plan:
-    """E1801 unless a streaming plan's tile, stages and threads fit the kernel (a fused consumer's plan has none)."""
-    if plan.algo == FUSED:
-        return plan
-    bm, bn, bk = (tuple(plan.tile) + (0, 0, 0))[:3]
-    if bm % WARP_ROWS or not 1 <= bm // WARP_ROWS <= 8 or bn % 16 or not 16 <= bn <= 128 or bk != 16 or \
-            plan.stages != 2 or plan.threads not in (0, bm // WARP_ROWS * 32):
-        raise KumikoError("E1801", at=at, why=f"a {STREAMING} plan has tile [BM, BN, 16] with BM a multiple of "
-                          f"{WARP_ROWS} (a warp each, up to 8), BN a multiple of 16 up to 128, 2 stages and a warp "
-                          f"per {WARP_ROWS} rows; got tile {list(plan.tile)}, {plan.stages} stages, {plan.threads} "
-                          "threads", suggestion="tile [64, 64, 16], 2 stages, 128 threads")
-    return plan
 
 
 # -- GPU IR -------------------------------------------------------------------------------------------------

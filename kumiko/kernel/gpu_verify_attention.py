@@ -9,9 +9,9 @@ output and sum whenever more than one key block can run.
 from __future__ import annotations
 
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_attention import WARP_ROWS, AttentionKernel, LoadBlock, LoadQFrag, OnlineSoftmax, PvMma, ScoreMma
+from kumiko.kernel.gpu_attention import AttentionKernel, LoadBlock, LoadQFrag, OnlineSoftmax, PvMma, ScoreMma
 from kumiko.kernel.gpu_ir import Barrier, CommitGroup, WaitGroup
-from kumiko.plan.gpu import MAX_REGISTERS, SMEM_LIMIT
+from kumiko.plan.gpu import MAX_REGISTERS, SMEM_LIMIT, WARP_ROWS
 
 
 def _fail(k: AttentionKernel, hazard: str, why: str) -> KumikoError:
