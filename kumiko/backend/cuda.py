@@ -13,11 +13,18 @@ from kumiko import knobs
 from kumiko.backend import Backend, Options, override_plans, refuse_tune
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.abi import Launch, program_symbols
+from kumiko.kernel.gpu_attention import (
+    find_attention_pair,
+    lower_attention,
+    pair_attention,
+    pair_buffers,
+)
 from kumiko.kernel.gpu_ir import SimtKernel, ir_json
 from kumiko.kernel.gpu_mma import lower_mma
 from kumiko.kernel.gpu_simt import lower_simt
 from kumiko.kernel.gpu_verify import verify_mma
-from kumiko.plan.gpu import choose_gpu_plan, fallback_gpu_plan, validate_gpu_plan
+from kumiko.kernel.gpu_verify_attention import verify_attention
+from kumiko.plan.gpu import FUSED, STREAMING, choose_gpu_plan, fallback_gpu_plan, validate_gpu_plan
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Program
 from kumiko.render.cuda import render_cuda
@@ -74,7 +81,9 @@ class CudaEmuBackend(Backend):
         program, arch = comp.region, self.plan_arch(comp)
         syms = program_symbols(program)
         chosen = {r.name: choose_gpu_plan(r, arch, syms) for r in program.regions}
-        return override_plans(program, chosen, comp.options.plans, lambda p, r: validate_gpu_plan(p, r, syms))
+        plans = override_plans(program, chosen, comp.options.plans, lambda p, r: validate_gpu_plan(p, r, syms))
+        # an attention region pair (scores -> streaming softmax -> P @ V) whose plans are the chooser's runs fused
+        return pair_attention(program, plans, arch, given=set(comp.options.plans or {}))
 
     def lower(self, comp) -> GpuKernels:
         return GpuKernels(*lower_program(comp.region, comp.plan))
@@ -182,6 +191,12 @@ def lower_program(program: Program, plans: Mapping[str, Plan]) -> tuple[list, li
     for k, r in enumerate(program.regions):
         name = f"kumiko_{k}_" + "".join(ch if ch.isalnum() else "_" for ch in r.name)
         plan = plans[r.name]
+        if plan.algo in (STREAMING, FUSED):
+            if plan.algo == STREAMING:
+                kern, launch = _lower_pair(program, k, plans, syms, name)
+                kernels.append(kern)
+                launches.append(launch)
+            continue
         if plan.algo == "mma":
             low = lower_mma(r, syms, name, plan)
             kern = verify_mma(low.kernel)
@@ -213,6 +228,26 @@ def lower_program(program: Program, plans: Mapping[str, Plan]) -> tuple[list, li
         launches.append(Launch(r.name, name, ((_simt_extent(r, kern), kern.points_per_block), (1, 1), (1, 1)),
                                kern.threads, 0, _buf_args(r, kern.params)))
     return kernels, launches
+
+
+def _lower_pair(program: Program, k: int, plans: Mapping[str, Plan], syms: tuple, name: str):
+    """The fused streaming attention kernel of regions ``k`` and ``k + 1`` and its one launch (grid: query blocks x
+    batch points); E1801 when the plans pair regions that are not an attention pair."""
+    r0 = program.regions[k]
+    pair = find_attention_pair(program, k)
+    nxt = plans[program.regions[k + 1].name] if k + 1 < len(program.regions) else None
+    if pair is None or nxt is None or nxt.algo != FUSED:
+        raise KumikoError("E1801", at=f"plan of {r0.name}", why=f"a {STREAMING} plan needs an attention region pair "
+                          "(scores -> streaming softmax -> P @ V) whose consumer's plan is "
+                          f'{{"region": "{FUSED}"}}', suggestion="let the chooser plan both regions")
+    names = pair_buffers(pair)
+    kern = verify_attention(lower_attention(program, pair, plans[r0.name], syms, name, names))
+    c0, sizes = pair.c0, {a.name: a.size for a in r0.iters}
+    grid = ((prod([sizes[a] for a in c0.m_axes]), kern.tile[0]),
+            (prod([sizes[a] for a in c0.batch]) if c0.batch else 1, 1), (1, 1))
+    args = tuple(("buf", n) for n in names) + tuple(("sym", s) for s in syms)
+    return kern, Launch(r0.name, name, grid, kern.threads, kern.smem_bytes, args,
+                        regions=(r0.name, program.regions[k + 1].name))
 
 
 def _simt_extent(region, kern: SimtKernel):

@@ -63,10 +63,23 @@ class Step:
     packs: tuple = ()         # Pack, ...: the steps's pre-packed operands, in the order of their buffers
 
 
-def region_steps(program: Program, fn_names: Mapping[str, str]) -> tuple[Step, ...]:
-    """One step per region: its inputs then its outputs."""
-    return tuple(Step(fn_names[r.name], (r.name,), tuple(n for n, _ in r.inputs) + tuple(o.name for o in r.outputs))
-                 for r in program.regions)
+def region_steps(program: Program, fn_names: Mapping[str, str], fused: tuple = ()) -> tuple[Step, ...]:
+    """One step per region: its inputs then its outputs; or per group of regions in ``fused`` (tuples of region
+    names that one kernel runs): their inputs and outputs but the buffers handed inside the group, which are never
+    allocated."""
+    groups = {g[0]: g for g in fused}
+    inside = {n for g in fused for n in g[1:]}
+    by_name = {r.name: r for r in program.regions}
+    steps = []
+    for r in program.regions:
+        if r.name in inside:
+            continue
+        rs = [by_name[n] for n in groups.get(r.name, (r.name,))]
+        made = {o.name for x in rs[:-1] for o in x.outputs}
+        ins = [n for x in rs for n, _ in x.inputs if n not in made]
+        steps.append(Step(fn_names[r.name], tuple(x.name for x in rs),
+                          tuple(dict.fromkeys(ins)) + tuple(o.name for o in rs[-1].outputs)))
+    return tuple(steps)
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,9 @@ class Launch:
     smem: int
     args: tuple
     scratch: tuple = ()             # (var, axes sizes) the launch needs
+    regions: tuple = ()             # the regions one fused launch runs (attention's pair), when more than one
 
     def to_json(self) -> dict:
-        return {"region": self.region, "kernel": self.kernel, "grid": [[str(e), t] for e, t in self.grid],
-                "block": self.block, "smem": self.smem, "args": [list(a) for a in self.args]}
+        d = {"region": self.region, "kernel": self.kernel, "grid": [[str(e), t] for e, t in self.grid],
+             "block": self.block, "smem": self.smem, "args": [list(a) for a in self.args]}
+        return {**d, "regions": list(self.regions)} if self.regions else d

@@ -200,6 +200,28 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         barrier_model="cp_async_group", threads=mma_threads((bm, bn), f"{wm}x{wn}"))
 
 
+# -- the attention pair's plans (made by kernel.gpu_attention.pair_attention) -------------------------------
+#: the producer plan's algo (``algo_choice.contraction``) and the consumer's (``algo_choice.region``)
+STREAMING = "streaming_softmax"
+FUSED = "fused"
+#: query rows per warp of the fused attention kernel (one m16 MMA row block)
+WARP_ROWS = 16
+
+
+def validate_attention_plan(plan: Plan, at: str) -> Plan:
+    """E1801 unless a streaming plan's tile, stages and threads fit the kernel (a fused consumer's plan has none)."""
+    if plan.algo == FUSED:
+        return plan
+    bm, bn, bk = (tuple(plan.tile) + (0, 0, 0))[:3]
+    if bm % WARP_ROWS or not 1 <= bm // WARP_ROWS <= 8 or bn % 16 or not 16 <= bn <= 128 or bk != 16 or \
+            plan.stages != 2 or plan.threads not in (0, bm // WARP_ROWS * 32):
+        raise KumikoError("E1801", at=at, why=f"a {STREAMING} plan has tile [BM, BN, 16] with BM a multiple of "
+                          f"{WARP_ROWS} (a warp each, up to 8), BN a multiple of 16 up to 128, 2 stages and a warp "
+                          f"per {WARP_ROWS} rows; got tile {list(plan.tile)}, {plan.stages} stages, {plan.threads} "
+                          "threads", suggestion="tile [64, 64, 16], 2 stages, 128 threads")
+    return plan
+
+
 def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
     """E1801 unless the plan fits the region, the MMA shape and the arch's budget."""
     at = f"plan of {region.name}"
@@ -211,6 +233,8 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
         if point not in SIMT_BINDINGS or (point == "warp" and (plan.threads or 256) % 32):
             raise KumikoError("E1801", at=at, why=f"bind.{key}={point!r}: a SIMT point binds to one of "
                               f"{SIMT_BINDINGS} (a warp needs a multiple of 32 threads)")
+    if plan.algo in (STREAMING, FUSED):             # the attention pair's plans (kernel.gpu_attention)
+        return validate_attention_plan(plan, at)
     if plan.algo != "mma":
         return plan
     facts = analyze(region)
@@ -259,6 +283,10 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
 def describe_gpu_plan(plan: Plan) -> str:
     """One line for reports (CLI, bench), after the plan's algo: an MMA plan's tile, warp tile, stages, CTA
     runs and ring schedule (and its SIMT rest's binding), or a SIMT plan's binding."""
+    if plan.algo in (STREAMING, FUSED):             # the attention pair (kernel.gpu_attention)
+        other = dict(plan.local_edges[0]).get("to", "?") if plan.local_edges else "?"
+        return (f"tile {'x'.join(map(str, plan.tile))} {plan.stages} stages, online softmax, P @ V of {other} fused"
+                if plan.algo == STREAMING else f"fused into {other}'s kernel")
     if plan.algo != "mma":
         return f"a {plan.get('bind', 'point', 'thread')} per point"
     out = (f"tile {'x'.join(map(str, plan.tile))} warps {plan.warp_tile} {plan.stages} stages "

@@ -23,6 +23,7 @@ one per kernel). Without cuda-bindings, a driver or a device, compiling for ``cu
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import threading
 import time
@@ -187,6 +188,10 @@ class CudaProgram:
         self.compiled, self.program, self.backend = compiled, compiled.program, backend
         self.poison, self.sync_each, self.graph = poison, sync_each, graph
         self.symbols = program_symbols(self.program)
+        # the intermediates some launch passes: a buffer handed inside one fused launch (attention's P) gets none
+        used = {name for ln in compiled.launches for kind, name in ln.args if kind == "buf"}
+        self._launched = dataclasses.replace(self.program, buffers=tuple(b for b in self.program.buffers
+                                                                          if b[0] in used))
         self.params = {k.name: k.params for k in compiled.kernels}
         missing = [ln.kernel for ln in compiled.launches if ln.kernel not in functions or ln.kernel not in self.params]
         if missing:
@@ -268,7 +273,7 @@ class CudaProgram:
             shape, nbytes = _nbytes(m, env)
             b.poison.append((alloc(name, nbytes, f"output {name}"), nbytes, f"output {name}"))
             b.outputs[name] = (shape, np.dtype(m.dtype.np))
-        plan = plan_arena(self.program, env)
+        plan = plan_arena(self._launched, env)
         if plan.slots:
             base = alloc("arena:", plan.size, "intermediate buffers")
             b.poison.append((base, plan.size, "intermediate buffers"))

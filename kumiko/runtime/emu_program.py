@@ -99,7 +99,8 @@ class GpuRunner(CpuProgram):
     def __init__(self, program: Program, module: EmuModule, launches: list[Launch], *, poison: bool | None = None):
         # CpuProgram's state without its C module: the buffer logic (checks, poison, arena) is shared
         self.module = module
-        self.setup(program, region_steps(program, {r.name: r.name for r in program.regions}), poison)
+        fused = tuple(ln.regions for ln in launches if ln.regions)       # a fused pair's P is never allocated
+        self.setup(program, region_steps(program, {r.name: r.name for r in program.regions}, fused), poison)
         self.launches = launches
 
     def input_align(self, m, dt) -> int:

@@ -57,6 +57,16 @@ def compiled(gpu_cache):
         yield get
 
 
+def mma_plans(stem: str, dtype: str = "fp16", arch: str = "sm80") -> dict:
+    """The chooser's per-region plans of an example, to pass as ``plans``: the attention pair then keeps the
+    three-launch path (QK^T on the MMA skeleton into a scratch, the SIMT row softmax, P·V) instead of the fused
+    streaming kernel, which the chooser picks only for pairs whose plans are its own."""
+    from kumiko.plan.gpu import choose_gpu_plan
+    from kumiko.runtime.program import program_symbols
+    prog = compile_cuda(graph(stem, dtype).tiny).program
+    return {r.name: choose_gpu_plan(r, arch, program_symbols(prog)) for r in prog.regions}
+
+
 def run_and_compare(c: CompiledCuda, g: Graph, emu: str, seed: int, shapes=None) -> dict[str, float]:
     """Run the compiled program on the emulator against the Tiny IR evaluator; rel. L2 per output."""
     ref = kumiko.compile(g, "eval")

@@ -19,7 +19,7 @@ pytestmark = needs_gxx
 @pytest.mark.parametrize("stem", STEMS)
 def test_fp16_examples_match_the_evaluator(compiled, stem, emu):
     c = compiled(stem, "fp16")
-    assert any(p.algo == "mma" for p in c.plans.values()), "every example holds a contraction"
+    assert any(p.algo in ("mma", "streaming_softmax") for p in c.plans.values()), "every example holds a contraction"
     g = graph(stem, "fp16")
     for seed, shapes in ((1, None), (2, {k: v + 5 for k, v in g.symbols.items()})):
         errs = run_and_compare(c, g, emu, seed, shapes)

@@ -16,7 +16,7 @@ from kumiko.plan.plan import Plan
 from kumiko.region import form_regions
 from kumiko.runtime.program import program_symbols
 
-from .conftest import EXAMPLES, graph, needs_gxx, run_and_compare
+from .conftest import EXAMPLES, graph, mma_plans, needs_gxx, run_and_compare
 
 
 def _mma(stem: str, dtype: str = "fp16", **kw) -> MmaKernel:
@@ -30,17 +30,19 @@ def test_operand_staging_follows_the_access_maps():
     assert [r.layout for r in gemm.rings] == ["sk", "ks"]             # B is read with ldmatrix.trans
     conv = _mma("conv3x3_s2_p1")
     assert conv.loads[0].vec is None and conv.loads[1].vec is not None    # im2col gathered, weights cp.async
-    qk = _mma("attention_causal")
+    qk = _mma("attention_causal", plans=mma_plans("attention_causal"))
     assert [r.layout for r in qk.rings] == ["sk", "sk"]               # K[n, d]: k contiguous, no trans
     pool = _mma("conv_relu_maxpool")
     assert pool.epilogue.mode == "smem_window" and pool.epilogue.window == 4
 
 
 def test_region_shapes_pick_their_skeleton():
-    c = compile_cuda(graph("attention_causal", "fp16").tiny)
+    c = compile_cuda(graph("attention_causal", "fp16").tiny, plans=mma_plans("attention_causal"))
     kinds = [type(k).__name__ for k in c.kernels]
     assert kinds == ["MmaKernel", "SimtKernel", "MmaKernel"]          # QK^T, row softmax on its scratch, PV
     assert c.launches[0].scratch and c.launches[1].scratch == c.launches[0].scratch
+    fused = compile_cuda(graph("attention_causal", "fp16").tiny)       # the chooser's: one streaming kernel
+    assert [type(k).__name__ for k in fused.kernels] == ["AttentionKernel"] and not fused.launches[0].scratch
     f32 = compile_cuda(graph("gemm_bias_relu", "fp32").tiny)
     assert all(isinstance(k, SimtKernel) for k in f32.kernels)
 
@@ -267,12 +269,19 @@ def test_gpu_ir_dump_stage(tmp_path):
     from kumiko.pipeline import dumps, stage_json
     g = graph("attention_causal", "fp16")
     d = stage_json(g, "gpu_ir")
-    assert [k["kind"] for k in d["kernels"]] == ["MmaKernel", "SimtKernel", "MmaKernel"]
-    qk, rest, pv = d["kernels"]
+    assert [k["kind"] for k in d["kernels"]] == ["AttentionKernel"]
+    (attn,) = d["kernels"]
+    assert [s["kind"] for s in attn["loop"]["body"]] == [
+        "WaitGroup", "Barrier", "LoadBlock", "CommitGroup", "ScoreMma", "OnlineSoftmax",
+        "WaitGroup", "Barrier", "LoadBlock", "CommitGroup", "PvMma"]
+    assert [ln["kernel"] for ln in d["launches"]] == [attn["name"]]
+    assert d["launches"][0]["grid"][:2] == [["S", 64], ["B*H", 1]] and len(d["launches"][0]["regions"]) == 2
+    rows = stage_json(graph("attention_row_softmax", "fp16"), "gpu_ir")       # no P @ V: the three-launch shape
+    qk, rest = rows["kernels"]
     assert [s["kind"] for s in qk["loop"]["body"]] == ["WaitGroup", "Barrier", "LoadTile", "CommitGroup", "Compute"]
-    assert [s["kind"] for s in pv["loop"]["body"]][:2] == ["LoadFrag", "MmaFrag"] and rest["warp"] is True
-    assert [ln["kernel"] for ln in d["launches"]] == [qk["name"], rest["name"], pv["name"]]
-    assert d["launches"][1]["grid"][0] == ["B*H*S", 8]
+    assert rest["kind"] == "SimtKernel" and rest["warp"] is True
+    assert [ln["kernel"] for ln in rows["launches"]] == [qk["name"], rest["name"]]
+    assert rows["launches"][1]["grid"][0] == ["B*H*M", 8]
     text = dumps(d)
     assert json.loads(text) == d and dumps(stage_json(g, "gpu_ir")) == text
     assert main(["dump", str(EXAMPLES / "gemm_bias_relu.json"), "--stage", "gpu_ir", "--out", str(tmp_path)]) == 0

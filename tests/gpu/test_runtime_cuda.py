@@ -284,6 +284,9 @@ def test_cuda_program_runs_the_examples_through_kernel_params(gpu_cache, stem):
         errs = {k: rel_l2(out[k], want[k]) for k in want}
         assert all(e < 1e-2 for e in errs.values()), (stem, shapes, errs)
     assert be.launched and len(prog._bound) == 2
+    if stem == "attention_causal":          # the fused pair: its deferred P has no device memory
+        p = prog.program.regions[0].outputs[0].name
+        assert all(p not in b.ptrs for b in prog._bound.values())
     prog.release()
     assert not be.mem, "every allocation is freed"
 

@@ -1,0 +1,458 @@
+"""Fused streaming attention on SM80 (FlashAttention-2 structure), derived from the attention Region pair.
+
+Seed 001 §15.3: the scores' region and the P·V region are a pair whose P is ``deferred``. The pair is found
+from the regions' structure, never from an op name (``find_attention_pair``):
+
+- the **producer** is a contraction ``S = sum_K x*y`` (batch axes, one M axis - the queries -, one N axis -
+  the keys -, K the head dim) followed by a *streaming softmax* row program: pointwise *score* lets of the
+  accumulator (a scale, a mask ``select(guard, s, -inf)``, anything pointwise, reads included), a row max
+  ``m`` over N of the score ``z``, pointwise lets whose value is ``exp2(k * (z - m))`` (``exp`` folds
+  ``log2 e`` into ``k``; ``k > 0``), their row sum ``l`` and the yielded ``e / l``;
+- the **consumer** is a contraction whose M-side operand reads exactly that output at (batch, M, K1) with
+  K1 the producer's N axis, with a pointwise epilogue; its N-side operand (V) is a plain row-major tile.
+
+``exp2(k (z - m))`` factors as ``exp2(k (z - m')) * exp2(k (m' - m))``: that is what lets the softmax run one
+key block at a time with a running max, rescaling the running sum and output when the max grows (online
+softmax). One CTA then owns BM query rows of one batch point (4 warps, 16 rows each) and loops over key
+blocks of BN: K and V blocks arrive by cp.async into double-buffered shared memory, ``S = Q K^T`` is
+mma.sync m16n8k16 with Q's fragments held in registers, the region's score code runs on each accumulator
+element, the row max and sum live in registers (a quad of lanes shares a row: two shuffles), P is packed
+to the 16-bit type in registers - the m16n8k16 accumulator layout of two n8 tiles is the A layout of one
+k16 step (PTX ISA "Matrix Fragments for mma.m16n8k16": C rows g / g+8, columns 2t, 2t+1; A registers 0-3
+rows g, g+8, g, g+8, columns 2t(+1), +8 for registers 2, 3) - and fed to the P·V mma.sync; at the end
+O is divided by the row sum and the consumer's epilogue stores it. P never reaches memory.
+
+Key blocks past the last column a block's rows can see through the score's guards (a causal mask:
+``kumiko.kernel.elide.prefix_bound``, exact when ``masked_elision`` shows those columns add nothing) are not
+loaded at all; the diagonal block is masked by the score code itself, and key columns past N get ``-inf``
+(V's rows past N are zero-filled), query rows past M are computed on zero-filled Q and not stored.
+
+The schedule is GPU IR (``gpu_ir``'s CommitGroup, WaitGroup, Barrier, TileRef and Token plus the records
+below), checked by ``kumiko.kernel.gpu_verify_attention`` for 1 to 4 key blocks, rendered by
+``kumiko.render.cuda_attention``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from dataclasses import dataclass
+
+from kumiko.diagnostics import KumikoError
+from kumiko.kernel import cexpr as C
+from kumiko.kernel.elide import masked_elision, prefix_bound
+from kumiko.kernel.gpu_ir import (
+    Barrier,
+    CommitGroup,
+    Epilogue,
+    KLoop,
+    LdMatrix,
+    Mma,
+    Param,
+    SmemRing,
+    StGlobal,
+    TileRef,
+    Token,
+    WaitGroup,
+)
+from kumiko.kernel.gpu_mma import PAD, _vec_access
+from kumiko.kernel.gpu_simt import decompose, extent
+from kumiko.kernel.loops import Assign, Decl
+from kumiko.kernel.lower_base import RegionEmitter
+from kumiko.kernel.stream import _reads, acc_guards
+from kumiko.plan.gpu import FUSED, MMA_DTYPES, STREAMING, WARP_ROWS
+from kumiko.plan.plan import Plan, make_plan
+from kumiko.region.analysis import Contraction, RegionFacts, analyze
+from kumiko.region.srnf import children
+from kumiko.region.ssa import Binary, BroadcastInDim, Const, Program, Read, Reduce, Ref, RExpr, Unary
+from kumiko.symbolic import Expr
+
+
+# -- the pair ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttentionPair:
+    producer: int              # index of the producer region in the program
+    f0: RegionFacts
+    c0: Contraction
+    f1: RegionFacts
+    c1: Contraction
+    p: str                     # the deferred buffer the fused kernel never writes
+    score: tuple               # the score lets (names, in order), the last one is z
+    z: str
+    k2: float                  # p = exp2(k2 * (z - m))
+    guards: tuple              # the score's guards, when only they observe the accumulator
+    head: tuple                # (D, DV): the head dims of Q/K and V (constants)
+
+
+def _refs(e: RExpr) -> set:
+    if isinstance(e, Ref):
+        return {e.name}
+    out: set = set()
+    for k in children(e):
+        out |= _refs(k)
+    return out
+
+
+def _has(e: RExpr, kind) -> bool:
+    return isinstance(e, kind) or any(_has(k, kind) for k in children(e))
+
+
+def _lin(e: RExpr, z: str, m: str, env: dict):
+    """``e`` as ``a*z + b*m + c`` (a, b, c floats) when it is that affine form of the score ``z`` and the row
+    max ``m`` (through the lets in ``env``), else None."""
+    if isinstance(e, BroadcastInDim):
+        return _lin(e.operand, z, m, env)
+    if isinstance(e, Ref):
+        return (1.0, 0.0, 0.0) if e.name == z else (0.0, 1.0, 0.0) if e.name == m else env.get(e.name)
+    if isinstance(e, Const):
+        return (0.0, 0.0, float(e.value)) if isinstance(e.value, (int, float)) and math.isfinite(e.value) else None
+    if isinstance(e, Unary) and e.fn == "neg":
+        x = _lin(e.x, z, m, env)
+        return None if x is None else tuple(-v for v in x)
+    if not isinstance(e, Binary) or e.fn not in ("add", "sub", "mul", "div"):
+        return None
+    x, y = _lin(e.x, z, m, env), _lin(e.y, z, m, env)
+    if x is None or y is None:
+        return None
+    if e.fn in ("add", "sub"):
+        s = 1.0 if e.fn == "add" else -1.0
+        return tuple(a + s * b for a, b in zip(x, y))
+    if e.fn == "mul" and (x[:2] == (0.0, 0.0) or y[:2] == (0.0, 0.0)):
+        c, v = (x[2], y) if x[:2] == (0.0, 0.0) else (y[2], x)
+        return tuple(c * a for a in v)
+    if e.fn == "div" and y[:2] == (0.0, 0.0) and y[2] != 0.0:
+        return tuple(a / y[2] for a in x)
+    return None
+
+
+def _row_program(f0: RegionFacts, c0: Contraction, n: str):
+    """(score lets, z, k2) when the producer's lets after the contraction are a streaming softmax over ``n``
+    (module docstring), else None."""
+    lets = [x for x in f0.region.lets if x.name != c0.let]
+    full = {x.name for x in lets if n in f0.types[x.name].axes}
+    score, i = [], 0
+    while i < len(lets) and lets[i].name in full and not _has(lets[i].expr, Reduce) \
+            and _refs(lets[i].expr) <= {c0.let, *score}:
+        score.append(lets[i].name)
+        i += 1
+    rest = lets[i:]
+    if not score or not rest:
+        return None
+    mx = rest[0]
+    if not (isinstance(mx.expr, Reduce) and mx.expr.op == "max" and [a.name for a in mx.expr.axes] == [n]
+            and mx.expr.init == -math.inf and isinstance(mx.expr.body, Ref) and mx.expr.body.name in score
+            and mx.name not in full):
+        return None
+    z, env = mx.expr.body.name, {}
+    k2, e_let = None, None
+    chain = list(itertools.takewhile(lambda x: x.name in full, rest[1:]))    # the lets between the max and the sum
+    for let in chain:
+        form = _lin(let.expr, z, mx.name, env)
+        if form is not None:
+            env[let.name] = form
+            continue
+        if not (isinstance(let.expr, Unary) and let.expr.fn in ("exp", "exp2") and e_let is None):
+            return None
+        a, b, c = _lin(let.expr.x, z, mx.name, env) or (0.0, 0.0, 1.0)
+        if a <= 0.0 or b != -a or c != 0.0:
+            return None
+        k2, e_let = (a if let.expr.fn == "exp2" else a * math.log2(math.e)), let.name
+    tail = rest[1 + len(chain):]
+    if e_let is None or len(tail) != 2:
+        return None
+    sm, out = tail
+    if not (isinstance(sm.expr, Reduce) and sm.expr.op == "sum" and [a.name for a in sm.expr.axes] == [n]
+            and sm.expr.init == 0 and sm.expr.body == Ref(e_let) and sm.name not in full):
+        return None
+    d = out.expr
+    den = d.y.operand if isinstance(d, Binary) and isinstance(d.y, BroadcastInDim) else getattr(d, "y", None)
+    if not (isinstance(d, Binary) and d.fn == "div" and d.x == Ref(e_let) and den == Ref(sm.name)
+            and f0.region.yields[0].src == out.name and len(f0.region.yields) == 1):
+        return None
+    return tuple(score), z, k2
+
+
+def find_attention_pair(program: Program, k: int) -> AttentionPair | None:
+    """The attention pair of regions ``k`` and ``k + 1``, when their structure is one (module docstring)."""
+    if k + 1 >= len(program.regions):
+        return None
+    r0, r1 = program.regions[k], program.regions[k + 1]
+    if len(r0.outputs) != 1 or len(r0.yields) != 1:
+        return None
+    p = r0.outputs[0].name
+    if p in dict(program.outputs) or p not in dict(r1.inputs) or \
+            any(p in dict(r.inputs) for j, r in enumerate(program.regions) if j != k + 1):
+        return None
+    f0, f1 = analyze(r0), analyze(r1)
+    c0, c1 = f0.contraction, f1.contraction
+    if c0 is None or c1 is None or c0.outer is not None or c1.outer is not None or not c1.pointwise:
+        return None
+    if len(c0.m_axes) != 1 or len(c0.n_axes) != 1 or len(c1.m_axes) != 1 or len(c1.k_axes) != 1:
+        return None
+    (m0,), (n0,) = c0.m_axes, c0.n_axes
+    iters0 = [a.name for a in r0.iters]
+    if iters0 != [*c0.batch, m0, n0] or set(f0.types[c0.let].axes) != set(iters0):
+        return None
+    dts = {f0.dtype_of(c0.x), f0.dtype_of(c0.y), f1.dtype_of(c1.y), r0.outputs[0].memref.dtype}
+    if len(dts) != 1 or next(iter(dts)) is None or next(iter(dts)).name not in MMA_DTYPES:
+        return None
+    x1 = c1.x
+    if not isinstance(x1, Read) or x1.tensor != p or x1.flat or p in _reads(c1.y) or \
+            any(p in _reads(x.expr) for x in r1.lets if x.name != c1.let):
+        return None
+    names = [Expr.lift(e).as_symbol() for e in x1.index]
+    if None in names or len(names) != len(iters0):
+        return None
+    to1 = dict(zip(iters0, names))
+    if to1[n0] != c1.k_axes[0].name or to1[m0] != c1.m_axes[0] or tuple(to1[a] for a in c0.batch) != c1.batch:
+        return None
+    size1 = dict(f1.sizes, **{a.name: a.size for a in c1.k_axes})
+    if any(Expr.lift(f0.sizes[a]) != Expr.lift(size1[to1[a]]) for a in iters0):
+        return None
+    d, dv = _size([a.size for a in c0.k_axes]), _size([f1.sizes[a] for a in c1.n_axes])
+    if len(c0.k_axes) != 1 or not d or d % 16 or d > 256 or not dv or dv % 16 or dv > 256:
+        return None
+    rp = _row_program(f0, c0, n0)
+    if rp is None:
+        return None
+    guards = acc_guards(r0.lets, c0.let, tuple(y.src for y in r0.yields)) or ()
+    if guards and masked_elision(r0.lets, c0.let, n0, guards, r0.yields[0].src, f0.types) is None:
+        guards = ()                 # masked columns may matter: every key block is computed
+    return AttentionPair(k, f0, c0, f1, c1, p, *rp, guards, (d, dv))
+
+
+def _size(sizes) -> int:
+    """The product of constant sizes (0 when one is symbolic)."""
+    return math.prod(Expr.lift(x).as_int() or 0 for x in sizes)
+
+
+# -- plans ------------------------------------------------------------------------------------------------
+def attention_plan(arch: str, pair: AttentionPair, consumer: str) -> Plan:
+    """The producer's plan: BM = 64 query rows (4 warps of 16), BN = 64 keys per block, k16 steps over the head
+    dim, K and V double-buffered (2 stages), P handed to the consumer's MMA in registers."""
+    c0 = pair.c0
+    return make_plan(arch, tile=(64, 64, 16), stages=2, warp_tile=f"{WARP_ROWS}x64", threads=128,
+                     bind={"m.o": "block.x", "batch": "block.y", "m.i.o": "warp"},
+                     vectorize={"axis": "k", "width": 8}, predicate_tail=c0.m_axes + c0.n_axes,
+                     algo_choice={"contraction": STREAMING}, barrier_model="cp_async_group",
+                     local_edges=({"from": pair.p, "to": consumer, "buffer": "reg"},),
+                     async_={"enable": True, "prefetch_depth": 1, "epilogue_overlap": False})
+
+
+def fused_plan(arch: str, pair: AttentionPair, producer: str) -> Plan:
+    """The consumer's plan: run inside the producer's kernel."""
+    return make_plan(arch, algo_choice={"region": FUSED}, local_edges=({"from": pair.p, "to": producer,
+                                                                         "buffer": "reg"},))
+
+
+def pair_attention(program: Program, plans: dict, arch: str, given=()) -> dict:
+    """``plans`` with every attention pair whose plans the chooser made (neither in ``given``) on the fused
+    streaming kernel."""
+    out = dict(plans)
+    for k, r in enumerate(program.regions[:-1]):
+        r1 = program.regions[k + 1]
+        if r.name in given or r1.name in given or out[r.name].algo == FUSED:
+            continue
+        pair = find_attention_pair(program, k)
+        if pair is not None:
+            out[r.name], out[r1.name] = attention_plan(arch, pair, r1.name), fused_plan(arch, pair, r.name)
+    return out
+
+
+# -- GPU IR -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BlockLoad:
+    """How ring ``ring`` is filled: ``rows`` rows of ``cols`` halves from ``base`` (a pointer expression once the
+    batch axes are declared) plus ``row`` * ``row_step``; rows at or past ``extent`` are zero-filled."""
+    ring: str
+    base: str
+    row_step: str
+    extent: str
+
+
+@dataclass(frozen=True)
+class LoadBlock:
+    """cp.async block ``tile`` of ring ``ring`` into stage ``tile % stages`` (key blocks past the last are
+    skipped; ``pred_rows=False`` drops the zero-fill past the extent: a bug, for tests)."""
+    ring: str
+    tile: TileRef
+    out_token: Token
+    pred_rows: bool = True
+
+
+@dataclass(frozen=True)
+class LoadQFrag:
+    """ldmatrix the warp's Q fragments (16 rows x the head dim) into registers, once."""
+    in_tokens: tuple
+    lda: LdMatrix
+
+
+@dataclass(frozen=True)
+class ScoreMma:
+    """S = Q K^T for key block ``tile``: K fragments by ldmatrix, mma.sync into the S accumulators."""
+    tile: TileRef
+    in_tokens: tuple
+    out_token: Token
+    ldb: LdMatrix
+    mma: Mma
+
+
+@dataclass(frozen=True)
+class OnlineSoftmax:
+    """The score code on each S element, the running row max, P = exp2(k2 (z - m)) in place of S, the row sum;
+    ``rescale``: O and the sum are scaled by exp2(k2 (m_old - m_new)) (False: a bug, for tests)."""
+    in_token: Token
+    out_token: Token
+    rescale: bool = True
+    mask_tail: bool = True
+
+
+@dataclass(frozen=True)
+class PvMma:
+    """O += P V for key block ``tile``: P from the S registers as A fragments, V by ldmatrix.trans."""
+    tile: TileRef
+    in_tokens: tuple
+    out_token: Token
+    ldb: LdMatrix
+    mma: Mma
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    name: str
+    arch: str
+    params: tuple
+    tile: tuple                     # (BM, BN, 16)
+    head: tuple                     # (D, DV): Q/K's and V's head dims
+    rings: tuple                    # SmemRing sQ, sK, sV
+    loads: tuple                    # BlockLoad per ring
+    prologue: tuple
+    loop: KLoop                     # over key blocks ``kt``
+    drain: tuple
+    epilogue: Epilogue              # the consumer's epilogue on O / l (``kk_acc``)
+    store: StGlobal
+    setup: tuple                    # loops.Stmt: kk_M, kk_N and the batch axes (from blockIdx.y)
+    batch1: tuple                   # loops.Stmt: the consumer's batch axes (V's base, the epilogue)
+    decl_score: tuple               # loops.Stmt: the producer's M, N axes from kk_gm, kk_gn
+    score: tuple                    # loops.Stmt: kk_z = the score at kk_acc
+    decl_out: tuple                 # loops.Stmt: the consumer's M, N axes from kk_gm, kk_gn
+    k2: float
+    bound: str = ""                 # C: first key column no row <= kk_mhi sees ("" : every column)
+    notes: tuple = ()
+
+    @property
+    def threads(self) -> int:
+        return self.tile[0] // WARP_ROWS * 32
+
+    @property
+    def smem_bytes(self) -> int:
+        return sum(r.nbytes for r in self.rings)
+
+    def estimated_registers(self) -> int:
+        """Q fragments + S + O accumulators + ~40 for addresses, row state and the score code."""
+        d, dv = self.head
+        return d // 16 * 4 + self.tile[1] // 8 * 4 + dv // 8 * 4 + 40
+
+
+def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tuple, name: str,
+                    names: list) -> AttentionKernel:
+    """The fused kernel of ``pair`` under ``plan``; ``names``: the buffers in parameter order (``b<i>``)."""
+    c0, c1 = pair.c0, pair.c1
+    lo0 = RegionEmitter(pair.f0.region, syms, name, facts=pair.f0)
+    lo1 = RegionEmitter(pair.f1.region, syms, name, facts=pair.f1)
+    lo0.cname = lo1.cname = {n: f"b{i}" for i, n in enumerate(names)}
+    for lo, c in ((lo0, c0), (lo1, c1)):
+        for a in c.k_axes:
+            lo.sizes[a.name] = a.size
+        lo.ty.add_axes(c.k_axes)
+    k0, k1 = tuple(a.name for a in c0.k_axes), tuple(a.name for a in c1.k_axes)
+    acc = [_vec_access(lo0, c0.x, c0.m_axes, k0), _vec_access(lo0, c0.y, c0.n_axes, k0),
+           _vec_access(lo1, c1.y, c1.n_axes, k1)]
+    at = f"region {pair.f0.region.name}"
+    if [a and a[0] for a in acc] != ["sk", "sk", "ks"]:
+        raise KumikoError("E1801", at=at, why=f"the {STREAMING} kernel copies Q, K as row-major [rows, head dim] "
+                          "tiles and V as [keys, head dim] by cp.async; an operand is not such a tile",
+                          suggestion='use the MMA plans (algo_choice {"contraction": "mma"})')
+    bm, bn, _ = plan.tile
+    d, dv = pair.head
+    dt = pair.f0.dtype_of(c0.x).name
+    setup = [Decl("const long long", "kk_M", extent(lo0, c0.m_axes)),
+             Decl("const long long", "kk_N", extent(lo0, c0.n_axes))]
+    decompose(lo0, "(long long)blockIdx.y", c0.batch, setup)
+    batch1: list = []                   # the consumer's batch axes (its names may differ: declared in a scope)
+    decompose(lo1, "(long long)blockIdx.y", c1.batch, batch1)
+    loads = []
+    for ring, (layout, vec), e, lo, rows, cols in zip(("sQ", "sK", "sV"), acc, (c0.x, c0.y, c1.y), (lo0, lo0, lo1),
+                                                      (c0.m_axes, c0.n_axes, k1), (k0, k0, c1.n_axes)):
+        # the element offset at row 0, column 0 of the batch point
+        off = C.offset_expr(e.index, lo.memrefs[e.tensor].shape).subs({a: Expr.lift(0) for a in (*rows, *cols)})
+        step = vec.s_step if layout == "sk" else vec.k_step
+        loads.append(BlockLoad(ring, f"{vec.buf} + ({C.index(off, set(lo.iters))})", step, extent(lo, rows)))
+    # the score: the producer's score lets at one point, the accumulator in kk_acc
+    lo0.storage = {c0.let: ("scalar", "kk_acc")}
+    score: list = []
+    for nm in pair.score:
+        let = next(x for x in lo0.r.lets if x.name == nm)
+        v = lo0.expr(let.expr, score, lo0.types[nm].dtype)
+        lo0.storage[nm] = ("scalar", f"v_{nm}")
+        score.append(Decl(C.COMPUTE[lo0.types[nm].dtype.name], f"v_{nm}", v))
+    score.append(Assign("kk_z", f"(float)(v_{pair.z})"))
+    decl_score: list = []
+    decompose(lo0, "kk_gm", c0.m_axes, decl_score)
+    decompose(lo0, "kk_gn", c0.n_axes, decl_score)
+    decl_out: list = []
+    decompose(lo1, "kk_gm", c1.m_axes, decl_out)
+    decompose(lo1, "kk_gn", c1.n_axes, decl_out)
+    out_code = tuple(lo1.point_code(c1.let, "kk_acc"))
+    decl_score, decl_out = _used(decl_score, score), _used(decl_out, out_code)   # e.g. no mask: no row index
+    bound = ""
+    if pair.guards:
+        bound = prefix_bound(pair.guards, c0.m_axes[0], c0.n_axes[0], "kk_mhi", set(a.name for a in lo0.r.iters),
+                             lambda e: C.index(e, {"kk_mhi"})) or ""
+    rings = (SmemRing("sQ", "x", "sk", bm, d, PAD, 1), SmemRing("sK", "y", "sk", bn, d, PAD, 2),
+             SmemRing("sV", "y", "ks", bn, dv, PAD, 2))
+    tq, tk, tv = Token("tQ", "TokLoad"), Token("tK", "TokLoad"), Token("tV", "TokLoad")
+    ts, tp, to, te = (Token("tS", "TokCompute"), Token("tP", "TokCompute"), Token("tO", "TokCompute"),
+                      Token("tE", "TokEpilogue"))
+    mma = Mma(dt)
+    first = TileRef(0, in_loop=False)
+    # groups: (Q, K0), (V0), then per key block kt: K[kt + 1] after S's wait, V[kt + 1] after P·V's: the wait
+    # at each use leaves exactly the other ring's newest group in flight; each barrier also frees the stage
+    # the previous block's MMAs read, which the refill right after it overwrites
+    prologue = (LoadBlock("sQ", first, tq), LoadBlock("sK", first, tk), CommitGroup(),
+                LoadBlock("sV", first, tv), CommitGroup(), WaitGroup(1, (tq, tk)), Barrier("landed"),
+                LoadQFrag((tq,), LdMatrix("x", False)))
+    body = (WaitGroup(1, (tk,)), Barrier("landed+release"), LoadBlock("sK", TileRef(1), tk), CommitGroup(),
+            ScoreMma(TileRef(0), (tk,), ts, LdMatrix("y", False), mma), OnlineSoftmax(ts, tp),
+            WaitGroup(1, (tv,)), Barrier("landed+release"), LoadBlock("sV", TileRef(1), tv), CommitGroup(),
+            PvMma(TileRef(0), (tp, tv), to, LdMatrix("y", True), mma))
+    inputs = {n for r in (lo0.r, lo1.r) for n, _ in r.inputs}
+    params = tuple(Param(f"b{i}", C.STORAGE[_memref(pair, n).dtype.name], const=n in inputs)
+                   for i, n in enumerate(names)) + tuple(Param(f"s_{s}", "long long", pointer=False) for s in syms)
+    notes = (f"streaming attention: {pair.f0.region.name} (contraction {c0.let} + online softmax over "
+             f"{c0.n_axes[0]}) -> {pair.f1.region.name} (contraction {c1.let}); {pair.p} stays in registers; "
+             f"D {d}, DV {dv}, exp2 scale {pair.k2!r}" + ("; key blocks past the guards skipped" if bound else ""),)
+    kern = AttentionKernel(name, plan.arch, params, (bm, bn, 16), (d, dv), rings, tuple(loads), prologue,
+                           KLoop("kt", body), (WaitGroup(0),),
+                           Epilogue(tuple(plan.epilogue), to, te, "fragment", code=out_code),
+                           StGlobal(te), tuple(setup), tuple(batch1), tuple(decl_score), tuple(score), tuple(decl_out),
+                           pair.k2, bound, notes)
+    return kern
+
+
+def _used(decls: list, code) -> list:
+    """The declarations ``code`` uses (an unused one is an nvcc warning)."""
+    text = " ".join(repr(x) for x in code)
+    return [d for d in decls if re.search(rf"\b{re.escape(d.name)}\b", text)]
+
+
+def _memref(pair: AttentionPair, name: str):
+    return {**pair.f0.memrefs, **pair.f1.memrefs}[name]
+
+
+def pair_buffers(pair: AttentionPair) -> list:
+    """The fused kernel's buffers in parameter order: the producer's inputs, the consumer's other inputs, then
+    the consumer's outputs (the deferred P is none of them)."""
+    r0, r1 = pair.f0.region, pair.f1.region
+    ins = [n for n, _ in r0.inputs] + [n for n, _ in r1.inputs if n != pair.p]
+    return list(dict.fromkeys(ins)) + [o.name for o in r1.outputs]

@@ -1,0 +1,195 @@
+"""The fused streaming attention kernel (``kumiko.kernel.gpu_attention``): chosen for the attention Region pair,
+one launch with no scratch for the scores, matching the evaluator in every emulator configuration (causal and
+not, head dims 64 and 128, fp16 and bf16, query and key lengths that are not multiples of the blocks and
+differ), schedule bugs injected into its GPU IR caught by the verifier and the emulator, and nvcc builds for
+sm_80 and sm_90a without spills."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import kumiko
+from kumiko import Tensor
+from kumiko.accuracy import bound
+from kumiko.diagnostics import KumikoError
+from kumiko.kernel.gpu_attention import AttentionKernel, LoadBlock, OnlineSoftmax, find_attention_pair
+from kumiko.kernel.gpu_ir import Barrier, KLoop
+from kumiko.kernel.gpu_verify_attention import verify_attention
+from kumiko.pipeline import compile_cuda
+from kumiko.render.cuda import render_cuda
+from kumiko.runtime.emu_program import CompiledCuda, GpuRunner
+from kumiko.runtime.ptxas import nvcc_path
+
+from .conftest import graph, mma_plans, needs_gxx, run_and_compare
+
+#: (B, H, M queries, N keys): one key block and a partial one, M != N both ways, a single element
+SIZES = ({"B": 1, "H": 3, "M": 37, "N": 37}, {"B": 2, "H": 1, "M": 100, "N": 129},
+         {"B": 1, "H": 2, "M": 129, "N": 100}, {"B": 1, "H": 1, "M": 1, "N": 1})
+CASES = [(d, causal, dt) for d in (64, 128) for causal in (True, False) for dt in ("fp16", "bf16")]
+
+
+def attention(d: int, causal: bool, dtype: str, dv: int | None = None, mask: bool = False):
+    q = Tensor.input("Q", ("B", "H", "M", d), dtype=dtype)
+    k = Tensor.input("K", ("B", "H", "N", d), dtype=dtype)
+    v = Tensor.input("V", ("B", "H", "N", dv or d), dtype=dtype)
+    m = Tensor.input("A", ("M", "N"), dtype=dtype) if mask else None
+    return q.scaled_dot_product_attention(k, v, attn_mask=m, is_causal=causal).graph("O", name=f"attn{d}")
+
+
+@pytest.fixture(scope="module")
+def progs(gpu_cache):
+    cache: dict = {}
+
+    def get(*case, **kw) -> tuple:
+        key = case + tuple(sorted(kw.items()))
+        if key not in cache:
+            g = attention(*case, **kw)
+            cache[key] = (g, compile_cuda(g.tiny))
+        return cache[key]
+    return get
+
+
+def _check(c: CompiledCuda, g, emu: str, dtype: str, sizes=SIZES, seed: int = 1) -> None:
+    for k, shapes in enumerate(sizes):
+        errs = run_and_compare(c, g, emu, seed + k, shapes)
+        assert all(e <= bound(dtype) for e in errs.values()), (emu, shapes, errs)
+
+
+def test_the_pair_gets_one_fused_launch_and_no_scratch():
+    c = compile_cuda(graph("attention_causal", "fp16").tiny)
+    (k,), (ln,) = c.kernels, c.launches
+    assert isinstance(k, AttentionKernel) and not ln.scratch and ln.regions == tuple(r.name for r in c.program.regions)
+    p = c.program.regions[0].outputs[0].name                # the deferred P: no argument, never allocated
+    assert all(name != p for _, name in ln.args)
+    run = GpuRunner(c.program, None, c.launches)
+    assert p not in {b for b, _ in run._planned.buffers} and c.source.count("__global__") == 1
+    assert [pl.algo for pl in c.plans.values()] == ["streaming_softmax", "fused"]
+    assert k.bound and "key blocks past the guards skipped" in k.notes[0]          # the causal mask's bound
+    assert not compile_cuda(attention(64, False, "fp16").tiny).kernels[0].bound
+    for arch in ("sm80", "sm90"):
+        assert compile_cuda(graph("attention_causal", "fp16").tiny, arch=arch).plans[ln.region].arch == arch
+
+
+def test_only_a_streaming_softmax_pair_is_fused():
+    """A row program that is not exp(k (z - max)) / sum (here a plain row normalisation) keeps the MMA path; so does
+    the pair when the caller gives its regions' plans."""
+    q, k, v = (Tensor.input(n, ("B", "M", 32), dtype="fp16") for n in "QKV")
+    s = q @ k.transpose()
+    g = (s / s.sum(-1, keepdim=True) @ v).graph("O", name="norm")
+    prog = compile_cuda(g.tiny)
+    assert not any(isinstance(x, AttentionKernel) for x in prog.kernels)
+    assert all(find_attention_pair(prog.program, i) is None for i in range(len(prog.program.regions)))
+    given = compile_cuda(graph("attention_causal", "fp16").tiny, plans=mma_plans("attention_causal"))
+    assert [type(x).__name__ for x in given.kernels] == ["MmaKernel", "SimtKernel", "MmaKernel"]
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", CASES, ids=[f"d{d}-{'causal' if c else 'full'}-{t}" for d, c, t in CASES])
+def test_fused_attention_matches_the_evaluator(progs, case):
+    g, c = progs(*case)
+    _check(c, g, "deferred", case[2])
+
+
+@needs_gxx
+@pytest.mark.parametrize("emu", ["eager", "reversed", "random", "asan"])
+@pytest.mark.parametrize("case", [(64, True, "fp16"), (128, False, "bf16")], ids=["d64-causal-fp16", "d128-full-bf16"])
+def test_fused_attention_in_every_emulator_configuration(progs, case, emu):
+    g, c = progs(*case)
+    _check(c, g, emu, case[2], SIZES[:3])
+
+
+@needs_gxx
+def test_score_code_comes_from_the_region(progs):
+    """An additive mask tensor is read by the score code (no guard: every key block computed), V's head dim
+    differs from Q's; the three-launch path (the caller's plans) still matches too."""
+    g, c = progs(64, True, "fp16", dv=32, mask=True)
+    assert isinstance(c.kernels[0], AttentionKernel) and c.kernels[0].head == (64, 32)
+    _check(c, g, "deferred", "fp16", SIZES[1:3])
+    g2 = graph("attention_causal", "fp16")
+    errs = run_and_compare(compile_cuda(g2.tiny, plans=mma_plans("attention_causal")), g2, "deferred", 3,
+                           {"B": 1, "H": 2, "S": 70})
+    assert max(errs.values()) <= bound("fp16"), errs
+
+
+# -- injected bugs ------------------------------------------------------------------------------------------
+def _body(k: AttentionKernel, f) -> AttentionKernel:
+    return replace(k, loop=KLoop(k.loop.var, tuple(x for s in k.loop.body for x in f(s))))
+
+
+def _no_pv_barrier(k):
+    body = list(k.loop.body)
+    i = max(j for j, s in enumerate(body) if isinstance(s, Barrier))
+    return replace(k, loop=KLoop(k.loop.var, tuple(body[:i] + body[i + 1:])))
+
+
+BUGS = {
+    "missing_pv_barrier": _no_pv_barrier,
+    "missing_rescale": lambda k: _body(k, lambda s: (replace(s, rescale=False),) if isinstance(s, OnlineSoftmax)
+                                       else (s,)),
+    "missing_tail_mask": lambda k: _body(k, lambda s: (replace(s, mask_tail=False),) if isinstance(s, OnlineSoftmax)
+                                         else (s,)),
+    "missing_v_row_predicate": lambda k: _body(k, lambda s: (replace(s, pred_rows=False),)
+                                               if isinstance(s, LoadBlock) and s.ring == "sV" else (s,)),
+}
+#: bug -> (verifier hazard or None, emulator configuration, E1702 fault or None for a wrong result)
+CAUGHT = {"missing_pv_barrier": ("no_barrier_after_wait", "deferred", "poisoned_read"),
+          "missing_rescale": ("online_softmax", "deferred", None),
+          "missing_tail_mask": (None, "deferred", None),
+          "missing_v_row_predicate": (None, "asan", "asan:heap-buffer-overflow")}
+#: several key blocks, N not a multiple of BN: the max grows across blocks, a tail is masked, V ends mid-block
+BUG_SIZES = {"B": 1, "H": 2, "M": 64, "N": 200}
+
+
+@needs_gxx
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_injected_bugs_are_caught(progs, bug):
+    g, base = progs(64, False, "fp16")
+    hazard, emu, fault = CAUGHT[bug]
+    ks = [BUGS[bug](base.kernels[0])]
+    if hazard is not None:
+        with pytest.raises(KumikoError) as e:
+            verify_attention(ks[0])
+        assert e.value.details["hazard"] == hazard
+    else:
+        assert verify_attention(ks[0]) is ks[0]
+    bad = CompiledCuda(base.program, base.plans, ks, render_cuda(ks), base.launches, base.arch)
+    if fault is None:
+        errs = run_and_compare(bad, g, emu, 7, BUG_SIZES)
+        assert max(errs.values()) > 10 * bound("fp16"), errs
+        assert max(run_and_compare(base, g, emu, 7, BUG_SIZES).values()) <= bound("fp16")
+    else:
+        with pytest.raises(KumikoError) as e:
+            run_and_compare(bad, g, emu, 7, BUG_SIZES)
+        assert e.value.code == "E1702" and e.value.details["fault"] == fault, e.value.details
+
+
+# -- nvcc ---------------------------------------------------------------------------------------------------
+@pytest.mark.nvcc
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("d", [64, 128])
+def test_fused_attention_builds_for_sm80_and_sm90a_without_spills(d):
+    from kumiko.runtime.emu_program import nvcc_check
+    for dt, causal in (("fp16", True), ("bf16", False)):
+        c = compile_cuda(attention(d, causal, dt).tiny)
+        for arch in ("sm_80", "sm_90a"):
+            res = nvcc_check(c, arch)
+            assert "warning" not in res.log, res.log
+            r = res.resources[c.launches[0].kernel]
+            assert r.spill_stores == r.spill_loads == 0 and r.stack_frame == 0 and r.registers <= 255, r
+            for instr in ("cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4.trans",
+                          f"mma.sync.aligned.m16n8k16.row.col.f32.{dt.replace('fp', 'f')}"):
+                assert instr in res.ptx, instr
+
+
+def test_a_streaming_plan_without_its_pair_is_refused():
+    g = graph("attention_causal", "fp16")
+    plans = compile_cuda(g.tiny).plans
+    r0, r1 = list(plans)
+    with pytest.raises(KumikoError) as e:                   # the consumer left on the MMA path
+        compile_cuda(g.tiny, plans={r0: plans[r0], r1: mma_plans("attention_causal")[r1]})
+    assert e.value.code == "E1801" and "attention region pair" in e.value.why
+    with pytest.raises(KumikoError) as e:
+        compile_cuda(g.tiny, plans={r0: plans[r0].with_(tile=(64, 64, 32))})
+    assert e.value.code == "E1801"
+    assert kumiko.compile(g, "cuda-emu").target == "cuda-emu"
