@@ -143,7 +143,9 @@ __attribute__((unused)) static void kk_scratch_trim(int slot) {
 }
 #if defined(__AVX__)
 /* dst[p*ld + i] = rows[i][p] for i < nr (<= 8), p < kc: 8 x 8 transposes. A store of a short column spills
- * into the next column's place (rewritten next, or by a later, wider chunk); only the last one is cut. */
+ * into the next column's place (rewritten next, or by a later, wider chunk); a store that would reach past
+ * the last column's nr values is cut (with ld < 4, as a 2- or 3-row skinny panel has, that is more than the
+ * last one: a full store there ran past the buffer). */
 __attribute__((unused, noinline)) static void kk_pack_rows8(float* KUMIKO_RESTRICT dst, long long ld,
                                                             const float* const* rows, int nr, long long kc) {
   const float* r[8];
@@ -167,7 +169,7 @@ __attribute__((unused, noinline)) static void kk_pack_rows8(float* KUMIKO_RESTRI
     o[4] = _mm256_permute2f128_ps(u0, u4, 0x31); o[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
     o[6] = _mm256_permute2f128_ps(u2, u6, 0x31); o[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
     for (int j = 0; j < 8; ++j) {
-      if (nr == 8 || p + j + 1 < kc) _mm256_storeu_ps(dst + (p + j) * ld, o[j]);
+      if ((p + j) * ld + 8 <= (kc - 1) * ld + nr) _mm256_storeu_ps(dst + (p + j) * ld, o[j]);
       else { float t[8]; _mm256_storeu_ps(t, o[j]); memcpy(dst + (p + j) * ld, t, sizeof(float) * nr); }
     }
   }

@@ -121,3 +121,38 @@ def test_a_skinny_plan_is_checked():
         with pytest.raises(KumikoError) as e:
             validate(replace(plan, **bad), region, (), feats)
         assert e.value.code == "E1801"
+
+
+_PACK_HARNESS = """#include "kumiko_cpu.h"
+%s
+#if defined(__AVX__)
+int kk_test_pack(void** bufs, const long long* syms) {
+  const float* src = (const float*)bufs[1];
+  const float* rows[8];
+  for (int i = 0; i < 8; ++i) rows[i] = src + i * syms[2];
+  kk_pack_rows8((float*)bufs[0], syms[0], rows, (int)syms[1], syms[2]);
+  return 0;
+}
+#endif
+"""
+
+
+@pytest.mark.parametrize("ld", [1, 2, 3, 4, 5, 8, 12, 16])
+def test_the_row_packer_writes_nothing_past_the_last_column(ld):
+    # a 2-row skinny panel (ld 2) with K a multiple of 8 had its 8-wide stores run 16 bytes past the A panel:
+    # aligned_alloc's rounding hid it unless 2*K floats filled whole 64-byte lines (a heap abort, at random)
+    from kumiko.kernel.micro import vector_types
+    from kumiko.runtime.cpu import build_c, cpu_features
+    if not (cpu_features().get("avx") or cpu_features().get("avx2")):
+        pytest.skip("the transposing packer is AVX code")
+    fn = build_c(_PACK_HARNESS % vector_types(8), name="pack_rows8_test").fn("kk_test_pack")
+    rng = np.random.default_rng(ld)
+    for nr in sorted({min(ld, 8), max(1, min(ld, 8) - 1)}):
+        for kc in (1, 7, 8, 9, 16, 24, 33):
+            src = rng.standard_normal((8, kc)).astype(np.float32)
+            used = (kc - 1) * ld + nr
+            dst = np.full(used + 32, np.float32(-7.0))
+            assert fn([dst, src], [ld, nr, kc]) == 0
+            got = np.array([[dst[p * ld + i] for i in range(nr)] for p in range(kc)])
+            np.testing.assert_array_equal(got, src[:nr].T, err_msg=f"ld {ld} nr {nr} kc {kc}")
+            assert np.all(dst[used:] == -7.0), f"ld {ld} nr {nr} kc {kc}: written past the last column"
