@@ -13,6 +13,7 @@ from kumiko.kernel.gpu_ir_sm90 import Sm90Kernel
 from kumiko.kernel.gpu_verify_sm90 import verify_sm90
 from kumiko.pipeline import compile_cuda
 from kumiko.plan.gpu_sm90 import sm90_plan
+from kumiko.plan.plan import Plan
 from kumiko.region.analysis import analyze
 from kumiko.runtime.ptxas import nvcc_path
 
@@ -99,7 +100,8 @@ def test_plan_validation_rejects_what_the_skeleton_cannot_build():
     g = gemm_graph((129, 64), (64, 200), "fp16")
     c = compile_cuda(g.tiny, "sm90")
     (name, plan), = c.plans.items()
-    assert plan.algo == "wgmma" and plan.arch == "sm90" and plan.tile == (128, 128, 64)
+    assert plan.algo == "wgmma" and plan.arch == "sm90" and plan.tile == (128, 128, 64) and plan.threads == 384
+    assert Plan.from_json(plan.to_json()) == plan
     for bad in (plan.with_(tile=(96, 128, 64)), plan.with_(tile=(128, 128, 32)), plan.with_(stages=5),
                 plan.with_(threads=256)):
         with pytest.raises(KumikoError) as e:
