@@ -26,8 +26,8 @@ EMUS = ["deferred", "eager", "reversed", "random"]
 TOL = {"fp16": 2e-3, "bf16": 1.6e-2}
 
 
-def gemm_graph(shape_a: tuple, shape_b: tuple, dtype: str, bias_relu: bool = False) -> Graph:
-    """A (..., M, K) @ B (..., K, N) [+ bias (N), ReLU] with constant sizes, fp32 accumulation."""
+def gemm_graph(shape_a: tuple, shape_b: tuple, dtype: str, bias_relu: bool = False, residual: bool = False) -> Graph:
+    """A (..., M, K) @ B (..., K, N) [+ bias (N), ReLU] [+ R (..., M, N)] with constant sizes, fp32 accumulation."""
     n = shape_b[-1]
     tensors = {"A": {"dtype": dtype, "shape": list(shape_a)}, "B": {"dtype": dtype, "shape": list(shape_b)}}
     ins = [{"tensor": "A", "role": "data"}, {"tensor": "B", "role": "data"}]
@@ -39,6 +39,12 @@ def gemm_graph(shape_a: tuple, shape_b: tuple, dtype: str, bias_relu: bool = Fal
         nodes += [{"op": "Elementwise", "name": "add", "fn": "add", "inputs": ["C0", "bias"], "outputs": ["C1"]},
                   {"op": "Elementwise", "name": "relu", "fn": "relu", "inputs": ["C1"], "outputs": ["C2"]}]
         out = "C2"
+    if residual:
+        tensors["R"] = {"dtype": dtype, "shape": list(shape_a[:-1]) + [n]}
+        ins.append({"tensor": "R", "role": "data"})
+        nodes.append({"op": "Elementwise", "name": "res", "fn": "add", "inputs": [out, "R"], "outputs": ["C3"]})
+        tensors[out] = {"dtype": dtype, "shape": list(shape_a[:-1]) + [n]}
+        out = "C3"
     tensors[out] = {"dtype": dtype, "shape": list(shape_a[:-1]) + [n]}
     return Graph.from_json({"name": "sm90_gemm", "signature": {"inputs": ins, "outputs": [{"tensor": out}]},
                             "tensors": tensors, "graph": nodes})
@@ -74,6 +80,13 @@ def test_bias_relu_in_every_configuration(emu):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_batched_gemm(dtype):
     check(gemm_graph((3, 37, 72), (3, 72, 48), dtype), "deferred", dtype)
+
+
+def test_bias_relu_residual_epilogue():
+    """The whole pointwise tail (cast, bias, ReLU, a residual read at the element) runs on the fragment."""
+    g = gemm_graph((100, 64), (64, 136), "bf16", bias_relu=True, residual=True)
+    check(g, "deferred", "bf16")
+    assert len(compile_cuda(g.tiny, "sm90").kernels) == 1
 
 
 def test_operands_tma_cannot_read_keep_the_sm80_skeleton():
@@ -148,8 +161,14 @@ def test_the_verifier_accepts_the_kernel_and_catches_a_missing_wait():
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
 def test_nvcc_builds_it_for_sm90a_without_spills():
     from kumiko.runtime.emu_program import nvcc_check
-    for g in (gemm_graph((256, 256), (256, 256), "bf16", bias_relu=True), gemm_graph((3, 37, 72), (3, 72, 48), "fp16")):
-        c = compile_cuda(g.tiny, "sm90")
+    wide = gemm_graph((256, 64), (64, 256), "fp16", bias_relu=True)
+    c = compile_cuda(wide.tiny, "sm90")
+    (name, plan), = c.plans.items()
+    r = c.program.regions[0]
+    wide_plan = {name: sm90_plan(r, analyze(r).contraction, 128, 256, 3)}
+    for g, plans in ((gemm_graph((256, 256), (256, 256), "bf16", bias_relu=True), None),
+                     (gemm_graph((3, 37, 72), (3, 72, 48), "fp16"), None), (wide, wide_plan)):
+        c = compile_cuda(g.tiny, "sm90", plans=plans)
         res = nvcc_check(c, "sm_90a")
         for instr in ("cp.async.bulk.tensor.2d" if len(c.kernels[0].maps[0].box) == 2 else "cp.async.bulk.tensor.3d",
                       "wgmma.mma_async.sync.aligned", "setmaxnreg.inc.sync.aligned.u32", "mbarrier.try_wait.parity"):
