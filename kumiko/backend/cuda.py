@@ -6,7 +6,7 @@ spills gets the next one down, ``replan``) and the device's ``CudaProgram``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from kumiko import knobs
@@ -22,8 +22,10 @@ from kumiko.kernel.gpu_attention import (
 from kumiko.kernel.gpu_ir import SimtKernel, ir_json
 from kumiko.kernel.gpu_mma import lower_mma
 from kumiko.kernel.gpu_simt import lower_simt
+from kumiko.kernel.gpu_sm90_gemm import lower_sm90_gemm, scalar_sizes
 from kumiko.kernel.gpu_verify import verify_mma
 from kumiko.kernel.gpu_verify_attention import verify_attention
+from kumiko.kernel.gpu_verify_sm90 import verify_sm90
 from kumiko.plan.gpu import FUSED, STREAMING, choose_gpu_plan, fallback_gpu_plan, validate_gpu_plan
 from kumiko.plan.plan import Plan
 from kumiko.region.ssa import Program
@@ -197,36 +199,7 @@ def lower_program(program: Program, plans: Mapping[str, Plan]) -> tuple[list, li
                 kernels.append(kern)
                 launches.append(launch)
             continue
-        if plan.algo == "mma":
-            low = lower_mma(r, syms, name, plan)
-            kern = verify_mma(low.kernel)
-            c = low.contraction
-            lo_sizes = {a.name: a.size for a in r.iters}
-            for a in c.k_axes + (c.outer.axes if c.outer is not None else ()):
-                lo_sizes[a.name] = a.size
-            bm, bn, _ = kern.tile
-            grid = ((prod([lo_sizes[a] for a in c.n_axes]), bn), (prod([lo_sizes[a] for a in c.m_axes]), bm),
-                    (prod([lo_sizes[a] for a in c.batch]) if c.batch else 1, 1))
-            scratch = ()
-            if low.scratch is not None:
-                var, _, axes = low.scratch
-                scratch = ((var, tuple(lo_sizes[a] for a in axes)),)
-            kernels.append(kern)
-            launches.append(Launch(r.name, name, grid, kern.threads, kern.smem_bytes, _buf_args(r, kern.params),
-                                   scratch))
-            if low.scratch is not None:
-                var, let, axes = low.scratch
-                rest = lower_simt(r, syms, name + "_rest", {let: ("array", var, axes)}, threads=256,
-                                  bind=plan.get("bind", "rest.point", "thread"))
-                kernels.append(rest)
-                launches.append(Launch(r.name, rest.name, ((_simt_extent(r, rest), rest.points_per_block), (1, 1),
-                                                           (1, 1)), rest.threads, 0, _buf_args(r, rest.params),
-                                       scratch))
-            continue
-        kern = lower_simt(r, syms, name, threads=plan.threads or 256, bind=plan.get("bind", "point", "thread"))
-        kernels.append(kern)
-        launches.append(Launch(r.name, name, ((_simt_extent(r, kern), kern.points_per_block), (1, 1), (1, 1)),
-                               kern.threads, 0, _buf_args(r, kern.params)))
+        _lower_region(r, syms, name, plan, kernels, launches)
     return kernels, launches
 
 
@@ -248,6 +221,65 @@ def _lower_pair(program: Program, k: int, plans: Mapping[str, Plan], syms: tuple
     args = tuple(("buf", n) for n in names) + tuple(("sym", s) for s in syms)
     return kern, Launch(r0.name, name, grid, kern.threads, kern.smem_bytes, args,
                         regions=(r0.name, program.regions[k + 1].name))
+
+
+def _lower_region(r, syms: tuple, name: str, plan: Plan, kernels: list, launches: list) -> None:
+    """Append the region's kernel(s) and launches under ``plan``."""
+    if plan.algo == "wgmma":        # the SM90 GEMM skeleton (kernel/gpu_sm90_gemm)
+        _sm90_launch(r, syms, name, plan, kernels, launches)
+        return
+    if plan.algo == "mma":
+        low = lower_mma(r, syms, name, plan)
+        kern = verify_mma(low.kernel)
+        c = low.contraction
+        lo_sizes = {a.name: a.size for a in r.iters}
+        for a in c.k_axes + (c.outer.axes if c.outer is not None else ()):
+            lo_sizes[a.name] = a.size
+        bm, bn, _ = kern.tile
+        grid = ((prod([lo_sizes[a] for a in c.n_axes]), bn), (prod([lo_sizes[a] for a in c.m_axes]), bm),
+                (prod([lo_sizes[a] for a in c.batch]) if c.batch else 1, 1))
+        scratch = ()
+        if low.scratch is not None:
+            var, _, axes = low.scratch
+            scratch = ((var, tuple(lo_sizes[a] for a in axes)),)
+        kernels.append(kern)
+        launches.append(Launch(r.name, name, grid, kern.threads, kern.smem_bytes, _buf_args(r, kern.params),
+                               scratch))
+        if low.scratch is not None:
+            var, let, axes = low.scratch
+            rest = lower_simt(r, syms, name + "_rest", {let: ("array", var, axes)}, threads=256,
+                              bind=plan.get("bind", "rest.point", "thread"))
+            kernels.append(rest)
+            launches.append(Launch(r.name, rest.name, ((_simt_extent(r, rest), rest.points_per_block), (1, 1),
+                                                       (1, 1)), rest.threads, 0, _buf_args(r, rest.params),
+                                   scratch))
+        return
+    kern = lower_simt(r, syms, name, threads=plan.threads or 256, bind=plan.get("bind", "point", "thread"))
+    kernels.append(kern)
+    launches.append(Launch(r.name, name, ((_simt_extent(r, kern), kern.points_per_block), (1, 1), (1, 1)),
+                           kern.threads, 0, _buf_args(r, kern.params)))
+
+
+def _sm90_launch(region, syms: tuple, name: str, plan: Plan, kernels: list, launches: list) -> None:
+    """The SM90 GEMM kernel (verified) and its launch: the tensor maps, the int scalars, the region's buffers. When
+    TMA's 16-byte rows depend on sizes known at run time only (``Sm90Gemm.align``), the region's SM80 kernel is built
+    too, and the launches say which of the two runs (``Launch.guard``)."""
+    low = lower_sm90_gemm(region, syms, name, plan)
+    kern = verify_sm90(low.kernel)
+    g, (bm, bn, _) = low.gemm, plan.tile
+    sizes = scalar_sizes(g)
+    args = (tuple(("tmap", i) for i in range(len(kern.maps))) + tuple(("int", n) for n, _ in sizes)
+            + _buf_args(region, kern.params))
+    maps = tuple((m, buf) for m, buf in zip(kern.maps, low.map_bufs))
+    guard = (g.align, True) if g.align else ()
+    kernels.append(kern)
+    launches.append(Launch(region.name, name, ((g.n, bn), (g.m, bm), (g.batch, 1)), kern.threads, kern.smem_bytes,
+                           args, maps=maps, map_sizes=sizes, guard=guard))
+    if g.align:
+        k0, l0 = len(kernels), len(launches)
+        _lower_region(region, syms, name + "_sm80", choose_gpu_plan(region, "sm80", syms), kernels, launches)
+        launches[l0:] = [replace(ln, guard=(g.align, False)) for ln in launches[l0:]]
+        assert len(kernels) > k0
 
 
 def _simt_extent(region, kern: SimtKernel):

@@ -95,8 +95,29 @@ class Launch:
     args: tuple
     scratch: tuple = ()             # (var, axes sizes) the launch needs
     regions: tuple = ()             # the regions one fused launch runs (attention's pair), when more than one
+    #: SM90 kernels: ("tmap", i) arguments are tensor maps ``maps[i]`` = (TensorMapDesc, buffer name), encoded at the
+    #: sizes ``map_sizes`` ((scalar, value), ...); ("int", value) arguments are int scalars
+    maps: tuple = ()
+    map_sizes: tuple = ()
+    #: (extents, run): the launch runs only when whether every extent is a multiple of 8 (TMA's 16-byte rows of
+    #: 16-bit elements) is ``run``; () always
+    guard: tuple = ()
+
+    def runs(self, env) -> bool:
+        from kumiko.symbolic import dim_eval
+        if not self.guard:
+            return True
+        extents, run = self.guard
+        return all(dim_eval(e, env) % 8 == 0 for e in extents) == run
 
     def to_json(self) -> dict:
-        d = {"region": self.region, "kernel": self.kernel, "grid": [[str(e), t] for e, t in self.grid],
-             "block": self.block, "smem": self.smem, "args": [list(a) for a in self.args]}
-        return {**d, "regions": list(self.regions)} if self.regions else d
+        out = {"region": self.region, "kernel": self.kernel, "grid": [[str(e), t] for e, t in self.grid],
+               "block": self.block, "smem": self.smem, "args": [list(a) for a in self.args]}
+        if self.regions:
+            out["regions"] = list(self.regions)
+        if self.guard:
+            out["guard"] = {"multiples_of_8": [str(e) for e in self.guard[0]], "run": self.guard[1]}
+        if self.maps:
+            out["maps"] = [{"name": d.name, "buffer": buf, "box": list(d.box), "swizzle": d.swizzle}
+                           for d, buf in self.maps]
+        return out

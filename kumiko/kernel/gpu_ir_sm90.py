@@ -289,6 +289,19 @@ class AccToSmem:
 
 
 @dataclass(frozen=True)
+class FragEpilogue:
+    """The region's epilogue on accumulator ``acc`` (m64nN, the D fragment layout) of the tile at (``row0``,
+    ``col0``): each thread's elements at global row ``kk_gm`` and column ``kk_gn``, predicated on ``kk_gm < kk_M``
+    and ``kk_gn < kk_N``, declare the M and N axes (``decls``, loop statements) and run ``code`` (loop statements over
+    ``const float kk_acc``: bias, activation, residual, cast, the store)."""
+    acc: str
+    row0: IExpr
+    col0: IExpr
+    decls: tuple
+    code: tuple
+
+
+@dataclass(frozen=True)
 class SetMaxNReg:
     inc: bool
     regs: int
@@ -332,7 +345,7 @@ class Roles:
 
 Sm90Stmt = Union[MbarInit, MbarArrive, MbarArriveTx, MbarWait, TmaLoad, TmaStore, BulkCommit, BulkWait,
                  FenceProxyAsync, FenceMbarInit, SyncThreads, WgmmaFence, WgmmaMma, WgmmaCommit, WgmmaWait,
-                 AccToSmem, SetMaxNReg, For, If, Elect, Roles]
+                 AccToSmem, FragEpilogue, SetMaxNReg, For, If, Elect, Roles]
 
 
 @dataclass(frozen=True)
@@ -349,6 +362,8 @@ class Sm90Kernel:
     regs: tuple = ()                # (name, count): uint32_t register arrays (A fragments)
     verify_sizes: tuple = ()        # ((scalar, (values...)), ...): the verifier runs each combination
     notes: tuple = ()
+    params: tuple = ()              # gpu_ir.Param: the region's buffers and sizes, after the maps and scalars
+    setup: tuple = ()               # loop statements at the kernel's top (the batch axes from blockIdx.z)
 
     @property
     def smem_bytes(self) -> int:

@@ -37,6 +37,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     FenceMbarInit,
     FenceProxyAsync,
     For,
+    FragEpilogue,
     If,
     MatDesc,
     MbarArrive,
@@ -251,6 +252,10 @@ class _Machine:
             elif isinstance(s, WgmmaWait):
                 role.groups = role.groups[len(role.groups) - s.pending:] if s.pending else []
                 role.fenced = False
+            elif isinstance(s, FragEpilogue):
+                if any(op[0] == s.acc for op in role.in_flight()):
+                    raise self.fail("acc_in_flight", f"accumulator {s.acc} is read before wgmma.wait_group retired the "
+                                    "wgmma writing it", suggestion="wgmma_wait<0> before the epilogue")
             elif isinstance(s, AccToSmem):
                 if any(op[0] == s.acc for op in role.in_flight()):
                     raise self.fail("acc_in_flight", f"accumulator {s.acc} is read before wgmma.wait_group retired the "

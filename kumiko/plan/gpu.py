@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kumiko.diagnostics import KumikoError
+from kumiko.plan.gpu_sm90 import choose_sm90_plan, sm90_operands, validate_sm90_plan
 from kumiko.plan.plan import GPU_ARCHS, Plan, check_fields, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, analyze, row_axes
 from kumiko.region.srnf import children, epilogue
@@ -157,6 +158,11 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         raise KumikoError("E1801", at=f"plan of {region.name}", why=f"{arch!r} is not a GPU arch {GPU_ARCHS}")
     facts = analyze(region)
     c = facts.contraction
+    if arch == "sm90":          # the SM90 GEMM skeleton where TMA can read the operands, else the SM80 one's plan
+        g = sm90_operands(region, facts, c)
+        if g is not None:
+            return choose_sm90_plan(region, g, c)
+        arch = "sm80"
     dt = mma_operand_dtype(facts, c) if c is not None else None
     if c is None or dt is None:
         return make_plan(arch, algo_choice={"region": "simt"}, threads=256, bind={"point": simt_binding(region)},
@@ -235,6 +241,8 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
                               f"{SIMT_BINDINGS} (a warp needs a multiple of 32 threads)")
     if plan.algo in (STREAMING, FUSED):             # the attention pair's plans (kernel.gpu_attention)
         return validate_attention_plan(plan, at)
+    if plan.algo == "wgmma":
+        return validate_sm90_plan(plan, region, analyze(region), SMEM_LIMIT["sm90"])
     if plan.algo != "mma":
         return plan
     facts = analyze(region)
@@ -287,6 +295,9 @@ def describe_gpu_plan(plan: Plan) -> str:
         other = dict(plan.local_edges[0]).get("to", "?") if plan.local_edges else "?"
         return (f"tile {'x'.join(map(str, plan.tile))} {plan.stages} stages, online softmax, P @ V of {other} fused"
                 if plan.algo == STREAMING else f"fused into {other}'s kernel")
+    if plan.algo == "wgmma":
+        return (f"tile {'x'.join(map(str, plan.tile))} TMA + wgmma, {plan.threads // 128 - 1} consumer warpgroups, "
+                f"{plan.stages} stages")
     if plan.algo != "mma":
         return f"a {plan.get('bind', 'point', 'thread')} per point"
     out = (f"tile {'x'.join(map(str, plan.tile))} warps {plan.warp_tile} {plan.stages} stages "
@@ -320,7 +331,7 @@ def fallback_gpu_plan(plan: Plan, gpu_arch: str, hazard: str) -> Plan | None:
     plan's ``ptxas_fallback`` (the hazard, the GPU arch, how many steps down from the chooser's plan), so
     dumps say why the plan is not the chooser's."""
     if plan.algo != "mma":
-        return None
+        return None                     # (a wgmma plan has no smaller form yet)
     record = {"gpu_arch": gpu_arch, "hazard": hazard, "steps": int(plan.get("ptxas_fallback", "steps", 0)) + 1}
     asy = dict(plan.async_)
     release = ring_release(plan)

@@ -18,6 +18,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     FenceMbarInit,
     FenceProxyAsync,
     For,
+    FragEpilogue,
     If,
     MatDesc,
     MbarArrive,
@@ -37,6 +38,24 @@ from kumiko.kernel.gpu_ir_sm90 import (
     WgmmaMma,
     WgmmaWait,
 )
+from kumiko.render.c import render_stmts
+
+
+def cuda_params(params) -> str:
+    """Kernel parameters (``gpu_ir.Param``) as a C parameter list."""
+    out = []
+    for p in params:
+        if p.pointer:
+            out.append(f"{'const ' if p.const else ''}{p.ctype}* __restrict__ {p.name}")
+        else:
+            out.append(f"{p.ctype} {p.name}")
+    return ", ".join(out)
+
+
+def _code(stmts, pad: str) -> list[str]:
+    out: list[str] = []
+    render_stmts(stmts, len(pad) // 2, out)
+    return out
 
 
 class _Sm90Renderer:
@@ -108,6 +127,19 @@ class _Sm90Renderer:
                     f"{pad}    kk_c[(16 * kk_w + kk_l / 4 + 8 * ((kk_v >> 1) & 1)) * {s.ld} + 8 * (kk_v >> 2) + "
                     f"2 * (kk_l % 4) + (kk_v & 1)] = {s.acc}[kk_v];",
                     f"{pad}}}"]
+        if isinstance(s, FragEpilogue):
+            n = dict(k.accs)[s.acc]
+            return ([f"{pad}{{  // epilogue on {s.acc} (m64n{n} D fragment): predicated stores",
+                     f"{pad}  const int kk_l = threadIdx.x % 32, kk_w = (threadIdx.x / 32) % 4;",
+                     f"{pad}#pragma unroll",
+                     f"{pad}  for (int kk_v = 0; kk_v < {n // 2}; ++kk_v) {{",
+                     f"{pad}    const long long kk_gm = (long long){s.row0.c()} + 16 * kk_w + kk_l / 4 + "
+                     "8 * ((kk_v >> 1) & 1);",
+                     f"{pad}    const long long kk_gn = (long long){s.col0.c()} + 8 * (kk_v >> 2) + 2 * (kk_l % 4) + "
+                     "(kk_v & 1);",
+                     f"{pad}    if (kk_gm < kk_M && kk_gn < kk_N) {{"]
+                    + _code(s.decls, pad + "      ") + [f"{pad}      const float kk_acc = {s.acc}[kk_v];"]
+                    + _code(s.code, pad + "      ") + [f"{pad}    }}", f"{pad}  }}", f"{pad}}}"])
         if isinstance(s, SetMaxNReg):
             return [f"{pad}setmaxnreg_{'inc' if s.inc else 'dec'}<{s.regs}>();"]
         if isinstance(s, For):
@@ -141,6 +173,8 @@ class _Sm90Renderer:
     def render(self) -> str:
         k = self.k
         params = [f"const __grid_constant__ CUtensorMap {m.name}" for m in k.maps] + [f"int {s}" for s in k.scalars]
+        if k.params:
+            params.append(cuda_params(k.params))
         out = [f"// {n}" for n in k.notes]
         out += [f"extern \"C\" __global__ void __launch_bounds__({k.threads}, 1) {k.name}({', '.join(params)}) {{",
                 "  extern __shared__ __align__(1024) unsigned char kk_smem[];"]
@@ -150,6 +184,7 @@ class _Sm90Renderer:
         out += self.decls({name for name, _ in k.accs + k.regs} - in_roles, "  ")
         if roles:
             out.append("  const int kk_wg = threadIdx.x / 128;")
+        out += _code(k.setup, "  ")
         out += self.stmts(k.body, "  ")
         out += ["}", f"KUMIKO_ENTRY({k.name})"]
         return "\n".join(out)
@@ -161,7 +196,7 @@ def _uses(body) -> set:
     for s in body:
         if isinstance(s, WgmmaMma):
             out |= {s.acc} | ({s.a} if isinstance(s.a, str) else set())
-        elif isinstance(s, AccToSmem):
+        elif isinstance(s, (AccToSmem, FragEpilogue)):
             out.add(s.acc)
         elif isinstance(s, (For, If, Elect, Role)):
             out |= _uses(s.body)

@@ -199,6 +199,10 @@ class CudaProgram:
                               why=f"no loaded function for kernels {missing}")
         self.functions = dict(functions)
         for ln in compiled.launches:
+            if ln.maps:
+                raise KumikoError("E1703", at=ln.kernel, why="the SM90 GEMM skeleton's tensor-map launches are not "
+                                  "wired to the CUDA driver yet (cuTensorMapEncodeTiled)",
+                                  suggestion="run it on cuda-emu, or give the region an sm80 plan")
             if len(ln.args) != len(self.params[ln.kernel]):
                 raise KumikoError("E1703", at=ln.kernel, why=f"the launch passes {len(ln.args)} arguments, the kernel "
                                   f"takes {len(self.params[ln.kernel])}")

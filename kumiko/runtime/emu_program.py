@@ -28,6 +28,7 @@ from kumiko.region.ssa import Program
 from kumiko.runtime.arena import ALIGN
 from kumiko.runtime.emu import CONFIGS, EmuConfig, EmuModule, build
 from kumiko.runtime.program import CpuProgram, region_steps
+from kumiko.runtime.tensormap import TensorMapArg
 from kumiko.symbolic import dim_eval
 from kumiko.util.files import safe_stem
 from kumiko.util.log import enabled, log
@@ -122,9 +123,10 @@ class GpuRunner(CpuProgram):
                         scratch[ln.region, var] = np.full(max(1, math.prod(dim_eval(s, env) for s in sizes)), np.nan,
                                                np.float32)
                 grid = tuple(-(-dim_eval(e, env) // t) for e, t in ln.grid)
-                if min(grid) == 0:
+                if min(grid) == 0 or not ln.runs(env):
                     continue
                 args = []
+                ints = {n: dim_eval(e, env) for n, e in ln.map_sizes}     # an SM90 kernel's int scalars
                 for kind, name in ln.args:
                     if kind == "buf":
                         args.append(bufs[name])
@@ -132,6 +134,11 @@ class GpuRunner(CpuProgram):
                         args.append(scratch[ln.region, name])
                     elif kind == "status":
                         args.append(status)
+                    elif kind == "tmap":
+                        desc, buf = ln.maps[name]
+                        args.append(TensorMapArg(desc.encoding(ints), bufs[buf]))
+                    elif kind == "int":
+                        args.append(ints[name])
                     else:
                         args.append(np.int64(syms[name]))
                 t0 = time.perf_counter()

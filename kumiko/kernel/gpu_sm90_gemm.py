@@ -1,0 +1,175 @@
+"""The SM90 GEMM skeleton from a contraction Region and an SM90 plan (issue 24; ``plan/gpu_sm90``).
+
+Nothing here knows an op name: the contraction is the region analysis' (batch, M, N, K axes, operands x and y),
+``sm90_operands`` says which input buffer TMA reads for each operand and in which orientation, the plan gives the
+tile (BM = 64 a consumer warpgroup, BN, BK = 64) and the ring's stages. The kernel (an ``Sm90Kernel``):
+
+* warpgroup 0 is the producer (``setmaxnreg.dec``): one thread waits on ``empty[s]`` (parity ((kt / S) & 1) ^ 1:
+  the first round passes on the fresh barriers), announces the stage's bytes on ``full[s]`` and issues the TMA
+  loads - A's 64-halves-wide K slice of BM rows, B's BN rows of K (K-major) or BN / 64 boxes of 64 N columns
+  (MN-major, a row-major K x N input) -, the 128-byte swizzle, a batch coordinate when the operand has one;
+* warpgroups 1.. are the consumers (``setmaxnreg.inc``), 64 rows each: wait on ``full[s]``, four
+  ``wgmma m64nBNk16`` through 128B-swizzle descriptors, ``wgmma.wait_group 0``, arrive on ``empty[s]``;
+* the epilogue runs on each consumer's accumulator fragment (``FragEpilogue``): the region's other lets at each
+  element (bias, activation, residual, cast), then a store predicated on M and N.
+
+Tails: TMA fills out-of-bounds rows and K columns with zeros (they add nothing to the sums), the epilogue's stores
+are predicated. One CTA per output tile (grid N tiles x M tiles x batch); no persistent scheduler and no overlap of
+one tile's epilogue with the next tile's loads yet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kumiko.diagnostics import KumikoError
+from kumiko.kernel.gpu_ir_sm90 import (
+    BarDecl,
+    BarRef,
+    Elect,
+    FenceMbarInit,
+    For,
+    FragEpilogue,
+    IExpr,
+    MatDesc,
+    MbarArrive,
+    MbarArriveTx,
+    MbarInit,
+    MbarWait,
+    Ring,
+    Role,
+    Roles,
+    SetMaxNReg,
+    Sm90Kernel,
+    SmemBuf,
+    SmemRef,
+    SyncThreads,
+    TensorMapDesc,
+    TmaLoad,
+    WgmmaCommit,
+    WgmmaFence,
+    WgmmaMma,
+    WgmmaWait,
+    layout_smem,
+)
+from kumiko.kernel.gpu_simt import decompose, kernel_params, status_params
+from kumiko.kernel.loops import Decl
+from kumiko.kernel.lower_base import RegionEmitter
+from kumiko.plan.gpu_sm90 import CONSUMER_REGS, PRODUCER_REGS, SM90_BK, Sm90Gemm, TmaOperand, sm90_operands
+from kumiko.plan.plan import Plan
+from kumiko.region.analysis import Contraction, analyze
+from kumiko.region.ssa import Region
+from kumiko.symbolic import Expr
+
+#: the kernel's int scalars (the launch computes them from the sizes): M, N, K, K tiles, batch
+SCALARS = ("kk_M", "kk_N", "kk_K", "kk_KT", "kk_B")
+
+
+def ceil_div(x, d: int):
+    """ceil(x / d) for an int or a symbolic size."""
+    n = Expr.lift(x).as_int()
+    return -(-n // d) if n is not None else (Expr.lift(x) + (d - 1)) // d
+
+
+@dataclass(frozen=True)
+class Sm90Lowering:
+    """The kernel, the contraction, and for each tensor map the region input it maps (in the kernel's order)."""
+    kernel: Sm90Kernel
+    contraction: Contraction
+    gemm: Sm90Gemm
+    map_bufs: tuple
+
+
+def _map(name: str, op: TmaOperand, dtype: str, box: tuple) -> TensorMapDesc:
+    """A row-major (rows x cols) operand, batched or not, as a 2-D / 3-D tiled map with the 128-byte swizzle."""
+    v = IExpr.var
+    rows, cols = ("kk_M", "kk_K") if name == "tmA" else (("kk_N", "kk_K") if op.major == "K" else ("kk_K", "kk_N"))
+    dims, strides = (v(cols), v(rows)), (v(cols) * 2,)
+    if op.batched:
+        dims, strides = dims + (v("kk_B"),), strides + (v(cols) * v(rows) * 2,)
+        box = box + (1,)
+    return TensorMapDesc(name, op.buf, dtype, dims, strides, box, "128B")
+
+
+def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90Lowering:
+    """Instantiate the SM90 GEMM skeleton for ``region`` under ``plan`` (E1801 when it does not apply)."""
+    facts = analyze(region)
+    c = facts.contraction
+    g = sm90_operands(region, facts, c)
+    if g is None:
+        raise KumikoError("E1801", at=f"region {region.name}", why="the SM90 GEMM skeleton does not apply to this "
+                          "region (plan.gpu_sm90.sm90_operands)", suggestion='use algo_choice {"contraction": "mma"}')
+    bm, bn, bk = plan.tile
+    S, consumers = plan.stages, bm // 64
+    assert bk == SM90_BK
+    lo = RegionEmitter(region, syms, name, facts=facts)
+    for a in c.k_axes:
+        lo.sizes[a.name] = a.size
+    lo.ty.add_axes(c.k_axes)
+    v, ci_ = IExpr.var, IExpr.const
+    kt, ks = v("kt"), v("ks")
+    KT, bx, by, bz = v("kk_KT"), v("blockIdx.x"), v("blockIdx.y"), v("blockIdx.z")
+    st = kt % S
+    a_bytes, b_bytes = bm * bk * 2, bn * bk * 2
+    mn = g.y.major == "MN"
+    maps = (_map("tmA", g.x, g.dtype, (bk, bm)), _map("tmB", g.y, g.dtype, (64, bk) if mn else (bk, bn)))
+    smem = layout_smem((SmemBuf("sA", "uint16_t", a_bytes, S), SmemBuf("sB", "uint16_t", b_bytes, S)))
+    full, empty = (lambda i: BarRef("kk_full", i)), (lambda i: BarRef("kk_empty", i))
+
+    def coords(op: TmaOperand, *xy) -> tuple:
+        return xy + ((bz,) if op.batched else ())
+
+    loads = [TmaLoad("tmA", SmemRef("sA", st), full(st), coords(g.x, kt * bk, by * bm))]
+    if mn:
+        loads += [TmaLoad("tmB", SmemRef("sB", st, j * 64 * bk * 2), full(st), coords(g.y, bx * bn + 64 * j, kt * bk))
+                  for j in range(bn // 64)]
+    else:
+        loads.append(TmaLoad("tmB", SmemRef("sB", st), full(st), coords(g.y, kt * bk, bx * bn)))
+    producer = (SetMaxNReg(False, PRODUCER_REGS), Elect((For("kt", ci_(0), KT, (
+        MbarWait(empty(st), ((kt // S) & 1) ^ 1), MbarArriveTx(full(st), a_bytes + b_bytes), *loads)),)))
+
+    # the epilogue: the M and N axes at the element's row and column, then the region's other lets and stores
+    decls: list = []
+    decompose(lo, "kk_gm", c.m_axes, decls)
+    decompose(lo, "kk_gn", c.n_axes, decls)
+    code = tuple(lo.point_code(c.let, "kk_acc"))
+    db = (MatDesc(SmemRef("sB", st), "128B", 64 * bk * 2, 1024, "MN", ks * 16 * 128) if mn else
+          MatDesc(SmemRef("sB", st), "128B", 16, 1024, "K", ks * 32))
+
+    def consumer(i: int) -> tuple:
+        da = MatDesc(SmemRef("sA", st, i * 64 * 128), "128B", 16, 1024, "K", ks * 32)
+        return (SetMaxNReg(True, CONSUMER_REGS[consumers]),
+                For("kt", ci_(0), KT, (
+                    MbarWait(full(st), (kt // S) & 1),
+                    WgmmaFence(),
+                    For("ks", ci_(0), ci_(bk // 16), (WgmmaMma("acc", da, db, bn, g.dtype, kt.gt(0) | ks.gt(0)),),
+                        unroll=True),
+                    WgmmaCommit(),
+                    WgmmaWait(0),
+                    MbarArrive(empty(st)))),
+                FragEpilogue("acc", by * bm + 64 * i, bx * bn, tuple(decls), code))
+
+    body = (Elect((For("s", ci_(0), ci_(S), (MbarInit(full(v("s")), 1), MbarInit(empty(v("s")), 128 * consumers))),
+                   FenceMbarInit())),
+            SyncThreads(),
+            Roles((Role("producer", 0, 1, producer),
+                   *(Role(f"consumer{i}", 1 + i, 1, consumer(i)) for i in range(consumers)))))
+    setup: list = []
+    decompose(lo, "(long long)blockIdx.z", c.batch, setup)
+    setup += [Decl("const long long", a.name, "0") for a in region.iters
+              if lo.sizes.get(a.name) == 1 and a.name not in c.batch + c.m_axes + c.n_axes]
+    notes = tuple(region.notes) + (
+        f"SM90 GEMM skeleton: contraction {c.let}, batch {list(c.batch)}, M {list(c.m_axes)}, N {list(c.n_axes)}, "
+        f"K {[a.name for a in c.k_axes]}; tile {bm}x{bn}x{bk}, {S} stages, A K-major, B {g.y.major}-major, "
+        f"{consumers} consumer warpgroup(s)",)
+    params = kernel_params(lo, status_params(lo))
+    kern = Sm90Kernel(name, 128 * (1 + consumers), maps, SCALARS, smem,
+                      (BarDecl("kk_full", S), BarDecl("kk_empty", S)), (("acc", bn),), body,
+                      rings=(Ring(("sA", "sB"), "kk_full", "kk_empty", S),),
+                      verify_sizes=(("kk_KT", (1, 2, S, S + 1, 2 * S + 1)),), notes=notes,
+                      params=params, setup=tuple(setup))
+    return Sm90Lowering(kern, c, g, (g.x.buf, g.y.buf))
+
+
+def scalar_sizes(g: Sm90Gemm) -> tuple:
+    """The kernel's int scalars (``SCALARS``) as sizes (ints or symbolic) for the launch to evaluate."""
+    return tuple(zip(SCALARS, (g.m, g.n, g.k, ceil_div(g.k, SM90_BK), g.batch)))

@@ -1,0 +1,149 @@
+"""SM90 plans: the warp-specialised TMA + mbarrier + wgmma GEMM skeleton (issue 24, ``kernel/gpu_sm90_gemm``).
+
+A region gets it (arch ``sm90``, ``algo_choice {"contraction": "wgmma"}``) when its contraction is a plain or
+batched GEMM whose operands TMA can describe: one M, one N and one K axis, no window reduction after it, a
+pointwise epilogue, fp16/bf16 operands that are each a Read of a row-major input whose trailing indices are
+(M, K) for x and (K, N) or (N, K) for y, bare, over the whole extents, and whose leading indices are the batch
+axes in order; the contiguous extent a constant multiple of
+8 elements (TMA's 16-byte strides) - or symbolic, when the launch checks it and runs an SM80 kernel of the
+region instead when it does not hold. ``sm90_operands`` says how (or None), the chooser and the lowering both read
+it. Everything else keeps the SM80 skeleton (an ``sm80`` plan runs on an H100 too).
+
+The plan: tile [BM, 64 <= BN <= 256 (step 64), 64], BM = 128 (two consumer warpgroups of 64 rows) when M is at
+least 128, else 64 (one); BN = 64 for N <= 64, else 128; 4 stages (3 when BN = 256); threads 128 a warpgroup,
+the producer's included; ``warp_tile`` "64xBN" (a consumer's tile); barrier model ``mbarrier``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kumiko.diagnostics import KumikoError
+from kumiko.plan.plan import Plan, make_plan
+from kumiko.region.analysis import Contraction, RegionFacts
+from kumiko.region.srnf import epilogue
+from kumiko.region.ssa import Read, Region
+from kumiko.symbolic import Expr, prod
+
+SM90_BK = 64
+SM90_STAGES = (2, 3, 4)
+#: setmaxnreg: the producer gives registers back, the consumers take them (by consumer count: 40 + 2 x 232 a thread
+#: for three warpgroups fits the SM's 65536; with two, a consumer starts at 256 already)
+PRODUCER_REGS, CONSUMER_REGS = 40, {1: 256, 2: 232}
+
+
+@dataclass(frozen=True)
+class TmaOperand:
+    """How TMA reads one operand: the input buffer, its rows and contiguous extents, ``major`` "K" (K contiguous)
+    or "MN" (y only: N contiguous), and whether its leading index is the batch."""
+    buf: str
+    cols: object                    # the contiguous extent (an int or a symbolic size)
+    major: str
+    batched: bool
+
+
+@dataclass(frozen=True)
+class Sm90Gemm:
+    """The operands and the sizes (ints or symbolic); ``align``: the symbolic contiguous extents that must be
+    multiples of 8 at run time (else the launch runs the SM80 kernel built beside it)."""
+    x: TmaOperand
+    y: TmaOperand
+    m: object
+    n: object
+    k: object
+    batch: object
+    dtype: str
+    align: tuple = ()
+
+
+def _operand(region: Region, e, s_axis: str, k_axis: str, batch: tuple, allow_mn: bool,
+             sizes: dict) -> TmaOperand | None:
+    if not isinstance(e, Read) or e.flat:
+        return None
+    mem = dict(region.inputs).get(e.tensor)
+    if mem is None or mem.dtype.name not in ("fp16", "bf16"):
+        return None
+    idx = [Expr.lift(i).as_symbol() for i in e.index]
+    if len(idx) < 2:
+        return None
+    lead, last = idx[:-2], idx[-2:]
+    if lead and tuple(lead) != tuple(batch):
+        return None
+    if last == [s_axis, k_axis]:
+        major = "K"
+    elif last == [k_axis, s_axis] and allow_mn:
+        major = "MN"
+    else:
+        return None
+    if len(mem.shape) != len(idx) or any(Expr.lift(d) != Expr.lift(sizes[a]) for d, a in zip(mem.shape, idx)):
+        return None                         # a view of part of the buffer: its rows are not the map's
+    cols = Expr.lift(mem.shape[-1])
+    if cols.as_int() is not None and cols.as_int() % 8:
+        return None                         # TMA's global strides are multiples of 16 bytes
+    return TmaOperand(e.tensor, mem.shape[-1], major, bool(lead))
+
+
+def sm90_operands(region: Region, facts: RegionFacts, c: Contraction | None) -> Sm90Gemm | None:
+    """How the SM90 GEMM skeleton reads ``c``'s operands, or None when it does not apply (module docstring)."""
+    if c is None or c.outer is not None or not c.pointwise:
+        return None
+    if len(c.m_axes) != 1 or len(c.n_axes) != 1 or len(c.k_axes) != 1:
+        return None
+    tx, ty = facts.dtype_of(c.x), facts.dtype_of(c.y)
+    if tx is None or tx is not ty or tx.name not in ("fp16", "bf16"):
+        return None
+    sizes = {**facts.sizes, c.k_axes[0].name: c.k_axes[0].size}
+    dims = [sizes[a] for a in (c.m_axes[0], c.n_axes[0], c.k_axes[0].name)]
+    x = _operand(region, c.x, c.m_axes[0], c.k_axes[0].name, c.batch, False, sizes)
+    y = _operand(region, c.y, c.n_axes[0], c.k_axes[0].name, c.batch, True, sizes)
+    if x is None or y is None:
+        return None
+    align = tuple(dict.fromkeys(o.cols for o in (x, y) if Expr.lift(o.cols).as_int() is None))
+    return Sm90Gemm(x, y, *dims, prod([sizes[a] for a in c.batch]) if c.batch else 1, tx.name, align)
+
+
+def choose_sm90_plan(region: Region, g: Sm90Gemm, c: Contraction) -> Plan:
+    m, n = Expr.lift(g.m).as_int(), Expr.lift(g.n).as_int()
+    bm = 64 if m is not None and m < 128 else 128
+    bn = 64 if n is not None and n <= 64 else 128
+    return sm90_plan(region, c, bm, bn, 4)
+
+
+def sm90_plan(region: Region, c: Contraction, bm: int, bn: int, stages: int) -> Plan:
+    return make_plan(
+        "sm90", tile=(bm, bn, SM90_BK), stages=stages, warp_tile=f"64x{bn}",
+        bind={"n.o": "block.x", "m.o": "block.y", "batch": "block.z", "m.i.o": "warpgroup"},
+        cache=({"tensor": "x", "where": "smem", "at": "k.o", "stages": stages},
+               {"tensor": "y", "where": "smem", "at": "k.o", "stages": stages}),
+        predicate_tail=tuple(c.m_axes + c.n_axes), epilogue=tuple(epilogue(region)),
+        algo_choice={"contraction": "wgmma"}, local_edges=({"from": c.let, "to": "epilogue", "buffer": "reg"},),
+        async_={"enable": True, "prefetch_depth": stages, "epilogue_overlap": False, "producer": "tma"},
+        barrier_model="mbarrier", threads=128 * (1 + bm // 64))
+
+
+def validate_sm90_plan(plan: Plan, region: Region, facts: RegionFacts, smem_limit: int) -> Plan:
+    """E1801 unless the wgmma plan fits the region (``sm90_operands``) and the skeleton's shapes."""
+    at = f"plan of {region.name}"
+    if plan.arch != "sm90":
+        raise KumikoError("E1801", at=at, why=f"a wgmma plan needs arch sm90, not {plan.arch!r}")
+    if sm90_operands(region, facts, facts.contraction) is None:
+        raise KumikoError("E1801", at=at, why="the SM90 GEMM skeleton needs one M, N and K axis, a pointwise "
+                          "epilogue and fp16/bf16 row-major operands TMA can describe (rows a "
+                          "multiple of 16 bytes)", suggestion='use algo_choice {"contraction": "mma"}')
+    if len(plan.tile) != 3:
+        raise KumikoError("E1801", at=at, why="a wgmma plan needs a CTA tile [BM, BN, 64]")
+    bm, bn, bk = plan.tile
+    if bm not in (64, 128) or bn not in (64, 128, 192, 256) or bk != SM90_BK:
+        raise KumikoError("E1801", at=at, why=f"tile {list(plan.tile)}: the SM90 skeleton takes BM 64 or 128 (64 "
+                          "rows a consumer warpgroup), BN 64..256 in steps of 64 and BK 64",
+                          suggestion="e.g. tile [128, 128, 64]")
+    if plan.stages not in SM90_STAGES:
+        raise KumikoError("E1801", at=at, why=f"stages={plan.stages}: the mbarrier ring has 2 to 4 stages")
+    threads = 128 * (1 + bm // 64)
+    if plan.threads not in (0, threads):
+        raise KumikoError("E1801", at=at, why=f"threads={plan.threads}: a {bm}-row tile runs {threads} threads (a "
+                          "producer warpgroup and one consumer warpgroup per 64 rows)", suggestion=f"threads {threads}")
+    smem = plan.stages * (bm + bn) * bk * 2
+    if smem > smem_limit:
+        raise KumikoError("E1801", at=at, why=f"the ring needs {smem} bytes of shared memory, sm90 has {smem_limit}",
+                          suggestion="use fewer stages or a smaller tile")
+    return plan
