@@ -59,12 +59,12 @@ from kumiko.kernel.gpu_mma import PAD, _vec_access
 from kumiko.kernel.gpu_simt import decompose, extent
 from kumiko.kernel.loops import Assign, Decl
 from kumiko.kernel.lower_base import RegionEmitter
-from kumiko.kernel.stream import _reads, acc_guards
+from kumiko.kernel.stream import acc_guards
 from kumiko.plan.gpu import FUSED, MMA_DTYPES, STREAMING, WARP_ROWS
 from kumiko.plan.plan import Plan, make_plan
-from kumiko.region.analysis import Contraction, RegionFacts, analyze
+from kumiko.region.analysis import Contraction, RegionFacts, chained_contractions
 from kumiko.region.srnf import children
-from kumiko.region.ssa import Binary, BroadcastInDim, Const, Program, Read, Reduce, Ref, RExpr, Unary
+from kumiko.region.ssa import Binary, BroadcastInDim, Const, Program, Reduce, Ref, RExpr, Unary
 from kumiko.symbolic import Expr
 
 
@@ -174,40 +174,13 @@ def _row_program(f0: RegionFacts, c0: Contraction, n: str):
 
 def find_attention_pair(program: Program, k: int) -> AttentionPair | None:
     """The attention pair of regions ``k`` and ``k + 1``, when their structure is one (module docstring)."""
-    if k + 1 >= len(program.regions):
+    ch = chained_contractions(program, k)
+    if ch is None:
         return None
-    r0, r1 = program.regions[k], program.regions[k + 1]
-    if len(r0.outputs) != 1 or len(r0.yields) != 1:
-        return None
-    p = r0.outputs[0].name
-    if p in dict(program.outputs) or p not in dict(r1.inputs) or \
-            any(p in dict(r.inputs) for j, r in enumerate(program.regions) if j != k + 1):
-        return None
-    f0, f1 = analyze(r0), analyze(r1)
-    c0, c1 = f0.contraction, f1.contraction
-    if c0 is None or c1 is None or c0.outer is not None or c1.outer is not None or not c1.pointwise:
-        return None
-    if len(c0.m_axes) != 1 or len(c0.n_axes) != 1 or len(c1.m_axes) != 1 or len(c1.k_axes) != 1:
-        return None
-    (m0,), (n0,) = c0.m_axes, c0.n_axes
-    iters0 = [a.name for a in r0.iters]
-    if iters0 != [*c0.batch, m0, n0] or set(f0.types[c0.let].axes) != set(iters0):
-        return None
+    f0, c0, f1, c1, p, n0 = ch.f0, ch.c0, ch.f1, ch.c1, ch.p, ch.n0
+    r0 = program.regions[k]
     dts = {f0.dtype_of(c0.x), f0.dtype_of(c0.y), f1.dtype_of(c1.y), r0.outputs[0].memref.dtype}
     if len(dts) != 1 or next(iter(dts)) is None or next(iter(dts)).name not in MMA_DTYPES:
-        return None
-    x1 = c1.x
-    if not isinstance(x1, Read) or x1.tensor != p or x1.flat or p in _reads(c1.y) or \
-            any(p in _reads(x.expr) for x in r1.lets if x.name != c1.let):
-        return None
-    names = [Expr.lift(e).as_symbol() for e in x1.index]
-    if None in names or len(names) != len(iters0):
-        return None
-    to1 = dict(zip(iters0, names))
-    if to1[n0] != c1.k_axes[0].name or to1[m0] != c1.m_axes[0] or tuple(to1[a] for a in c0.batch) != c1.batch:
-        return None
-    size1 = dict(f1.sizes, **{a.name: a.size for a in c1.k_axes})
-    if any(Expr.lift(f0.sizes[a]) != Expr.lift(size1[to1[a]]) for a in iters0):
         return None
     d, dv = _size([a.size for a in c0.k_axes]), _size([f1.sizes[a] for a in c1.n_axes])
     if len(c0.k_axes) != 1 or not d or d % 16 or d > 256 or not dv or dv % 16 or dv > 256:

@@ -42,9 +42,9 @@ from kumiko.kernel.loops import Block, Comment, Decl, For, If, Kernel, Param, Ra
 from kumiko.kernel.lower_cpu import CpuLowering, hoisted
 from kumiko.kernel.micro import micro_name
 from kumiko.plan.plan import Plan
-from kumiko.region.analysis import Contraction, RegionFacts, analyze, reused_reduce_axes
+from kumiko.region.analysis import Contraction, RegionFacts, chained_contractions, reused_reduce_axes
 from kumiko.region.srnf import children
-from kumiko.region.ssa import Guard, Program, Read, Reduce, Ref, RExpr, Select
+from kumiko.region.ssa import Guard, Program, Reduce, Ref, RExpr, Select
 from kumiko.symbolic import Expr
 
 #: rows per block, in micro-tiles: the S and P tiles of a block (BM x N floats each) stay in L2
@@ -61,15 +61,6 @@ class RowPipe:
     guards: tuple              # Guard, ...: the accumulator of c0 is only consumed where one holds
     elide: Elision | None = None   # a block's columns past ``bound`` need no row program (checks to run)
     bound: str = ""               # C: the first such column, from the block's last row ``kk_mhi``
-
-
-def _reads(e: RExpr) -> set:
-    if isinstance(e, Read):
-        return {e.tensor}
-    out: set = set()
-    for k in children(e):
-        out |= _reads(k)
-    return out
 
 
 def acc_guards(lets: tuple, acc: str, yielded: tuple = ()) -> tuple | None:
@@ -126,40 +117,15 @@ def find_pipe(program: Program, k: int, syms: tuple, plans: dict) -> RowPipe | N
         return None
     if len(r0.outputs) != 1 or r0.outputs[0].materialize != "deferred":
         return None
-    p = r0.outputs[0].name
-    pm = r0.outputs[0].memref
-    if pm.dtype.name != "fp32" or p in dict(program.outputs) or \
-            any(p in dict(r.inputs) for j, r in enumerate(program.regions) if j != k + 1) or \
-            p not in dict(r1.inputs) or len(r0.yields) != 1 or r0.yields[0].cast is not None:
+    if r0.outputs[0].memref.dtype.name != "fp32" or r0.yields[0].cast is not None:
         return None
-    f0 = analyze(r0)
-    c0 = f0.contraction
-    if c0 is None or c0.outer is not None or len(c0.m_axes) != 1 or len(c0.n_axes) != 1:
+    ch = chained_contractions(program, k)
+    if ch is None:
         return None
-    (m0,), (n0,) = c0.m_axes, c0.n_axes
-    iters0 = [a.name for a in r0.iters]
-    if set(f0.types[c0.let].axes) != set(iters0) or iters0 != [*c0.batch, m0, n0]:
-        return None       # P is laid out [batch..., M, N]: a block's rows are one contiguous slab
+    f0, c0, f1, c1, p, m0, n0 = ch.f0, ch.c0, ch.f1, ch.c1, ch.p, ch.m0, ch.n0
+    iters0 = list(ch.iters0)
     rest = [x for x in r0.lets if x.name != c0.let]
     if any(not reused_reduce_axes(x.expr, set(iters0)) <= {n0} for x in rest):
-        return None
-    f1 = analyze(r1)
-    c1 = f1.contraction
-    if c1 is None or c1.outer is not None or not c1.pointwise or len(c1.m_axes) != 1 or len(c1.k_axes) != 1:
-        return None
-    x1 = c1.x
-    if not isinstance(x1, Read) or x1.tensor != p or x1.flat or p in _reads(c1.y):
-        return None
-    if any(p in _reads(x.expr) for x in r1.lets if x.name != c1.let):
-        return None
-    names = [e.as_symbol() for e in x1.index]
-    if None in names or len(names) != len(iters0):
-        return None
-    to1 = dict(zip(iters0, names))
-    if to1[n0] != c1.k_axes[0].name or to1[m0] != c1.m_axes[0] or tuple(to1[a] for a in c0.batch) != c1.batch:
-        return None
-    size1 = dict(f1.sizes, **{a.name: a.size for a in c1.k_axes})
-    if any(Expr.lift(f0.sizes[a]) != Expr.lift(size1[to1[a]]) for a in iters0):
         return None
     guards = acc_guards(r0.lets, c0.let, tuple(y.src for y in r0.yields)) or ()
     elide, bound = None, ""

@@ -23,7 +23,8 @@ from functools import cached_property
 from kumiko import dtypes
 from kumiko.poly.contraction import axis_roles
 from kumiko.region.srnf import children, free_axes
-from kumiko.region.ssa import Binary, Cast, Reduce, Ref, Region, RExpr, Typer, Unary, typecheck
+from kumiko.region.ssa import Binary, Cast, Program, Read, Reduce, Ref, Region, RExpr, Typer, Unary, typecheck
+from kumiko.symbolic import Expr
 
 
 def let_refs(e: RExpr, red: tuple = ()) -> list[tuple[str, tuple]]:
@@ -234,3 +235,64 @@ def analyze(region: Region) -> RegionFacts:
     order = loop_order([a.name for a in r.iters], r.lets, types)
     return RegionFacts(r, types, {a.name: a.size for a in r.iters}, tuple(order), memrefs)
 
+
+
+def reads(e: RExpr) -> set:
+    """The tensors ``e`` reads (its Read leaves)."""
+    if isinstance(e, Read):
+        return {e.tensor}
+    out: set = set()
+    for k in children(e):
+        out |= reads(k)
+    return out
+
+
+@dataclass(frozen=True)
+class ChainedContractions:
+    """Regions k and k+1 where k's contraction rows produce P = [batch..., M, N] and k+1's contraction reads P
+    as its left operand with N as its K axis (attention's scores -> P @ V): what the CPU row-block pipeline
+    (``kernel.stream``) and the GPU's streaming attention (``kernel.gpu_attention``) run as one kernel."""
+    f0: RegionFacts
+    c0: Contraction
+    f1: RegionFacts
+    c1: Contraction
+    p: str                  # k's one output, read by k+1 alone
+    m0: str
+    n0: str
+    iters0: tuple
+
+
+def chained_contractions(program: Program, k: int) -> ChainedContractions | None:
+    if k + 1 >= len(program.regions):
+        return None
+    r0, r1 = program.regions[k], program.regions[k + 1]
+    if len(r0.outputs) != 1 or len(r0.yields) != 1:
+        return None
+    p = r0.outputs[0].name
+    if p in dict(program.outputs) or p not in dict(r1.inputs) or \
+            any(p in dict(r.inputs) for j, r in enumerate(program.regions) if j != k + 1):
+        return None
+    f0, f1 = analyze(r0), analyze(r1)
+    c0, c1 = f0.contraction, f1.contraction
+    if c0 is None or c1 is None or c0.outer is not None or c1.outer is not None or not c1.pointwise:
+        return None
+    if len(c0.m_axes) != 1 or len(c0.n_axes) != 1 or len(c1.m_axes) != 1 or len(c1.k_axes) != 1:
+        return None
+    (m0,), (n0,) = c0.m_axes, c0.n_axes
+    iters0 = tuple(a.name for a in r0.iters)
+    if iters0 != (*c0.batch, m0, n0) or set(f0.types[c0.let].axes) != set(iters0):
+        return None       # P is laid out [batch..., M, N]: a block's rows are one contiguous slab
+    x1 = c1.x
+    if not isinstance(x1, Read) or x1.tensor != p or x1.flat or p in reads(c1.y) or \
+            any(p in reads(x.expr) for x in r1.lets if x.name != c1.let):
+        return None
+    names = [Expr.lift(e).as_symbol() for e in x1.index]
+    if None in names or len(names) != len(iters0):
+        return None
+    to1 = dict(zip(iters0, names))
+    if to1[n0] != c1.k_axes[0].name or to1[m0] != c1.m_axes[0] or tuple(to1[a] for a in c0.batch) != c1.batch:
+        return None
+    size1 = dict(f1.sizes, **{a.name: a.size for a in c1.k_axes})
+    if any(Expr.lift(f0.sizes[a]) != Expr.lift(size1[to1[a]]) for a in iters0):
+        return None
+    return ChainedContractions(f0, c0, f1, c1, p, m0, n0, iters0)
