@@ -133,24 +133,36 @@ class ContractionLowering(PanelPacking):
                     Raw("kk_scratch_trim(2); kk_scratch_trim(3);")]
 
     # epilogues ------------------------------------------------------------------------------------------
+    def _runs(self, rows: tuple, m: int, start: str, counter: str) -> tuple:
+        """How an epilogue walks ``rows`` in runs of the innermost axis (its trailing ``m`` axes merged into one
+        row-major span): that axis, the outer ones, their sizes (C) and the declarations that split ``start``
+        into the outer counters and ``counter``, the position inside the run."""
+        lo = self.lo
+        last, outer = rows[-1], rows[:-m]
+        sizes = [C.index(lo.sizes[a], set()) for a in outer] + [
+            C.index(lo.sizes[last], set()) if m == 1 else f"({self.size(rows[-m:])})"]
+        decls: list = [Decl("const long long", a, "0") for a in rows[-m:-1]]
+        _split(start, outer + (counter,), sizes, decls)
+        return last, outer, sizes, decls
+
+    def _epilogue_body(self, epilogue) -> tuple[tuple, bool]:
+        """The epilogue's statements and whether they vectorise (no gather among them)."""
+        lo = self.lo
+        g0, lo.uses_gather = lo.uses_gather, False
+        body = tuple(epilogue())
+        simd = not lo.uses_gather
+        lo.uses_gather = lo.uses_gather or g0
+        return body, simd
+
     def _epi_pointwise(self, epilogue, r0: str, r1: str, c0: str, c1: str) -> list:
         """``epilogue()`` at rows [r0, r1) x columns [c0, c1) of the block: runs of the innermost N axis
         (``omp simd``), the other axes advanced by counters. Trailing N axes that the epilogue and the
         output only see as one row-major span (``_merged_cols``: a conv's 7x7 pixels) are one run."""
-        lo, A, B = self.lo, self.a, self.b
+        A, B = self.a, self.b
         dm: list = []
         self.decompose("kk_ii", A.rows, dm)
-        m = self._merged_cols()
-        last, outer = B.rows[-1], B.rows[:-m]
-        sizes = [C.index(lo.sizes[a], set()) for a in outer] + [
-            C.index(lo.sizes[last], set()) if m == 1 else f"({self.size(B.rows[-m:])})"]
-        dn: list = [Decl("const long long", a, "0") for a in B.rows[-m:-1]]
-        _split(f"kk_jc + {c0}", outer + ("kk_nl",), sizes, dn)
-        g0 = lo.uses_gather
-        lo.uses_gather = False
-        body = tuple(epilogue())
-        simd = not lo.uses_gather
-        lo.uses_gather = lo.uses_gather or g0
+        last, outer, sizes, dn = self._runs(B.rows, self._merged_cols(), f"kk_jc + {c0}", "kk_nl")
+        body, simd = self._epilogue_body(epilogue)
         s_last = sizes[-1]
         carry = "kk_nl = 0;" if not outer else "kk_nl = 0; " + advance_counter(outer, tuple(sizes[:-1]))
         return [For("kk_ii", r0, r1, tuple(dm) + tuple(dn) + (
@@ -168,20 +180,11 @@ class ContractionLowering(PanelPacking):
         contiguous (rows outermost stored each row's columns a channel plane apart: 64 planes of 49 KiB
         fell into a few L1 sets, 3-11 ms of ResNet-50's 7x7 stem on one thread). The C tile is read down
         its columns, from L1."""
-        lo, A, B = self.lo, self.a, self.b
+        A, B = self.a, self.b
         dn: list = []
         self.decompose("kk_jc + kk_jj", B.rows, dn)
-        m = self._merged_cols(A.rows)
-        last, outer = A.rows[-1], A.rows[:-m]
-        sizes = [C.index(lo.sizes[a], set()) for a in outer] + [
-            C.index(lo.sizes[last], set()) if m == 1 else f"({self.size(A.rows[-m:])})"]
-        dm: list = [Decl("const long long", a, "0") for a in A.rows[-m:-1]]
-        _split(r0, outer + ("kk_ml",), sizes, dm)
-        g0 = lo.uses_gather
-        lo.uses_gather = False
-        body = tuple(epilogue())
-        simd = not lo.uses_gather
-        lo.uses_gather = lo.uses_gather or g0
+        last, outer, sizes, dm = self._runs(A.rows, self._merged_cols(A.rows), r0, "kk_ml")
+        body, simd = self._epilogue_body(epilogue)
         s_last = sizes[-1]
         carry = "kk_ml = 0;" if not outer else "kk_ml = 0; " + advance_counter(outer, tuple(sizes[:-1]))
         # the run's column first into a contiguous buffer (a run is at most one M block: MC + MR rows), so
