@@ -26,7 +26,7 @@ from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import dim_eval
 from kumiko.tiny.inputs import check_array, input_shape
 from kumiko.tiny.ir import Node, TinyGraph, is_ref
-from kumiko.tiny.limits import check_limits, check_symbols, eval_schedule
+from kumiko.tiny.limits import check_limits, check_symbols, contraction_mul, eval_schedule
 
 LOG2E = math.log2(math.e)
 
@@ -94,8 +94,7 @@ def evaluate(g: TinyGraph, inputs: Mapping[str, np.ndarray], env: Mapping[str, i
             if any(d < 0 for d in want):    # numpy would fail on it (check_sizes says the same for the kernels)
                 raise KumikoError("E1015", at=f"tiny:{nid} ({n.uop})", why=f"with sizes {dict(env)} this node's "
                                   f"shape {[str(d) for d in n.shape]} is {list(want)}: a negative extent")
-            srcs = [vals.get(s) if not is_ref(s) or s in sched.fused else vals[s] for s in n.src]
-            srcs = [s if is_ref(r) else r for s, r in zip(srcs, n.src)]
+            srcs = [(vals.get(s) if s in sched.fused else vals[s]) if is_ref(s) else s for s in n.src]
             v = _eval_node(n, srcs, env, fp64, _fused(g, n, vals, env))
             if np.shape(v) != want:   # the bound sizes break an assumption the graph made (e.g. a slice end)
                 raise KumikoError("E1015", at=f"tiny:{nid} ({n.uop})", why=f"with sizes {dict(env)} this node's "
@@ -132,11 +131,10 @@ def _round(v, dt: dtypes.DType, fp64: bool) -> np.ndarray:
 def _fused(g: TinyGraph, n: Node, vals: Mapping[str, np.ndarray], env: Mapping[str, int]) -> tuple | None:
     """A float SUM of a float MUL (a contraction): the MUL's operands and shape, from which the SUM computes
     the exact products itself (``_contract``), whether or not the product was materialised for another user."""
-    if n.uop != "REDUCE" or n.arg.get("op") != "SUM" or not n.dtype.is_float or not is_ref(n.src[0]):
+    mul = contraction_mul(g, n)
+    if mul is None:
         return None
-    src = g.nodes[n.src[0]]
-    if src.uop != "MUL" or not src.dtype.is_float:
-        return None
+    src = g.nodes[mul]
     return [vals[s] if is_ref(s) else s for s in src.src], tuple(dim_eval(d, env) for d in src.shape)
 
 

@@ -80,16 +80,17 @@ def eval_schedule(g: TinyGraph, keep: bool = False) -> EvalSchedule:
             if is_ref(s):
                 readers[s].append(nid)
     outs = {nid for _, nid in g.outputs}
-    fused = frozenset(m for m, rs in readers.items() if m not in outs and g.nodes[m].uop == "MUL"
-                      and g.nodes[m].dtype.is_float and len(rs) == 1 and _contracts(g.nodes[rs[0]], m))
+    fused = frozenset(m for m, rs in readers.items()
+                      if m not in outs and len(rs) == 1 and contraction_mul(g, g.nodes[rs[0]]) == m)
     pos = {nid: i for i, nid in enumerate(g.nodes)}
     last: dict[str, int] = {nid: pos[nid] for nid in g.nodes}
     for nid, n in g.nodes.items():
         if nid in fused:
             continue
         srcs = [s for s in n.src if is_ref(s)]
-        if srcs and _contracts(n, srcs[0]) and g.nodes[srcs[0]].uop == "MUL" and g.nodes[srcs[0]].dtype.is_float:
-            srcs += [s for s in g.nodes[srcs[0]].src if is_ref(s)]    # the SUM reads the MUL's operands
+        mul = contraction_mul(g, n)
+        if mul is not None:
+            srcs += [s for s in g.nodes[mul].src if is_ref(s)]    # the SUM reads the MUL's operands
         for s in srcs:
             last[s] = max(last[s], pos[nid])
     for nid in reversed(list(g.nodes)):               # a view keeps its source alive while it lives
@@ -104,9 +105,13 @@ def eval_schedule(g: TinyGraph, keep: bool = False) -> EvalSchedule:
     return EvalSchedule(fused, {k: tuple(v) for k, v in free.items()})
 
 
-def _contracts(n, src: str) -> bool:
-    return (n.uop == "REDUCE" and n.arg.get("op") == "SUM" and n.dtype.is_float and bool(n.arg.get("axes"))
-            and n.src[0] == src)
+def contraction_mul(g: TinyGraph, n) -> str | None:
+    """The float MUL node ``n`` sums over axes when ``n`` is a contraction (a float SUM of a float MUL, which
+    the evaluator computes from the MUL's operands), else None."""
+    if n.uop != "REDUCE" or n.arg.get("op") != "SUM" or not n.dtype.is_float or not n.arg.get("axes"):
+        return None
+    src = n.src[0]
+    return src if is_ref(src) and g.nodes[src].uop == "MUL" and g.nodes[src].dtype.is_float else None
 
 
 def _elems(g: TinyGraph, nid: str, env: Mapping[str, int]) -> int:
@@ -120,13 +125,12 @@ def _evaluator_bytes(g: TinyGraph, nid: str, env: Mapping[str, int]) -> tuple[in
     n = g.nodes[nid]
     own = 0 if n.uop in _VIEWS else value_bytes(g, nid, env)
     temp = 0
-    if n.uop == "REDUCE" and n.arg.get("op") == "SUM" and n.dtype.is_float:
-        src = n.src[0]
-        if is_ref(src) and g.nodes[src].uop == "MUL" and g.nodes[src].dtype.is_float and n.arg.get("axes"):
-            operands = [_base(g, s) for s in g.nodes[src].src if is_ref(s)]
-            temp = 2 * 8 * (sum(_elems(g, s, env) for s in operands) + own // n.dtype.np.itemsize)
-        else:
-            temp = 2 * 8 * _elems(g, src, env)
+    mul = contraction_mul(g, n)
+    if mul is not None:
+        operands = [_base(g, s) for s in g.nodes[mul].src if is_ref(s)]
+        temp = 2 * 8 * (sum(_elems(g, s, env) for s in operands) + own // n.dtype.np.itemsize)
+    elif n.uop == "REDUCE" and n.arg.get("op") == "SUM" and n.dtype.is_float:
+        temp = 2 * 8 * _elems(g, n.src[0], env)
     elif n.uop == "VIEW":
         temp = 8 * len(n.arg["index_map"]) * (own // n.dtype.np.itemsize)
     return own, temp
