@@ -18,13 +18,14 @@ range of N each (private buffers, no barrier: when M is small, so A is packed on
 kept for every K, or when rows split unevenly); or a range of M rows each, in blocks of at most MC
 rows, sharing each (N block, K block) of packed B that they pack together into one of two buffers (one
 barrier per K block). K blocks are of equal size (at most KC), or one block of all of K when A is
-pre-packed and B's panels for all of K fit in L2 (the weights then stream front to back, once). The accumulator lives in a C scratch
-(row stride padded off multiples of 4 KiB) across K blocks; the micro-kernel zeroes its accumulators,
-prefetches its C tile and adds it at the end. After the last K block the rest of the region (the
-epilogue: bias, activation, cast; SRNF R3) runs on each thread's rows of the block, along runs of the
-innermost N axis (``omp simd``), with counters instead of divisions; a fused window reduction runs
-over (row, window group) units (after a barrier when the rows are shared). Scratch buffers are kept
-per thread between calls (``kk_scratch``): fresh pages each call cost more than packing.
+pre-packed and B's panels for all of K fit in L2 (the weights then stream front to back, once). The
+accumulator lives in a C scratch (row stride padded off multiples of 4 KiB) across K blocks; the
+micro-kernel zeroes its accumulators, prefetches its C tile and adds it at the end. After the last K
+block the rest of the region (the epilogue: bias, activation, cast; SRNF R3) runs on each thread's rows
+of the block, along runs of the innermost N axis (``omp simd``), with counters instead of divisions; a
+fused window reduction runs over (row, window group) units (after a barrier when the rows are shared).
+Scratch buffers are kept per thread between calls (``kk_scratch``): fresh pages each call cost more than
+packing.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from kumiko.kernel.pack import PanelPacking, Side, advance_counter, panel_sides
 from kumiko.kernel.stage import Stage
 from kumiko.plan.plan import Plan
 from kumiko.region.analysis import Contraction
-from kumiko.region.operands import stage_bounds, unit_rows
+from kumiko.region.operands import stage_bounds
 from kumiko.region.srnf import children, free_axes
 from kumiko.region.ssa import Binary, BroadcastInDim, Cast, Const, Read, Ref, RExpr, Unary, VType
 from kumiko.symbolic import Expr, prod
@@ -72,17 +73,19 @@ class ContractionLowering(PanelPacking):
         extra = c.k_axes + (c.outer.axes if c.outer is not None else ())
         for a in extra:
             lo.sizes[a.name] = a.size
-        self.a, self.b, self.swapped = panel_sides(c, lo.memrefs, self.mr, self.nr)
+        self.a, self.b, self.swapped = panel_sides(c, lo.memrefs, self.mr, self.nr, lo.sizes)
         #: side key -> the C name of its pre-packed panels (a constant operand packed once, not per call)
         self.pre = {sd.key: f"kk_pk{sd.key}" for sd in (self.a, self.b) if self._prepackable(sd, constants)}
         self.stage = None        # B read in place from a padded copy of its source (kumiko.kernel.stage)
         dims = stage_bounds(self.b.table)
         if "b" in self.pre:
             dims = None
-        if dims is not None and unit_rows(self.b.rows, self.b.table):     # consecutive rows, consecutive elements
+        if dims is not None:
             st = Stage(dims, self.b.rows, tuple(a.name for a in c.k_axes), c.batch, lo.sizes,
                        lo.cname[self.b.table.tensor], self.nr)
-            self.stage = st if st.ok else None
+            # consecutive rows are consecutive stage elements; worth a copy where it replaces the guards
+            # (padding) or a strided gather (phases)
+            self.stage = st if st.ok and st.unit and (self.b.table.guards or st.split) else None
 
     def size(self, axes) -> str:
         return C.index(prod([self.lo.sizes[a] for a in axes]) if axes else 1, set())

@@ -9,7 +9,8 @@ element behind a failed guard is a border zero. A stage offset is affine in the 
 ``stage[base + kk_brso[row j] + kk_bkso[k]]``: when a panel's rows
 are one run of consecutive offsets, or two (a row of pixels that wraps past the pad columns), the
 micro-kernel loads them straight from the stage (``micro.stage_micro_kernel``). No panel is packed,
-so no element is copied nine times (im2col) or tested per k.
+so no element is copied nine times (im2col) or tested per k. A strided operand's dimension is split
+into phase planes (``Stage``), which makes a strided convolution's pixels consecutive in the stage too.
 
 Per call the threads fill the stage together (row by row of its innermost dimension: zeros, a copy,
 zeros). Per N block every panel's runs are checked from the row table; a block with a panel of three or
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import Decl, For, If, Raw
+from kumiko.region.operands import MAX_PHASES
 from kumiko.symbolic import Expr, Sym
 
 
@@ -43,8 +45,26 @@ def span(e: Expr, sizes: dict, axes: set) -> tuple[str, str] | None:
     return f"({' + '.join(lo)})", f"({' + '.join(hi)})"
 
 
+def _phases(rest: Expr, rp: Expr, rows: tuple) -> int:
+    """The phase count of a source dimension whose index moves ``f`` (2..MAX_PHASES) per step of one row
+    axis and whose rest part is a constant (so each element's phase is a function of K alone); else 1."""
+    if rest.terms or len(rp.terms) != 1:
+        return 1
+    (mono, coef), = rp.terms
+    if len(mono) != 1 or not isinstance(mono[0], Sym) or mono[0].name not in rows:
+        return 1
+    return coef if 1 < coef <= MAX_PHASES else 1
+
+
 class Stage:
-    """The stage of one table-form B side: its C declarations, table columns, fill and per-block check."""
+    """The stage of one table-form B side: its C declarations, table columns, fill and per-block check.
+
+    A source dimension that a row axis steps through with stride f > 1 (a strided convolution's rows and
+    columns) is split into f phases: padded index j lives at phase ``j % f``, coarse index ``j / f``, the
+    phase planes outside the coarse dimensions. A read ``f*a + t`` (``t`` from K and constants) is then
+    phase ``t % f`` at coarse ``a + t / f``: consecutive rows are consecutive stage elements again, so the
+    micro-kernel reads them in place instead of a packing gather every f-th element (the space-to-depth
+    view of a strided convolution). The phase and the coarse step of ``t`` go into the K column."""
 
     def __init__(self, dims: tuple, rows: tuple, k_axes: tuple, batch: tuple, sizes: dict, src: str, nr: int):
         self.dims, self.rows, self.k_axes, self.batch = dims, rows, k_axes, batch
@@ -53,7 +73,22 @@ class Stage:
         for (rest, rp, kp), _ in dims:
             parts = (span(rest, sizes, set(batch)), span(rp, sizes, set(rows)), span(kp, sizes, set(k_axes)))
             self.spans.append(parts if all(p is not None for p in parts) else None)
+        self.f = tuple(_phases(rest, rp, rows) for (rest, rp, _), _ in dims)
+        self.split = any(f > 1 for f in self.f)
         self.ok = all(s is not None for s in self.spans)
+        # the innermost row axis steps through the stage one element at a time (a split dimension's coarse
+        # index moves by one per row)
+        last = rows[-1] if rows else None
+        moves = [(i, p[1].coeff(last)) for i, (p, _) in enumerate(dims) if last is not None and p[1].coeff(last)]
+        self.unit = moves == [(self.D - 1, self.f[-1])]
+
+    def _row_coef(self, i: int, a: str) -> int:
+        """How far the stage's dimension i moves per step of row axis ``a`` (a split one: its coarse index)."""
+        return self.dims[i][0][1].coeff(a) // self.f[i]
+
+    def _extent(self, i: int) -> str:
+        """Dimension i's extent as the fill walks it: the padded size, or the phases times the coarse size."""
+        return f"{self.f[i]} * kk_sc{i}" if self.f[i] > 1 else f"kk_sn{i}"
 
     def decls(self) -> list:
         """Pads, extents and strides of the stage, whether to use it (``kk_stg``) and its buffer."""
@@ -65,19 +100,27 @@ class Stage:
             out += [Decl("const long long", f"kk_spl{i}", f"-({lo}) > 0 ? -({lo}) : 0"),
                     Decl("const long long", f"kk_sph{i}", f"({hi}) - ({size} - 1) > 0 ? ({hi}) - ({size} - 1) : 0"),
                     Decl("const long long", f"kk_sn{i}", f"{size} + kk_spl{i} + kk_sph{i}")]
-        out.append(Decl("const long long", f"kk_sst{self.D - 1}", "1"))
-        for i in reversed(range(self.D - 1)):
-            out.append(Decl("const long long", f"kk_sst{i}", f"kk_sst{i + 1} * kk_sn{i + 1}"))
+            if self.f[i] > 1:
+                out.append(Decl("const long long", f"kk_sc{i}", f"(kk_sn{i} + {self.f[i] - 1}) / {self.f[i]}"))
+        # layout: the dimensions before the first split one, every split one's phases, then the rest (a
+        # split one by its coarse index)
+        first = next((i for i, f in enumerate(self.f) if f > 1), self.D)
+        order = ([(f"kk_sst{i}", f"kk_sn{i}") for i in range(first)] +
+                 [(f"kk_sps{i}", str(self.f[i])) for i in range(first, self.D) if self.f[i] > 1] +
+                 [(f"kk_sst{i}", f"kk_sc{i}" if self.f[i] > 1 else f"kk_sn{i}") for i in range(first, self.D)])
+        out.append(Decl("const long long", order[-1][0], "1"))
+        for (name, _), (inner, extent) in zip(reversed(order[:-1]), reversed(order[1:])):
+            out.append(Decl("const long long", name, f"{inner} * {extent}"))
         # how many rows in a row are consecutive in the stage, from the innermost row axis out: a panel
         # is at most two runs when that is at least NR - 1
         out += [Decl("long long", "kk_srun", "1"), Decl("int", "kk_sgo", "1")]
         for a in reversed(self.rows):
-            stride = " + ".join(f"{p[1].coeff(a)}LL * kk_sst{i}" for i, (p, _) in enumerate(self.dims)
-                                if p[1].coeff(a)) or "0"
+            stride = " + ".join(f"{self._row_coef(i, a)}LL * kk_sst{i}" for i in range(self.D)
+                                if self._row_coef(i, a)) or "0"
             out.append(Raw(f"if (kk_sgo && ({stride}) == kk_srun) kk_srun *= {C.index(self.sizes[a], set())}; "
                            "else kk_sgo = 0;"))
         src_n = " * ".join(f"({C.index(n, set())})" for _, n in self.dims)
-        out += [Decl("const long long", "kk_ssz", "kk_sst0 * kk_sn0"),
+        out += [Decl("const long long", "kk_ssz", f"{order[0][0]} * {order[0][1]}"),
                 # the stage at most twice the source (plus a little): the pads are borders, not blow-ups
                 Decl("const int", "kk_stgw", f"kk_srun >= {self.nr - 1} && kk_ssz <= 2 * ({src_n}) + 65536"),
                 Decl("float*", "kk_S", f"kk_stgw ? (float*)kk_scratch(10, sizeof(float) * (size_t)(kk_ssz + "
@@ -87,15 +130,30 @@ class Stage:
 
     def columns(self) -> tuple:
         """The stage offset as an extra table column: (name, row part, K part)."""
-        def part(j: int, axes: tuple) -> str:
-            return " + ".join(f"({C.index(p[j], set(axes))}) * kk_sst{i}" for i, (p, _) in enumerate(self.dims))
-        return (("so", part(1, self.rows), part(2, self.k_axes)),)
+        rows_part, k_part = [], []
+        for i, ((rest, rp, kp), _) in enumerate(self.dims):
+            f = self.f[i]
+            if f == 1:
+                rows_part.append(f"({C.index(rp, set(self.rows))}) * kk_sst{i}")
+                k_part.append(f"({C.index(kp, set(self.k_axes))}) * kk_sst{i}")
+                continue
+            (mono, _), = rp.terms
+            rows_part.append(f"({C.index(Expr({mono: 1}), set(self.rows))}) * kk_sst{i}")
+            t = f"({C.index(kp + rest, set(self.k_axes))} + kk_spl{i})"     # >= 0: the padded index less f*row
+            k_part.append(f"{t} / {f} * kk_sst{i} + {t} % {f} * kk_sps{i}")
+        return (("so", " + ".join(rows_part), " + ".join(k_part)),)
 
     def base(self) -> Decl:
-        """The stage offset of the batch point (``kk_b`` decomposed): the rest parts plus the low pads."""
+        """The stage offset of the batch point (``kk_b`` decomposed): the rest parts plus the low pads (a
+        split dimension's are in its K column)."""
         terms = " + ".join(f"({C.index(p[0], set(self.batch))} + kk_spl{i}) * kk_sst{i}"
-                           for i, (p, _) in enumerate(self.dims))
+                           for i, (p, _) in enumerate(self.dims) if self.f[i] == 1) or "0"
         return Decl("const long long", "kk_bsb", f"kk_stg ? {terms} : 0")
+
+    def _at(self, i: int, j: str) -> str:
+        """The stage offset of padded index ``j`` of dimension i."""
+        f = self.f[i]
+        return f"({j}) % {f} * kk_sps{i} + ({j}) / {f} * kk_sst{i}" if f > 1 else f"({j}) * kk_sst{i}"
 
     def fill(self) -> list:
         """The threads fill the stage together, one innermost row each at a time, and its slack."""
@@ -105,9 +163,9 @@ class Stage:
         idx: list = []
         rest = "kk_sr"
         for i in reversed(range(last)):
-            idx.append(Decl("const long long", f"kk_e{i}", f"({rest}) % kk_sn{i} - kk_spl{i}" if i else
-                            f"({rest}) - kk_spl{i}"))
-            rest = f"({rest}) / kk_sn{i}"
+            idx.append(Decl("const long long", f"kk_j{i}", f"({rest}) % ({self._extent(i)})" if i else rest))
+            idx.append(Decl("const long long", f"kk_e{i}", f"kk_j{i} - kk_spl{i}"))
+            rest = f"({rest}) / ({self._extent(i)})"
         inside = " && ".join(f"kk_e{i} >= 0 && kk_e{i} < {C.index(self.dims[i][1], set())}" for i in range(last)) or "1"
         src_off, stride = [], "1"
         for i in reversed(range(D)):
@@ -115,13 +173,23 @@ class Stage:
                 src_off.append(f"kk_e{i} * ({stride})")
             stride = f"{stride} * ({C.index(self.dims[i][1], set())})"
         src = f"{self.src} + {' + '.join(src_off) or '0'}"
-        rows = " * ".join(f"kk_sn{i}" for i in range(last)) or "1"
-        body = (*idx,
-                Decl("float* KUMIKO_RESTRICT", "kk_sd", f"kk_S + kk_sr * kk_sn{last}"),
-                If(inside, (Raw(f"memset(kk_sd, 0, sizeof(float) * kk_spl{last});\n"
-                                f"memcpy(kk_sd + kk_spl{last}, {src}, sizeof(float) * {n_last});\n"
-                                f"memset(kk_sd + kk_spl{last} + {n_last}, 0, sizeof(float) * kk_sph{last});"),),
-                   (Raw(f"memset(kk_sd, 0, sizeof(float) * kk_sn{last});"),)))
+        rows = " * ".join(f"({self._extent(i)})" for i in range(last)) or "1"
+        dst = " + ".join(self._at(i, f"kk_j{i}") for i in range(last)) or "0"
+        if self.f[last] == 1:
+            row = (Decl("float* KUMIKO_RESTRICT", "kk_sd", f"kk_S + {dst}"),
+                   If(inside, (Raw(f"memset(kk_sd, 0, sizeof(float) * kk_spl{last});\n"
+                                   f"memcpy(kk_sd + kk_spl{last}, {src}, sizeof(float) * {n_last});\n"
+                                   f"memset(kk_sd + kk_spl{last} + {n_last}, 0, sizeof(float) * kk_sph{last});"),),
+                      (Raw(f"memset(kk_sd, 0, sizeof(float) * kk_sn{last});"),)))
+        else:       # deinterleave the row into its phases, zeros outside the source
+            f = self.f[last]
+            row = (Decl("float* KUMIKO_RESTRICT", "kk_sd", f"kk_S + {dst}"),
+                   Decl("const int", "kk_in", inside),
+                   For("kk_ph", "0", str(f), (For("kk_q", "0", f"kk_sc{last}", (
+                       Decl("const long long", "kk_jj", f"kk_q * {f} + kk_ph"),
+                       Raw(f"kk_sd[kk_ph * kk_sps{last} + kk_q] = kk_in && kk_jj >= kk_spl{last} && "
+                           f"kk_jj < kk_spl{last} + {n_last} ? ({src})[kk_jj - kk_spl{last}] : 0.0f;"),)),)))
+        body = (*idx, *row)
         return [If("kk_stg", (
             Decl("const long long", "kk_srn", rows),
             For("kk_sr", "kk_t * kk_srn / kk_nt", "(kk_t + 1) * kk_srn / kk_nt", body),

@@ -67,7 +67,7 @@ def micro_tile(vw: int, rows: int | None = None, cols: int | None = None) -> tup
 def _panel_extents(c: Contraction, facts: RegionFacts) -> tuple[int | None, int | None]:
     """How many rows the packed A panels hold and how wide the B side is (the M and N axes, swapped when
     the operands swap), each when it is a compile-time constant."""
-    swapped = orient(c, facts.memrefs).swapped
+    swapped = orient(c, facts.memrefs, facts.sizes).swapped
     sizes = {**facts.sizes, **{a.name: a.size for a in (c.outer.axes if c.outer is not None else ())}}
 
     def extent(axes) -> int | None:
@@ -109,7 +109,7 @@ def _skinny(c: Contraction, facts: RegionFacts, vw: int, cores: int) -> tuple[in
     """The skinny tile when the region's contraction is one: few rows on the A side, no fused window, the
     operands in their own orientation, and a B side without guards (a padded conv window keeps the packed
     path, which reads it from a stage)."""
-    o = orient(c, facts.memrefs)
+    o = orient(c, facts.memrefs, facts.sizes)
     if c.outer is not None or o.swapped or (o.b_table is not None and o.b_table.guards):
         return None
     return skinny_tile(vw, *_panel_extents(c, facts), cores)

@@ -1,7 +1,8 @@
 """The staged B operand (kumiko/kernel/stage.py): a zero-padded copy of a padded operand's source read in
 place by the stage micro-kernel, against the Tiny IR evaluator. Rows long enough for every panel to be
-one or two runs take the stage path; shorter rows (three runs in a panel), strides and dilations fall
-back to packing per block, and the results must not tell the two apart."""
+one or two runs take the stage path; shorter rows (three runs in a panel) fall back to packing per block,
+and the results must not tell the two apart. Strided pixels (known sizes, enough of them) take a stage
+split into phase planes."""
 import os
 import subprocess
 import sys
@@ -183,3 +184,61 @@ def test_staged_b_with_a_packed_per_k_block(monkeypatch, blocks):
     g = x.conv2d(w, padding=1).graph("y")
     check(g, {"N": 1, "H": 2, "W": 50}, blocks, tol=2e-5)
     assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 2, "W": 50}) > 0
+
+
+# the phased stage: a strided operand's pixels through phase planes (space-to-depth) -----------------------
+def _conv_shapes(c, co, hw, k, stride, pad, dil, n):
+    x, w = Tensor.input("x", (n, c, hw[0], hw[1])), Tensor.input("w", (co, c, k, k))
+    return x.conv2d(w, stride=stride, padding=pad, dilation=dil) + Tensor.input("b", (co, 1, 1))
+
+
+@pytest.mark.parametrize("c,co,hw,k,stride,pad,dil,n", [
+    (3, 11, (61, 63), 5, 2, 1, 1, 1),       # 30 x 30 rows, odd source width: phases of unequal length
+    (3, 16, (36, 130), 7, 2, 3, 1, 2),      # a ResNet-like stem, batch 2
+    (4, 7, (80, 83), 3, 3, 2, 1, 1),        # stride 3
+    (2, 9, (40, 261), 7, 4, (3, 1), 1, 1),  # stride 4, pads 3 (H) and 1 (W)
+    (5, 6, (20, 134), 3, 2, 2, 2, 3),       # stride 2 with dilation 2 (K steps two phase-rows), batch 3
+    (8, 12, (64, 65), 1, 2, 0, 1, 1),       # 1x1 stride 2: no guards, the stage only reorders
+])
+def test_phased_stage_matches_the_evaluator(monkeypatch, c, co, hw, k, stride, pad, dil, n):
+    """Stride 2 to 4 with at least MIN_PHASED_ROWS output pixels (known sizes): the pixels go to the lanes,
+    read in place from a stage whose strided dimensions are split into phases; with output rows of at least
+    NR - 1 pixels (63 and more here) the blocks read it directly."""
+    g = _conv_shapes(c, co, hw, k, stride, pad, dil, n).relu().graph("y")
+    src = check(g, want=["kk_sps", "kk_micro_stage_"])
+    assert src.count("kk_sps") > 2
+    assert _staged_blocks(monkeypatch, g, {}) > 0
+    check(g, blocks=SMALL)
+
+
+def test_few_strided_rows_stay_packed_on_the_a_side():
+    """Below MIN_PHASED_ROWS output pixels (14 x 14) a strided conv keeps its pixels on the A side, packed;
+    with symbolic sizes too (the row count is unknown when compiling)."""
+    g = _conv_shapes(16, 32, (28, 28), 3, 2, 1, 1, 1).graph("y")
+    assert _lowering(g).stage is None and _lowering(g).swapped is False
+    x, w = Tensor.input("x", ("N", 4, "H", "W")), Tensor.input("w", (6, 4, 3, 3))
+    assert _lowering(x.conv2d(w, padding=1, stride=2).graph("y")).stage is None
+
+
+def test_phased_stage_with_constant_weights_and_threads():
+    """Weights bound as constants (pre-packed A, one K block) beside the phased stage, on 1 to 3 threads."""
+    code = r"""
+import numpy as np, kumiko
+from kumiko import Tensor
+rng = np.random.default_rng(1)
+x = Tensor.input("x", (1, 3, 65, 67))
+w = Tensor(rng.standard_normal((24, 3, 7, 7)).astype(np.float32), name="w", role="param")
+b = Tensor(rng.standard_normal(24).astype(np.float32), name="b", role="param")
+g = x.conv2d(w, b, stride=2, padding=3).relu().graph("y")
+exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+assert "kk_sps" in exe._run.source
+X = rng.standard_normal((1, 3, 65, 67)).astype(np.float32)
+for _ in range(2):
+    a, e = np.asarray(exe(x=X)["y"], np.float64), np.asarray(ref(x=X)["y"], np.float64)
+    assert np.linalg.norm(a - e) <= 1e-5 * np.linalg.norm(e)
+print("OK")
+"""
+    for threads in ("1", "2", "3"):
+        env = dict(os.environ, OMP_NUM_THREADS=threads)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
