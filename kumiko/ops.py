@@ -147,7 +147,7 @@ _OPS = (
     Op("RELU", "relu", "unary", lambda x: np.maximum(x, 0), c={"": "kk_relu_{ct}({x})"}, cv="kv_max(kv_zero(), {x})",
        helpers={"typed": "{q} {ct} kk_relu_{ct}({ct} x) {{ return x < 0 ? 0 : x; }}"},
        helper_cts=("float", "double", "int32_t", "int"), numeric=True),
-    Op("ERF", "erf", "unary", erf, **_math("erff({x})", "erf({x})", "kv_map(erff, {x})")),
+    Op("ERF", "erf", "unary", erf, c_cpu="kumiko_erff({x})", **_math("erff({x})", "erf({x})", "kv_erf({x})")),
     Op("ADD", "add", "binary", lambda x, y: x + y, identity=0.0, absorbing=(INF, -INF), commutative=True,
        nan_propagates=True, **_infix("+")),
     Op("SUB", "sub", "binary", lambda x, y: x - y, identity=0.0, absorbing=(INF, -INF), anticommutative=True,

@@ -13,12 +13,13 @@
  *                kumiko_min_ll, kumiko_max_ll
  *   16-bit float kumiko_f16_to_f32, kumiko_f32_to_f16, kumiko_bf16_to_f32, kumiko_f32_to_bf16
  *                (round to nearest even; inf and NaN kept, NaN quieted)
- *   scalar math  kumiko_exp2 (the same polynomial as kv_exp2, so vector body and scalar tail agree bit for bit)
+ *   scalar math  kumiko_exp2, kumiko_erff (the same steps as kv_exp2, kv_erf, so vector body and scalar tail
+ *                agree bit for bit)
  *   vectors      kv_t (KUMIKO_VW floats), kvi_t (KUMIKO_VW int32): GCC vector extensions, so + - * / and
  *                comparisons (giving kvi_t masks of 0 / -1) are plain operators
  *                kv_load, kv_store, kv_loadu_partial, kv_store_partial, kv_tail_mask, kv_select,
  *                kv_zero, kv_broadcast, kv_fma, kv_max, kv_min, kv_sqrt, kv_hsum, kv_hmax, kv_hmin,
- *                kv_exp2, kv_map / kv_map2 (lane-wise scalar fallback, e.g. for log2f/erff/powf),
+ *                kv_exp2, kv_erf, kv_map / kv_map2 (lane-wise scalar fallback, e.g. for log2f/powf),
  *                kv_load_f16, kv_store_f16, kv_load_bf16, kv_store_bf16 (full vectors of 16-bit storage),
  *                kv_round_f16, kv_round_bf16 (fp32 lanes rounded to fp16/bf16 and back, as a cast does)
  *   for generated loop nests (kumiko/kernel/lower_cpu.py)
@@ -216,6 +217,54 @@ KUMIKO_INLINE float kumiko_exp2(float x) {
     return p * kumiko_bits_f32((uint32_t)(k1 + 127) << 23) * kumiko_bits_f32((uint32_t)(k2 + 127) << 23);
 }
 
+/* erf in fp32 (max error 2.4 ulp against the float64 erf over [-6, 6] and down to 1e-30; kv_erf is the same
+ * steps lane-wise, so vector body and scalar tail agree bit for bit). |x| <= KUMIKO_ERF_SPLIT:
+ * x + x * P(x^2); above: 1 - 2^Q(|x| - 2.5) with Q ~ log2(erfc), clamped to <= 0, and 1 from 4 on (erf(4)
+ * rounds to 1). P and Q are least-squares fits (relative error of erf) on Chebyshev nodes of each interval
+ * (tests/runtime/test_cpu_header.py checks the bound). */
+#define KUMIKO_ERF_SPLIT 0.921875f
+#define KUMIKO_ERF_P5 (-6.024051108397543e-4f)
+#define KUMIKO_ERF_P4 5.0007677637040615e-3f
+#define KUMIKO_ERF_P3 (-2.677285112440586e-2f)
+#define KUMIKO_ERF_P2 1.128203496336937e-1f
+#define KUMIKO_ERF_P1 (-3.761252462863922e-1f)
+#define KUMIKO_ERF_P0 1.2837916612625122e-1f
+#define KUMIKO_ERF_Q9 1.4378123296410195e-6f
+#define KUMIKO_ERF_Q8 9.217295882990584e-6f
+#define KUMIKO_ERF_Q7 (-8.348065421159845e-6f)
+#define KUMIKO_ERF_Q6 1.1526807065820321e-4f
+#define KUMIKO_ERF_Q5 (-6.126880180090666e-4f)
+#define KUMIKO_ERF_Q4 3.1173445750027895e-3f
+#define KUMIKO_ERF_Q3 (-1.5667034313082695e-2f)
+#define KUMIKO_ERF_Q2 (-1.3617504835128784f)
+#define KUMIKO_ERF_Q1 (-7.722285747528076f)
+#define KUMIKO_ERF_Q0 (-11.262853622436523f)
+
+KUMIKO_INLINE float kumiko_erff(float x) {
+    const float a = fabsf(x), s = x * x;
+    if (a <= KUMIKO_ERF_SPLIT) {
+        float p = KUMIKO_FMAF(KUMIKO_ERF_P5, s, KUMIKO_ERF_P4);
+        p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P3);
+        p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P2);
+        p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P1);
+        p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P0);
+        return KUMIKO_FMAF(p, x, x);
+    }
+    const float u = a - 2.5f;
+    float q = KUMIKO_FMAF(KUMIKO_ERF_Q9, u, KUMIKO_ERF_Q8);
+    q = KUMIKO_FMAF(q, u, KUMIKO_ERF_Q7);
+    q = KUMIKO_FMAF(q, u, KUMIKO_ERF_Q6);
+    q = KUMIKO_FMAF(q, u, KUMIKO_ERF_Q5);
+    q = KUMIKO_FMAF(q, u, KUMIKO_ERF_Q4);
+    q = KUMIKO_FMAF(q, u, KUMIKO_ERF_Q3);
+    q = KUMIKO_FMAF(q, u, KUMIKO_ERF_Q2);
+    q = KUMIKO_FMAF(q, u, KUMIKO_ERF_Q1);
+    q = KUMIKO_FMAF(q, u, KUMIKO_ERF_Q0);
+    q = q < 0.0f ? q : (q != q ? q : 0.0f);          /* min(q, 0), a NaN kept */
+    const float r = a >= 4.0f ? 1.0f : 1.0f - kumiko_exp2(q);
+    return copysignf(r, x);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* vectors                                                                                          */
 
@@ -332,7 +381,7 @@ KUMIKO_INLINE kv_t kv_sqrt(kv_t a) {
 #endif
 }
 
-/* Lane-wise scalar function (a fallback for what has no vector form here: log2f, erff, ...). */
+/* Lane-wise scalar function (a fallback for what has no vector form here: log2f, powf, ...). */
 #define kv_map(fn, v) __extension__({ kv_t _kv_in = (v), _kv_out; \
     for (int _kv_i = 0; _kv_i < KUMIKO_VW; _kv_i++) { _kv_out[_kv_i] = fn(_kv_in[_kv_i]); } _kv_out; })
 
@@ -386,6 +435,31 @@ KUMIKO_INLINE kv_t kv_exp2(kv_t x) {
     kvu_t k = (kvu_t)t - 0x4B400000u, k1 = (kvu_t)((kvi_t)k >> 1), k2 = k - k1;
     return p * (kv_t)(((k1 + 127u) << 23) & ~(kvu_t)dead) * (kv_t)((k2 + 127u) << 23);
 #endif
+}
+
+/* Vector erf: kumiko_erff's steps lane-wise (both branches computed, the lanes selected). */
+KUMIKO_INLINE kv_t kv_erf(kv_t x) {
+    const kv_t a = (kv_t)((kvu_t)x & 0x7fffffffu), s = x * x;
+    kv_t p = kv_fma(kv_broadcast(KUMIKO_ERF_P5), s, kv_broadcast(KUMIKO_ERF_P4));
+    p = kv_fma(p, s, kv_broadcast(KUMIKO_ERF_P3));
+    p = kv_fma(p, s, kv_broadcast(KUMIKO_ERF_P2));
+    p = kv_fma(p, s, kv_broadcast(KUMIKO_ERF_P1));
+    p = kv_fma(p, s, kv_broadcast(KUMIKO_ERF_P0));
+    p = kv_fma(p, x, x);
+    const kv_t u = a - kv_broadcast(2.5f);
+    kv_t q = kv_fma(kv_broadcast(KUMIKO_ERF_Q9), u, kv_broadcast(KUMIKO_ERF_Q8));
+    q = kv_fma(q, u, kv_broadcast(KUMIKO_ERF_Q7));
+    q = kv_fma(q, u, kv_broadcast(KUMIKO_ERF_Q6));
+    q = kv_fma(q, u, kv_broadcast(KUMIKO_ERF_Q5));
+    q = kv_fma(q, u, kv_broadcast(KUMIKO_ERF_Q4));
+    q = kv_fma(q, u, kv_broadcast(KUMIKO_ERF_Q3));
+    q = kv_fma(q, u, kv_broadcast(KUMIKO_ERF_Q2));
+    q = kv_fma(q, u, kv_broadcast(KUMIKO_ERF_Q1));
+    q = kv_fma(q, u, kv_broadcast(KUMIKO_ERF_Q0));
+    q = kv_select((q < kv_zero()) | (q != q), q, kv_zero());
+    kv_t r = kv_select(a >= kv_broadcast(4.0f), kv_broadcast(1.0f), kv_broadcast(1.0f) - kv_exp2(q));
+    r = (kv_t)(((kvu_t)r & 0x7fffffffu) | ((kvu_t)x & 0x80000000u));
+    return kv_select(a <= kv_broadcast(KUMIKO_ERF_SPLIT), p, r);
 }
 
 /* Full vectors of fp16 / bf16 storage (KUMIKO_VW elements) to and from fp32 lanes. */
