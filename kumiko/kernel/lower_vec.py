@@ -19,13 +19,17 @@ points at a time with ``kumiko_cpu.h``'s ``kv_t`` lanes, then a scalar tail loop
   strided store, i32 or fp64 lanes stay scalar.
 
 Index-set splitting. A guard over the lanes whose branches read memory (the padding of a window: ``x[i +
-r - 1]`` where ``0 <= i + r - 1 < W``) makes the loop three (``split_loop``): an interior range of the axis
-where every such constraint ``k*i + c(r, outer) >= 0`` holds for every point of the reductions in scope
-(``c`` at its weakest corner of their box), computed at run time from the outer loop indices; there the
-guard is statically true and dropped (plain, unaligned loads, no mask), and the vector iterations run
-from the interior's start; before and after it, border iterations are masked: their lanes past the range
-and the lanes a guard rejects touch no memory (masked loads and stores, ``kv_*_mask``), so no scalar code
-is left. A constraint that cannot be proven so (``==``, a non-affine bound) stays a lane mask there too.
+r - 1]`` where ``0 <= i + r - 1 < W``) makes the loop three (``split_loop``), in whole vectors from the
+row's start (``ceil(n / VW)`` iterations, never more): an interior range of the axis where every such
+constraint ``k*i + c(r, outer) >= 0`` holds for every point of the reductions in scope (``c`` at its
+weakest corner of their box), computed at run time from the outer loop indices; there the guard is
+statically true and dropped (plain, unaligned loads, no mask). Masked iterations cover the head up to the
+first vector boundary past the interior's start: their lanes past the range and the lanes a guard rejects
+touch no memory (masked loads and stores, ``kv_*_mask``), so no scalar code is left. Plain iterations run
+while a whole vector fits in the interior; the last vector is the interior body under a tail mask when the
+interior reaches the row's end (a stride-2 row of 28 lanes: one masked vector, one tail with no lane guard
+computed), else masked. A constraint that cannot be proven so (``==``, a non-affine bound) stays a lane
+mask there too.
 
 The mixin holds no state of its own: it reads and sets ``CpuLowering``'s (``_vctx``, ``_vnames``,
 ``red_axes``, ``storage``...) and calls its scalar emitters (``expr``, ``tmp``, ``trip``...). When to
@@ -129,50 +133,46 @@ class VectorEmitter:
             self._vnames -= set(ctx.vlets)
 
     def split_loop(self, var: str, size, emit) -> list | None:
-        """The loop over ``var`` split by index set: masked vector iterations on [0, lo), plain ones from
-        lo for as many whole vectors as fit before hi, masked ones to the end. [lo, hi) is where every
-        lane constraint the interior body assumed holds (computed at run time: it may depend on the outer
-        loop indices); with no whole vector in it (or when masking every iteration takes no more masked
-        iterations than the split's borders do), every iteration is masked. The masked body is emitted
-        twice: with constant sizes gcc folds each border's masks (one shared copy ran 1.5x slower).
-        None: no vector form."""
+        """The loop over ``var`` split by index set, in whole vectors from 0 (never more iterations than
+        the row's ``ceil(n / VW)``): masked ones from 0 until they cover [0, lo), plain ones while a whole
+        vector fits before hi, then one last vector to n: a tail whose lanes the guards all let through
+        when hi reaches n (only the lanes past n masked: the interior body with a tail mask, no lane guard
+        computed), else masked. [lo, hi) is where every lane constraint the interior bodies assumed holds
+        (computed at run time: it may depend on the outer loop indices). With constant sizes the head is
+        one iteration at 0 and gcc folds its masks. None: no vector form."""
         mask = self.tmp()
         try:
             inner = VectorCtx(var, mode="interior")
             body = self._vemit(inner, emit)
+            tailed = VectorCtx(var, mode="interior", mask=mask)
+            end = self._vemit(tailed, emit)
             border = self._vemit(VectorCtx(var, mode="masked", mask=mask), emit)
         except NotVector:
             return None
         axes = set(self.iters) - {var}
         n = C.index(size, set())
         lo, hi = "0LL", n
-        for k, w in inner.assumed:
+        for k, w in dict.fromkeys(inner.assumed + tailed.assumed):
             if k > 0:       # k*var + w >= 0  <=>  var >= ceil(-w / k)
                 b = C.index(-w, axes)
                 lo = f"kumiko_max_ll({lo}, {b if k == 1 else f'kumiko_ceildiv({b}, {k}LL)'})"
             else:           # var <= floor(w / -k)
                 b = C.index(w + 1, axes) if k == -1 else f"kumiko_floordiv({C.index(w, axes)}, {-k}LL) + 1LL"
                 hi = f"kumiko_min_ll({hi}, {b})"
-        t_lo, t_hi, t_nv, t_sp, t_a, t_b = (self.tmp() for _ in range(6))
-
-        def vecs(m: str) -> str:
-            return f"(({m}) + KUMIKO_VW - 1) / KUMIKO_VW"
+        t_lo, t_hi, t_a, t_b = (self.tmp() for _ in range(4))
         decls = [Decl("const long long", t_lo, f"kumiko_min_ll({lo}, {n})"),
                  Decl("const long long", t_hi, f"kumiko_max_ll(kumiko_min_ll({hi}, {n}), {t_lo})"),
-                 Decl("const long long", t_nv, f"({t_hi} - {t_lo}) / KUMIKO_VW"),   # whole interior vectors
-                 # split only when it needs fewer masked iterations than masking every one (a narrow row
-                 # of 28: [0, 1), [1, 17), [17, 28) is two masked and a plain one; [0, 16), [16, 28) two)
-                 Decl("const int", t_sp, f"{t_nv} > 0 && {vecs(n)} > {vecs(t_lo)} + "
-                                         f"{vecs(f'{n} - {t_lo} - {t_nv} * KUMIKO_VW')}"),
-                 Decl("const long long", t_a, f"{t_sp} ? {t_lo} : 0LL"),
-                 Decl("const long long", t_b, f"{t_sp} ? {t_lo} + {t_nv} * KUMIKO_VW : 0LL")]
+                 # the head: whole vectors from 0 over [0, lo); then plain whole vectors inside [lo, hi)
+                 Decl("const long long", t_a, f"kumiko_min_ll(kumiko_ceildiv({t_lo}, KUMIKO_VW) * KUMIKO_VW, {n})"),
+                 Decl("const long long", t_b, f"{t_a} + kumiko_max_ll({t_hi} - {t_a}, 0LL) / KUMIKO_VW * KUMIKO_VW")]
 
-        def masked(end: str) -> tuple:
-            lanes = f"kv_tail_mask((int)kumiko_min_ll(KUMIKO_VW, {end} - {var}))"
-            return (Decl("const kvi_t", mask, lanes),) + tuple(border)
-        return decls + [For(var, "0LL", t_a, masked(t_a), step="KUMIKO_VW", tail=True),
+        def masked(stop: str, stmts) -> tuple:
+            lanes = f"kv_tail_mask((int)kumiko_min_ll(KUMIKO_VW, {stop} - {var}))"
+            return (Decl("const kvi_t", mask, lanes),) + tuple(stmts)
+        return decls + [For(var, "0LL", t_a, masked(t_a, border), step="KUMIKO_VW", tail=True),
                         For(var, t_a, t_b, tuple(body), step="KUMIKO_VW"),
-                        For(var, t_b, n, masked(n), step="KUMIKO_VW", tail=True)]
+                        If(f"{t_hi} >= {n}", (For(var, t_b, n, masked(n, end), step="KUMIKO_VW", tail=True),),
+                           (For(var, t_b, n, masked(n, border), step="KUMIKO_VW", tail=True),))]
 
     def _assume(self, c: Expr, k: int) -> bool:
         """In an interior body: whether the lane constraint ``c >= 0`` (coefficient ``k`` of the vector

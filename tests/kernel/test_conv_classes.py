@@ -12,7 +12,7 @@ import pytest
 
 import kumiko
 from kumiko import Tensor
-from kumiko.kernel.lower_cpu import PARALLEL_MIN_POINTS
+from kumiko.kernel.lower_cpu import PARALLEL_MIN_POINTS, PARALLEL_MIN_WORK
 
 
 def rel(a, b):
@@ -83,24 +83,26 @@ def _parallel_conditions(src: str) -> list[str]:
 
 def _holds(cond: str) -> bool:
     """The value of a parallel loop's ``if`` over constant sizes (C integer arithmetic on literals)."""
-    expr = re.sub(r"(\d+)LL", r"\1", cond)
-    assert re.fullmatch(r"[\d\s()*+\-<>=]+", expr), cond
+    expr = re.sub(r"(\d+)LL", r"\1", cond).replace("||", " or ")
+    assert re.fullmatch(r"[\d\s()*+\-<>=]+|[\d\s()*+\-<>=]+ or [\d\s()*+\-<>=]+", expr), cond
     return bool(eval(expr))
 
 
 @pytest.mark.parametrize("c,hw,stride,parallel", [(144, 56, 1, True), (144, 56, 2, True), (960, 7, 1, True),
-                                                  (16, 17, 1, False), (3, 9, 1, False)])
+                                                  (576, 14, 2, True), (16, 17, 1, False), (3, 9, 1, False)])
 def test_depthwise_nest_counts_its_rows_points_for_threads(c, hw, stride, parallel):
     """The loop nest's ``if`` counts the output's points through the vector loop over each row, which is
     split into a masked head, a plain interior and a masked tail: 144 x 56 x 56 points are enough for
-    threads (the count stopped at the split: 144 x 56 rows were not), 16 x 17 x 17 are not."""
+    threads (the count stopped at the split: 144 x 56 rows were not), 16 x 17 x 17 are not; and it counts
+    the points times the window's 9 taps: 576 x 7 x 7 points are too few alone, not with their taps."""
     g, ins = conv(1, c, c, hw, hw, 3, stride=stride, pad=1, groups=c)
     src = check(g, ins)
     conds = _parallel_conditions(src)
     assert len(conds) == 1
     oh = (hw - 1) // stride + 1
     assert f"({oh}LL - (0" in conds[0].split(f"({c}LL - (0))")[1]        # the row's points, after the channels
-    assert _holds(conds[0]) == parallel == (c * oh * oh >= PARALLEL_MIN_POINTS)
+    assert f"* 9LL >= {PARALLEL_MIN_WORK}LL" in conds[0]
+    assert _holds(conds[0]) == parallel == (c * oh * oh >= PARALLEL_MIN_POINTS or c * oh * oh * 9 >= PARALLEL_MIN_WORK)
 
 
 _SYMBOLIC = r"""
