@@ -126,3 +126,23 @@ def test_global_max_pool_keeps_nan():
     np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
     ok = ~np.isnan(want)
     assert rel_l2(out[ok], want[ok]) < 1e-5
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_pooled_head_then_classifier(n):
+    """The whole head: the pooled conv (packed, window epilogue) flattened into the classifier, a bound
+    [classes, channels] weight used transposed (a Gemm with transB) plus bias: the skinny path at 1 and 3
+    rows, its weight panels pre-packed once."""
+    rng = np.random.default_rng(3)
+    co, classes = 96, 201
+    fw = Tensor(rng.standard_normal((classes, co)).astype(np.float32) * 0.1, name="fw", role="param")
+    fb = Tensor(rng.standard_normal(classes).astype(np.float32), name="fb", role="param")
+    x, r = Tensor.input("x", (n, 40, 7, 7)), Tensor.input("r", (n, co, 7, 7))
+    w = Tensor(rng.standard_normal((co, 40, 1, 1)).astype(np.float32) * 0.2, name="w", role="param")
+    b = Tensor(rng.standard_normal(co).astype(np.float32), name="b", role="param")
+    pooled = (x.conv2d(w, b) + r).relu().mean((2, 3), keepdim=True).reshape((n, co))
+    g = (pooled @ fw.T + fb).graph("logits")
+    exe = _check(g)
+    assert sorted(p.algo for p in exe._run.plans.values()) == ["packed", "skinny"]
+    assert "kk_G" in exe._run.source and "skinny contraction" in exe._run.source
+    assert exe._run.runner.pack_calls == sum(len(st.packs) for st in exe._run.runner.steps) == 2
