@@ -23,9 +23,9 @@ accumulator lives in a C scratch (row stride padded off multiples of 4 KiB) acro
 micro-kernel zeroes its accumulators, prefetches its C tile and adds it at the end. After the last K
 block the rest of the region (the epilogue: bias, activation, cast; SRNF R3) runs on each thread's rows
 of the block, along runs of the innermost N axis (``omp simd``), with counters instead of divisions; a
-fused window reduction runs over (row, window group) units (after a barrier when the rows are shared).
-Scratch buffers are kept per thread between calls (``kk_scratch``): fresh pages each call cost more than
-packing.
+fused window reduction runs over the block's rows and their window groups, right after the block (each
+thread on its own rows). Scratch buffers are kept per thread between calls (``kk_scratch``): fresh pages
+each call cost more than packing.
 """
 from __future__ import annotations
 
@@ -97,9 +97,9 @@ class ContractionLowering(PanelPacking):
     # constant operands ----------------------------------------------------------------------------------
     def _prepackable(self, sd: Side, constants: frozenset) -> bool:
         """Is ``sd`` a function of constant inputs only, the same at every batch point? Then its panels, for
-        all rows and all of K, are packed once (``prepack``) and the kernel reads them in place. Not with a
-        fused window (N blocks then hold whole window groups, not whole panels)."""
-        if self.c.outer is not None or (sd.key == "b" and self.nc % self.nr):
+        all rows and all of K, are packed once (``prepack``) and the kernel reads them in place. Not the B side
+        under a fused window (N blocks then hold whole window groups, not whole panels)."""
+        if sd.key == "b" and (self.c.outer is not None or self.nc % self.nr):
             return False
         reads = _read_tensors(sd.expr)
         return bool(reads) and reads <= constants and not (free_axes(sd.expr) & set(self.c.batch))
@@ -224,15 +224,22 @@ class ContractionLowering(PanelPacking):
                 return m
         return 1
 
-    def _epi_window(self, epilogue, u0: str, u1: str) -> list:
-        """Units (row, window group) [u0, u1) of the block: reduce each window of ``f(acc)`` with the
-        outer op (the windows lie inside one group of G consecutive columns), then the epilogue."""
+    def _epi_window(self, epilogue, r0: str, r1: str) -> list:
+        """Rows [r0, r1) of the block, each its window groups (G consecutive columns each): reduce each window
+        of ``f(acc)`` with the outer op, then the epilogue. It runs right after the block's last micro-kernels,
+        on the thread's own rows of a C tile still in cache (no barrier). When the windows are the trailing
+        axes of a group and everything ``f`` reads sees them as one row-major span (a global pool of a conv's
+        7x7 pixels), a window is one flat run; a sum over a whole group (no other axis in it) is one vector
+        reduction per window (``omp simd reduction``: a scalar sum of 49 columns was a chain of dependent
+        adds, 0.1 ms of ResNet-50's 2048 channels)."""
         c, lo, A, B = self.c, self.lo, self.a, self.b
         wset = [a.name for a in c.outer.axes]
         first = min(B.rows.index(w) for w in wset)
         prefix, suffix = B.rows[:first], B.rows[first:]
         nonw = tuple(a for a in suffix if a not in wset)
         wins = tuple(a for a in suffix if a in wset)
+        flat = not nonw and len(wins) > 1 and _flat_span(
+            c.f, wins, tuple(Expr.lift(lo.sizes[a]) for a in wins), lo.memrefs)
         col, stride = Expr.lift(0), Expr.lift(1)
         for a in reversed(suffix):
             col = col + Expr.sym(a) * stride
@@ -242,35 +249,35 @@ class ContractionLowering(PanelPacking):
         saved = list(lo.red_axes)
         lo.red_axes = list(wset)
         fv_stmts: list = []
-        fv = lo.expr(c.f, fv_stmts, c.outer.dtype)
+        fbody, fsimd = self._epilogue_body(lambda: [Decl("float", "kk_fv", lo.expr(c.f, fv_stmts, c.outer.dtype))])
         lo.red_axes = saved
         ct = C.COMPUTE[c.outer.dtype.name]
-        upd = {"sum": f"kk_acc + {fv}", "max": C.binary("max", "kk_acc", fv, ct),
-               "min": C.binary("min", "kk_acc", fv, ct)}[c.outer.op]
+        upd = {"sum": "kk_acc + kk_fv", "max": C.binary("max", "kk_acc", "kk_fv", ct),
+               "min": C.binary("min", "kk_acc", "kk_fv", ct)}[c.outer.op]
         dm: list = []
         self.decompose("kk_m", A.rows, dm)
         dp: list = []
         self.decompose("kk_jc / kk_G + kk_g", prefix, dp)
         de: list = []
         self.decompose("kk_e", nonw, de)
-        dw: list = []
-        self.decompose("kk_wi", wins, dw)
         ws = int(prod([lo.sizes[a] for a in wins]))
-        win = For("kk_wi", "0", str(ws), tuple(dw) + (
-            Decl("float", "kk_w", f"kk_cg[{C.index(col, set(suffix))}]"),) + tuple(fv_stmts) + (Assign("kk_acc", upd),))
-        g0 = lo.uses_gather
-        lo.uses_gather = False
-        body = tuple(epilogue())
-        simd = not lo.uses_gather      # the windows of a group side by side (the window loop is unrolled)
-        lo.uses_gather = lo.uses_gather or g0
-        return [For("kk_u", u0, u1, (
-            Decl("const long long", "kk_m", "kk_u / kk_ngr"),
-            Decl("const long long", "kk_g", "kk_u % kk_ngr"),
-            *dm, *dp,
-            Decl("const float* KUMIKO_RESTRICT", "kk_cg", "kk_Ct + kk_m*kk_ldc + kk_g*kk_G"),
-            For("kk_e", "0", self.size(nonw), tuple(de) + (
-                Decl(ct, "kk_acc", C.literal(c.outer.init, c.outer.dtype)), win) + body, vector=int(simd)),
-        ))]
+        dw: list = [Decl("const long long", a, "0") for a in wins[:-1]] if flat else []
+        wvar = wins[-1] if flat else "kk_wi"
+        if not flat:
+            self.decompose("kk_wi", wins, dw)
+        wred = c.outer.op == "sum" and not nonw and fsimd      # one vector reduction per window
+        step = (Decl("float", "kk_w", f"kk_cg[{C.index(col, set(suffix))}]"),) + tuple(fv_stmts) + fbody + (
+            Assign("kk_acc", upd),)
+        win = For(wvar, "0", str(ws), (() if flat else tuple(dw)) + step)
+        body, simd = self._epilogue_body(epilogue)
+        return [For("kk_m", r0, r1, tuple(dm) + (
+            For("kk_g", "0", "kk_ngr", tuple(dp) + (
+                Decl("const float* KUMIKO_RESTRICT", "kk_cg", "kk_Ct + kk_m*kk_ldc + kk_g*kk_G"),
+                For("kk_e", "0", self.size(nonw), tuple(de) + (
+                    Decl(ct, "kk_acc", C.literal(c.outer.init, c.outer.dtype)),
+                    *(dw if flat else ()),
+                    *([Raw("#pragma omp simd reduction(+:kk_acc)")] if wred else []), win) + body,
+                    vector=int(simd and not wred)),)),))]
 
     # the kernel -----------------------------------------------------------------------------------------
     def emit(self, epilogue) -> list:  # noqa: C901
@@ -395,26 +402,22 @@ class ContractionLowering(PanelPacking):
                  Decl("const float*", "kk_Ac", f"kk_ares ? kk_Ap + (kk_ic - kk_m0) * kk_K + kk_pc * {mr} : kk_Ap"),
                  Decl("const long long", "kk_lda", "kk_ares ? kk_K : kk_kcb"),
                  micro]
-        if not win:
+        rows_end = "(kk_ic + kk_mcb < kk_M ? kk_ic + kk_mcb : kk_M)"
+        if win:
+            block.append(If("kk_last", tuple(self._epi_window(epilogue, "kk_ic", rows_end))))
+        else:
             # the output's innermost axis on the M side: the epilogue runs down the columns
             epi = self._epi_transposed if lo.r.iters[-1].name in A.rows[-1:] else self._epi_pointwise
-            block.append(If("kk_last", tuple(epi(
-                epilogue, "kk_ic", "(kk_ic + kk_mcb < kk_M ? kk_ic + kk_mcb : kk_M)", "0", "kk_ncur"))))
+            block.append(If("kk_last", tuple(epi(epilogue, "kk_ic", rows_end, "0", "kk_ncur"))))
         barrier = Raw("if (kk_mode == 0) {\n#pragma omp barrier\n}")
         kblock = [Decl("const long long", "kk_kcb", "kk_K - kk_pc < kk_kstep ? kk_K - kk_pc : kk_kstep"),
                   Decl("float* KUMIKO_RESTRICT", "kk_Bc", "kk_Bt + (kk_it++ & 1) * kk_bsz"),
                   Decl("const int", "kk_last", "kk_pc + kk_kcb >= kk_K"),
                   *([If("!kk_dir", tuple(pack_b))] if stg is not None else pack_b), barrier,
                   For("kk_ic", "kk_m0", "kk_m1", tuple(block), step="kk_mblk")]
-        if win:
-            kblock.append(If("kk_last", (
-                barrier,
-                Decl("const long long", "kk_ngr", "kk_ncur / kk_G"),
-                Decl("const long long", "kk_nu", "kk_M * kk_ngr"),
-                *self._epi_window(epilogue, "(kk_mode ? 0 : kk_t * kk_nu / kk_nt)",
-                                  "(kk_mode ? kk_nu : (kk_t + 1) * kk_nu / kk_nt)"))))
         jblock = [Decl("const long long", "kk_ncur", "kk_n1 - kk_jc < kk_nc ? kk_n1 - kk_jc : kk_nc"),
                   Decl("const long long", "kk_np", f"(kk_ncur + {nr - 1}) / {nr}"),
+                  *([Decl("const long long", "kk_ngr", "kk_ncur / kk_G")] if win else []),
                   Decl("const long long", "kk_q0", "kk_mode ? 0 : kk_t * kk_np / kk_nt"),
                   Decl("const long long", "kk_q1", "kk_mode ? kk_np : (kk_t + 1) * kk_np / kk_nt"),
                   # B from the stage (kk_dir) with A resident: one K block (no C tile reloads)
