@@ -51,7 +51,7 @@ class _MmaRenderer:
         self.mt, self.nt = self.wm // 16, self.wn // 8
         self.rings = {r.operand: r for r in k.rings}
         dt = next(s.mma.dtype for s in k.loop.body if isinstance(s, (Compute, MmaFrag)))
-        self.cvt = "kk_f2b" if dt == "bf16" else "kk_f2h"      # the gather's float -> the MMA's 16-bit type
+        self.cvt = cexpr.HALF[dt][1]      # the gather's float -> the MMA's 16-bit type
 
     # loads -------------------------------------------------------------------------------------------
     def load_operand(self, ld: OperandLoad, s: LoadTile, pad: str, aligned: bool) -> list[str]:
