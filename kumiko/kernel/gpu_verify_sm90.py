@@ -231,10 +231,10 @@ class _Machine:
                 if any(op[0] == s.acc for op in role.in_flight()):
                     raise self.fail("acc_in_flight", f"accumulator {s.acc} is read before wgmma.wait_group retired the "
                                     "wgmma writing it", suggestion="wgmma_wait<0> before the epilogue")
-            if isinstance(s, ir.AccToSmem):
-                key = (s.dst.buf, s.dst.stage.eval(env))
-                self.written(role, key, "threads' stores")
-                self.dirty[key] = {"fenced": False, "synced": False, "role": role.name}
+                if isinstance(s, ir.AccToSmem):
+                    key = (s.dst.buf, s.dst.stage.eval(env))
+                    self.written(role, key, "threads' stores")
+                    self.dirty[key] = {"fenced": False, "synced": False, "role": role.name}
             elif isinstance(s, ir.SetMaxNReg):
                 if not 24 <= s.regs <= 256 or s.regs % 8 or (s.regs < role.regs if s.inc else s.regs > role.regs):
                     raise self.fail("setmaxnreg", f"setmaxnreg.{'inc' if s.inc else 'dec'} {s.regs} in role "
