@@ -392,6 +392,15 @@ def _resume_options(p: argparse.ArgumentParser) -> None:
                    "E1801")
 
 
+def _command(sub, name: str, fn, file_help: str = "graph file", **kw) -> argparse.ArgumentParser:
+    """Subcommand ``name`` over FILE, run by ``fn``; it takes the top-level ``--json`` after FILE too (hidden)."""
+    c = sub.add_parser(name, **kw)
+    c.add_argument("file", help=file_help)
+    c.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    c.set_defaults(fn=fn)
+    return c
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kumiko.compiler import DEFAULT_TARGET, TARGETS
     from kumiko.pipeline import DRAWINGS, DUMPS, STAGES
@@ -402,10 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     targets = ", ".join(sorted(TARGETS))
 
-    r = sub.add_parser("run", help="compile a graph and run it on inputs (random ones when none are given)",
-                       description="Compile FILE for a target and run it. Without --inputs, fresh random inputs "
-                       "are made from the signature (sizes from --shapes, else the file's 'symbols').")
-    r.add_argument("file", help="graph file (.json frontend graph, Tiny IR dump, .kumiko DSL or .onnx model)")
+    r = _command(sub, "run", cmd_run, "graph file (.json frontend graph, Tiny IR dump, .kumiko DSL or .onnx model)",
+                 help="compile a graph and run it on inputs (random ones when none are given)",
+                 description="Compile FILE for a target and run it. Without --inputs, fresh random inputs are made "
+                 "from the signature (sizes from --shapes, else the file's 'symbols').")
     r.add_argument("--target", default=DEFAULT_TARGET, help=f"where to run (default {DEFAULT_TARGET}; {targets})")
     r.add_argument("--inputs", help=".npz with one array per signature input name")
     r.add_argument("--shapes", help="sizes for symbolic dims, e.g. M=128,N=64 (overrides the file's defaults)")
@@ -425,12 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "barriers; reversed: copies land at issue, the last warp first and ahead; random: deferred "
                    "copies, a seeded random thread order; asan: AddressSanitizer); "
                    "docs/emulator.md says what each catches")
-    r.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
-    r.set_defaults(fn=cmd_run)
 
-    d = sub.add_parser("dump", help="write the JSON of pipeline stages", description="Print or write each "
-                       "stage's JSON dump, in the seeds' shape; dumps are byte-identical across runs.")
-    d.add_argument("file", help="graph file")
+    d = _command(sub, "dump", cmd_dump, help="write the JSON of pipeline stages", description="Print or write "
+                 "each stage's JSON dump, in the seeds' shape; dumps are byte-identical across runs.")
     d.add_argument("--stage", default="frontend,tiny", help="comma-separated stages: "
                    f"{', '.join(n for n in DUMPS if n != 'c')} (default frontend,tiny)")
     d.add_argument("--target", default=None, help="whose region, plan and gpu_ir stages to dump (default cpu, and "
@@ -440,17 +446,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"json (default): the stage's dump; dot or svg: a picture of the stage "
                    f"({', '.join(DRAWINGS)}); svg needs graphviz's dot")
     _dtype_option(d)
-    d.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
-    d.set_defaults(fn=cmd_dump)
 
-    k = sub.add_parser("compile", help="compile a graph for a target; optionally autotune and write stage dumps",
-                       description="Compile FILE (regions, plans, generated code, build). --tune times the "
-                       "candidate plans of each kernel and caches the winners; --dump writes stage dumps "
-                       f"({', '.join([*DUMPS, 'all'])}) into --out. The stages run in order: "
-                       f"{' -> '.join(STAGES)}; --resume starts from a dumped tiny or region stage, --plan "
-                       "replaces the plans. KUMIKO_DUMP=DIR writes every stage of every compile (--dump all); "
-                       "KUMIKO_DEBUG=1..5 prints stage times, kernels, plans, source, IRs on stderr.")
-    k.add_argument("file", help="graph file")
+    k = _command(sub, "compile", cmd_compile,
+                 help="compile a graph for a target; optionally autotune and write stage dumps",
+                 description="Compile FILE (regions, plans, generated code, build). --tune times the "
+                 "candidate plans of each kernel and caches the winners; --dump writes stage dumps "
+                 f"({', '.join([*DUMPS, 'all'])}) into --out. The stages run in order: "
+                 f"{' -> '.join(STAGES)}; --resume starts from a dumped tiny or region stage, --plan "
+                 "replaces the plans. KUMIKO_DUMP=DIR writes every stage of every compile (--dump all); "
+                 "KUMIKO_DEBUG=1..5 prints stage times, kernels, plans, source, IRs on stderr.")
     k.add_argument("--target", default=DEFAULT_TARGET, help=f"target (default {DEFAULT_TARGET}; {targets})")
     k.add_argument("--tune", action="store_true", help="autotune: build and time candidate plans, cache the best")
     k.add_argument("--shapes", help="sizes to tune for, e.g. M=1024,N=1024,K=1024 (default: the file's symbols)")
@@ -462,36 +466,25 @@ def build_parser() -> argparse.ArgumentParser:
     _resume_options(k)
     k.add_argument("--gpu-arch", help="--target cuda: build for this arch (sm_80, sm_90a, ...) with nvcc, "
                    "without a GPU (default: the device's)")
-    k.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
-    k.set_defaults(fn=cmd_compile)
 
-    x = sub.add_parser("explain", help="show the kernels (regions) a graph becomes and why each boundary is there",
-                       description="Form the regions of FILE (one region = one kernel) and print, for each, what "
-                       "it fuses, what it reads, which rule made each boundary, and its epilogue.")
-    x.add_argument("file", help="graph file")
-    x.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
-    x.set_defaults(fn=cmd_explain)
+    _command(sub, "explain", cmd_explain,
+             help="show the kernels (regions) a graph becomes and why each boundary is there",
+             description="Form the regions of FILE (one region = one kernel) and print, for each, what it fuses, "
+             "what it reads, which rule made each boundary, and its epilogue.")
+    _command(sub, "check", cmd_check, help="verify a graph file (shapes, dtypes, names) without running it",
+             description="Load and verify FILE: the frontend checks and the Tiny IR verifier. Exit 0 when it is "
+             "valid, 2 with a diagnostic when not.")
 
-    c = sub.add_parser("check", help="verify a graph file (shapes, dtypes, names) without running it",
-                       description="Load and verify FILE: the frontend checks and the Tiny IR verifier. "
-                       "Exit 0 when it is valid, 2 with a diagnostic when not.")
-    c.add_argument("file", help="graph file")
-    c.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
-    c.set_defaults(fn=cmd_check)
-
-    b = sub.add_parser("bench", help="time a compiled graph on random inputs (median, min, GFLOP/s)",
-                       description="Compile FILE for a target, make fresh random inputs (never zeros), run "
-                       "--warmup untimed and --reps timed runs, and print the median and min time and GFLOP/s "
-                       "(FLOPs counted on the Tiny IR: 2 per multiply-accumulate). bench/bench.py compares peers.")
-    b.add_argument("file", help="graph file")
+    b = _command(sub, "bench", cmd_bench, help="time a compiled graph on random inputs (median, min, GFLOP/s)",
+                 description="Compile FILE for a target, make fresh random inputs (never zeros), run --warmup "
+                 "untimed and --reps timed runs, and print the median and min time and GFLOP/s (FLOPs counted "
+                 "on the Tiny IR: 2 per multiply-accumulate). bench/bench.py compares peers.")
     b.add_argument("--target", default=DEFAULT_TARGET, help=f"where to run (default {DEFAULT_TARGET}; {targets})")
     b.add_argument("--shapes", help="sizes for symbolic dims, e.g. M=1024,N=1024,K=1024")
     b.add_argument("--reps", type=int, default=10, help="timed runs (default 10)")
     b.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
     b.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     _dtype_option(b)
-    b.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
-    b.set_defaults(fn=cmd_bench)
     return p
 
 

@@ -109,9 +109,6 @@ class Expr:
                 out |= {a.name} if isinstance(a, Sym) else a.num.symbols()
         return frozenset(out)
 
-    def degree(self) -> int:
-        return max((len(m) for m, _ in self.terms), default=0)
-
     def is_affine(self) -> bool:
         return all(len(m) <= 1 and (isinstance(m[0], Sym) or m[0].num.is_affine())
                    for m, _ in self.terms if m)

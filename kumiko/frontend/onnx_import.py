@@ -56,6 +56,7 @@ from kumiko.frontend.onnx_model import (
 from kumiko.symbolic import Expr, dim
 from kumiko.tiny.build import TinyBuilder
 from kumiko.tiny.ir import FrozenDict
+from kumiko.util import reachable
 
 #: ONNX TensorProto elem types kumiko represents (INT64 narrowed to i32)
 ONNX_DTYPES = {1: dtypes.fp32, 10: dtypes.fp16, 16: dtypes.bf16, 6: dtypes.i32, 7: dtypes.i32, 9: dtypes.bool_,
@@ -494,15 +495,8 @@ class Importer:
     def _finish(self, outputs: list[str]) -> Graph:
         """Drop what only import-time folding needed, then build (and so re-validate) the Graph."""
         producer = {o: n for n in self.nodes for o in n.outputs}
-        live: set[str] = set()
-        stack = list(outputs)
-        while stack:
-            t = stack.pop()
-            if t in live:
-                continue
-            live.add(t)
-            if t in producer:
-                stack.extend(x for x in producer[t].inputs if isinstance(x, str))
+        live = reachable(outputs, lambda t: [x for x in producer[t].inputs if isinstance(x, str)]
+                         if t in producer else ())
         nodes = [n for n in self.nodes if n.outputs[0] in live]
         sig = [s for s in self.sig if s.tensor in live or (s.role == "data" and s.tensor not in self.static)]
         tensors = {s.tensor: self.types[s.tensor] for s in sig}

@@ -280,13 +280,17 @@ inline void land(const TmaLand& t) {
   for (const auto& r : t.runs) write_both(r.first, r.second.data(), r.second.size());
   complete_tx(t.bar, t.bytes);
 }
+// The bytes of a TMA's box; the instruction's rank must be the tensor map's.
+inline unsigned tma_box_bytes(int rank, const CUtensorMap& m, const Fiber* f, const std::source_location& loc) {
+  if (m.rank != rank)
+    raise_fault("tma", fmt("cp.async.bulk.tensor.%dd with a rank-%d tensor map", rank, m.rank), f, loc);
+  return unsigned(m.box[0]) * m.box[1] * m.box[2] * m.box[3] * m.box[4] * m.esize;
+}
 inline void tma_load(int rank, void* dst, const CUtensorMap* map, void* bar, const int* c, const std::source_location& loc) {
   Fiber* f = cur("cp.async.bulk.tensor (load)");
   if (rt.aborting) return;
   const CUtensorMap& m = check_map(map, "cp.async.bulk.tensor load", f, loc);
-  if (m.rank != rank)
-    raise_fault("tma", fmt("cp.async.bulk.tensor.%dd with a rank-%d tensor map", rank, m.rank), f, loc);
-  const unsigned bytes = unsigned(m.box[0]) * m.box[1] * m.box[2] * m.box[3] * m.box[4] * m.esize;
+  const unsigned bytes = tma_box_bytes(rank, m, f, loc);
   check_shared(dst, bytes, 128, "cp.async.bulk.tensor destination", f, loc);
   bar_at(bar, "cp.async.bulk.tensor mbarrier", f, loc);
   TmaLand t{smem_addr(dst), smem_addr(bar), {}, bytes};
@@ -349,9 +353,7 @@ inline void tma_store(int rank, const CUtensorMap* map, const void* src, const i
   Fiber* f = cur("cp.async.bulk.tensor (store)");
   if (rt.aborting) return;
   const CUtensorMap& m = check_map(map, "cp.async.bulk.tensor store", f, loc);
-  if (m.rank != rank)
-    raise_fault("tma", fmt("cp.async.bulk.tensor.%dd with a rank-%d tensor map", rank, m.rank), f, loc);
-  const unsigned bytes = unsigned(m.box[0]) * m.box[1] * m.box[2] * m.box[3] * m.box[4] * m.esize;
+  const unsigned bytes = tma_box_bytes(rank, m, f, loc);
   check_shared(src, bytes, 128, "cp.async.bulk.tensor source", f, loc);
   check_async_read(smem_addr(src), bytes, "cp.async.bulk.tensor store", f, loc);
   BulkStore s{m, smem_addr(src), {0, 0, 0, 0, 0}, loc};

@@ -229,9 +229,6 @@ class ParamTable:
         cons = " and ".join(f"{n} >= 1" for n in self.names)
         return isl.Set(f"{self.header()} -> {{ : {cons} }}" if cons else "{ : }")
 
-    def derived_json(self) -> dict:
-        return {k: str(v) for k, v in self.derived.items()}
-
 
 # ------------------------------------------------------------------------------------------------
 # ISL strings and objects

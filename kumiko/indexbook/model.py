@@ -235,9 +235,6 @@ class IndexBook:
     def param_table(self) -> ParamTable:
         return ParamTable(self.params, self.derived)
 
-    def tensor_of(self, vid: str) -> str | None:
-        return self.values[vid].tensor
-
     # ------------------------------------------------------------------------------------------------
     def verify(self) -> None:
         """Check the seed 001 §4.3 invariants; raises the first violation as a KumikoError."""

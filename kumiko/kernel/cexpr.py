@@ -20,6 +20,8 @@ from kumiko.symbolic import Expr, FloorDiv, Sym
 STORAGE = {"fp16": "uint16_t", "bf16": "uint16_t", "fp32": "float", "fp64": "double", "i32": "int32_t",
            "bool": "unsigned char"}
 COMPUTE = {"fp16": "float", "bf16": "float", "fp32": "float", "fp64": "double", "i32": "int32_t", "bool": "int"}
+#: a 16-bit float's conversions: (to float, from float)
+HALF = {"fp16": ("kk_h2f", "kk_f2h"), "bf16": ("kk_b2f", "kk_f2b")}
 
 #: the target-neutral names the emitter uses, bound for the CPU to kumiko_cpu.h (the CUDA renderer binds
 #: the same names to CUDA intrinsics); the helpers the op table's spellings call follow (``ops.helpers``)
@@ -119,10 +121,8 @@ def stride(e, var: str) -> int | None:
 
 def load(buf: str, off: str, dt: dtypes.DType) -> str:
     raw = f"{buf}[{off}]"
-    if dt.name == "fp16":
-        return f"kk_h2f({raw})"
-    if dt.name == "bf16":
-        return f"kk_b2f({raw})"
+    if dt.name in HALF:
+        return f"{HALF[dt.name][0]}({raw})"
     if dt.name == "bool":
         return f"((int){raw})"
     return raw
@@ -143,12 +143,10 @@ def _call_arg(v: str, fn: str) -> str | None:
 def store_value(v: str, dt: dtypes.DType) -> str:
     """The value ``v`` (a compute-type expression) as the stored type; a value that was just widened from
     that 16-bit type (a cast to it, a load of it) is stored as the 16 bits it came from."""
-    if dt.name == "fp16":
-        inner = _call_arg(v, "kk_h2f")
-        return inner if inner is not None else f"kk_f2h({v})"
-    if dt.name == "bf16":
-        inner = _call_arg(v, "kk_b2f")
-        return inner if inner is not None else f"kk_f2b({v})"
+    if dt.name in HALF:
+        widen, narrow = HALF[dt.name]
+        inner = _call_arg(v, widen)
+        return inner if inner is not None else f"{narrow}({v})"
     if dt.name == "bool":
         return f"(unsigned char)(({v}) != 0)"
     return v
@@ -172,10 +170,9 @@ def literal(v, dt: dtypes.DType | None) -> str:
 
 def cast(v: str, src: dtypes.DType, to: dtypes.DType) -> str:
     """Value conversion in compute types; a cast to a 16-bit float rounds to it (and back to float)."""
-    if to.name == "fp16":
-        return f"kk_h2f(kk_f2h((float)({v})))"
-    if to.name == "bf16":
-        return f"kk_b2f(kk_f2b((float)({v})))"
+    if to.name in HALF:
+        widen, narrow = HALF[to.name]
+        return f"{widen}({narrow}((float)({v})))"
     if to.name == "bool":
         return f"(({v}) != 0)"
     if to.name == "i32" and src.is_float:

@@ -261,13 +261,17 @@ class LoadQFrag:
 
 
 @dataclass(frozen=True)
-class ScoreMma:
-    """S = Q K^T for key block ``tile``: K fragments by ldmatrix, mma.sync into the S accumulators."""
+class _BlockMma:
+    """mma.sync over key block ``tile``, its B operand (K or V) by ldmatrix from the block's ring stage."""
     tile: TileRef
     in_tokens: tuple
     out_token: Token
     ldb: LdMatrix
     mma: Mma
+
+
+class ScoreMma(_BlockMma):
+    """S = Q K^T for key block ``tile``: K fragments by ldmatrix, mma.sync into the S accumulators."""
 
 
 @dataclass(frozen=True)
@@ -280,14 +284,8 @@ class OnlineSoftmax:
     mask_tail: bool = True
 
 
-@dataclass(frozen=True)
-class PvMma:
+class PvMma(_BlockMma):
     """O += P V for key block ``tile``: P from the S registers as A fragments, V by ldmatrix.trans."""
-    tile: TileRef
-    in_tokens: tuple
-    out_token: Token
-    ldb: LdMatrix
-    mma: Mma
 
 
 @dataclass(frozen=True)

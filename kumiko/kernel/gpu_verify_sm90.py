@@ -29,32 +29,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from kumiko.kernel.gpu_ir_sm90 import (
-    AccToSmem,
-    BulkCommit,
-    BulkWait,
-    Elect,
-    FenceMbarInit,
-    FenceProxyAsync,
-    For,
-    FragEpilogue,
-    If,
-    MatDesc,
-    MbarArrive,
-    MbarArriveTx,
-    MbarInit,
-    MbarWait,
-    Roles,
-    SetMaxNReg,
-    Sm90Kernel,
-    SyncThreads,
-    TmaLoad,
-    TmaStore,
-    WgmmaCommit,
-    WgmmaFence,
-    WgmmaMma,
-    WgmmaWait,
-)
+from kumiko.kernel import gpu_ir_sm90 as ir
 from kumiko.kernel.gpu_verify import _fail
 from kumiko.plan.gpu import SMEM_LIMIT
 
@@ -95,7 +70,7 @@ class _Block:
 
 
 class _Machine:
-    def __init__(self, k: Sm90Kernel, env: dict):
+    def __init__(self, k: ir.Sm90Kernel, env: dict):
         self.k, self.env = k, env
         self.bars: dict = {}
         self.fills: dict = {}                      # (buf, stage) -> {byte offset: (barrier key, phase, map)}
@@ -147,7 +122,7 @@ class _Machine:
                             suggestion="wait with parity (use / stages) & 1 of the barrier's use count")
         role.observed[key] = observed
 
-    def check_read(self, role: _Role, key, what: str, desc: MatDesc | None = None) -> None:
+    def check_read(self, role: _Role, key, what: str, desc: ir.MatDesc | None = None) -> None:
         d = self.dirty.get(key)
         if d is not None:
             if not d["fenced"]:
@@ -177,28 +152,28 @@ class _Machine:
     def run(self, stmts, env: dict, role: _Role, threads: int):
         for s in stmts:
             self.where = f"{type(s).__name__} in role {role.name}, " + ", ".join(f"{v}={x}" for v, x in env.items())
-            if isinstance(s, For):
+            if isinstance(s, ir.For):
                 for i in range(s.start.eval(env), s.stop.eval(env)):
                     yield from self.run(s.body, {**env, s.var: i}, role, threads)
-            elif isinstance(s, If):
+            elif isinstance(s, ir.If):
                 if s.cond.eval(env):
                     yield from self.run(s.body, env, role, threads)
-            elif isinstance(s, Elect):
+            elif isinstance(s, ir.Elect):
                 yield from self.run(s.body, env, role, 1)
-            elif isinstance(s, Roles):
+            elif isinstance(s, ir.Roles):
                 yield from self.roles(s, env)
-            elif isinstance(s, MbarInit):
+            elif isinstance(s, ir.MbarInit):
                 key = (s.bar.name, s.bar.index.eval(env))
                 self.bars[key] = _Bar(f"{key[0]}[{key[1]}]", s.count, s.count)
-            elif isinstance(s, (MbarArrive, MbarArriveTx)):
+            elif isinstance(s, (ir.MbarArrive, ir.MbarArriveTx)):
                 key = self.bar(s.bar, env)
-                if isinstance(s, MbarArriveTx):
+                if isinstance(s, ir.MbarArriveTx):
                     b = self.bars[key]
                     b.expect[b.phase] = b.expect.get(b.phase, 0) + s.bytes
                     b.tx += s.bytes
                 self.release_check(role, key)
                 self.arrive(key, threads)
-            elif isinstance(s, MbarWait):
+            elif isinstance(s, ir.MbarWait):
                 key, parity = self.bar(s.bar, env), s.parity.eval(env) & 1
                 b = self.bars[key]
                 if ((b.phase - 1) & 1) != parity:
@@ -220,50 +195,47 @@ class _Machine:
                 if b.count >= role.threads > 1:  # every thread of the role arrived: a barrier among them
                     for d in self.dirty.values():
                         d["synced"] |= d["role"] == role.name
-            elif isinstance(s, TmaLoad):
+            elif isinstance(s, ir.TmaLoad):
                 self.tma_load(s, env, role)
-            elif isinstance(s, TmaStore):
+            elif isinstance(s, ir.TmaStore):
                 key = (s.src.buf, s.src.stage.eval(env))
                 self.check_read(role, key, "TMA store")
                 role.bulk_open.append(key)
-            elif isinstance(s, BulkCommit):
+            elif isinstance(s, ir.BulkCommit):
                 role.bulk_groups.append(role.bulk_open)
                 role.bulk_open = []
-            elif isinstance(s, BulkWait):
+            elif isinstance(s, ir.BulkWait):
                 role.bulk_groups = role.bulk_groups[len(role.bulk_groups) - s.pending:] if s.pending else []
-            elif isinstance(s, FenceProxyAsync):
+            elif isinstance(s, ir.FenceProxyAsync):
                 for d in self.dirty.values():
                     d["fenced"] = True
-            elif isinstance(s, SyncThreads):
+            elif isinstance(s, ir.SyncThreads):
                 if role.name != "cta":
                     raise self.fail("shape", "__syncthreads inside a role (the other roles never reach it)")
                 for d in self.dirty.values():
                     d["synced"] = True
                 self.read_since_sync = set()
-            elif isinstance(s, WgmmaFence):
+            elif isinstance(s, ir.WgmmaFence):
                 role.fenced = True
-            elif isinstance(s, FenceMbarInit):
+            elif isinstance(s, ir.FenceMbarInit):
                 pass
-            elif isinstance(s, WgmmaMma):
+            elif isinstance(s, ir.WgmmaMma):
                 self.wgmma(s, env, role)
-            elif isinstance(s, WgmmaCommit):
+            elif isinstance(s, ir.WgmmaCommit):
                 role.groups.append(role.open)
                 role.open = []
-            elif isinstance(s, WgmmaWait):
+            elif isinstance(s, ir.WgmmaWait):
                 role.groups = role.groups[len(role.groups) - s.pending:] if s.pending else []
                 role.fenced = False
-            elif isinstance(s, FragEpilogue):
+            elif isinstance(s, (ir.FragEpilogue, ir.AccToSmem)):
                 if any(op[0] == s.acc for op in role.in_flight()):
                     raise self.fail("acc_in_flight", f"accumulator {s.acc} is read before wgmma.wait_group retired the "
                                     "wgmma writing it", suggestion="wgmma_wait<0> before the epilogue")
-            elif isinstance(s, AccToSmem):
-                if any(op[0] == s.acc for op in role.in_flight()):
-                    raise self.fail("acc_in_flight", f"accumulator {s.acc} is read before wgmma.wait_group retired the "
-                                    "wgmma writing it", suggestion="wgmma_wait<0> before the epilogue")
-                key = (s.dst.buf, s.dst.stage.eval(env))
-                self.written(role, key, "threads' stores")
-                self.dirty[key] = {"fenced": False, "synced": False, "role": role.name}
-            elif isinstance(s, SetMaxNReg):
+                if isinstance(s, ir.AccToSmem):
+                    key = (s.dst.buf, s.dst.stage.eval(env))
+                    self.written(role, key, "threads' stores")
+                    self.dirty[key] = {"fenced": False, "synced": False, "role": role.name}
+            elif isinstance(s, ir.SetMaxNReg):
                 if not 24 <= s.regs <= 256 or s.regs % 8 or (s.regs < role.regs if s.inc else s.regs > role.regs):
                     raise self.fail("setmaxnreg", f"setmaxnreg.{'inc' if s.inc else 'dec'} {s.regs} in role "
                                     f"{role.name} holding {role.regs} (a multiple of 8 in [24, 256], up for inc, "
@@ -272,7 +244,7 @@ class _Machine:
             else:
                 raise self.fail("shape", f"not an SM90 statement: {type(s).__name__}")
 
-    def roles(self, s: Roles, env: dict):
+    def roles(self, s: ir.Roles, env: dict):
         k = self.k
         per_thread = min(256, (65536 // k.threads) & ~7)
         states = [_Role(r.name, 128 * r.count, per_thread) for r in s.roles]
@@ -323,7 +295,7 @@ class _Machine:
                                     f"{ring.empty}[{key[1]}]) while its wgmma reading the stage is in flight",
                                     suggestion="wgmma_wait before the release")
 
-    def tma_load(self, s: TmaLoad, env: dict, role: _Role) -> None:
+    def tma_load(self, s: ir.TmaLoad, env: dict, role: _Role) -> None:
         tmap = self.k.map(s.map)
         key = (s.dst.buf, s.dst.stage.eval(env))
         buf = self.k.buf(s.dst.buf)
@@ -356,7 +328,7 @@ class _Machine:
         b.tx -= tmap.box_bytes
         self.complete(bkey)
 
-    def wgmma(self, s: WgmmaMma, env: dict, role: _Role) -> None:
+    def wgmma(self, s: ir.WgmmaMma, env: dict, role: _Role) -> None:
         k = self.k
         accs = dict(k.accs)
         if s.acc not in accs or accs[s.acc] != s.n or not (8 <= s.n <= 256 and s.n % 8 == 0) or \
@@ -368,7 +340,7 @@ class _Machine:
             raise self.fail("wgmma_fence", f"wgmma.mma_async on {s.acc} with no wgmma.fence since its registers were "
                             "last accessed", suggestion="WgmmaFence before the first mma_async of a batch")
         keys = []
-        for d in ((s.a,) if isinstance(s.a, MatDesc) else ()) + (s.b,):
+        for d in ((s.a,) if isinstance(s.a, ir.MatDesc) else ()) + (s.b,):
             key = (d.ref.buf, d.ref.stage.eval(env))
             self.check_read(role, key, f"wgmma ({s.acc})", d)
             keys.append(key)
@@ -386,7 +358,7 @@ class _Machine:
         self.end_role(top)
 
 
-def check_static(k: Sm90Kernel) -> None:
+def check_static(k: ir.Sm90Kernel) -> None:
     if k.threads % 128 or not 128 <= k.threads <= 1024:
         raise _fail(k, "shape", f"{k.threads} threads: SM90 kernels run whole warpgroups (128 threads)")
     if k.smem_bytes > SMEM_LIMIT["sm90"]:
@@ -399,7 +371,7 @@ def check_static(k: Sm90Kernel) -> None:
                         f"stages must start at multiples of {rep} bytes (the swizzle pattern's repeat)")
 
 
-def verify_sm90(k: Sm90Kernel) -> Sm90Kernel:
+def verify_sm90(k: ir.Sm90Kernel) -> ir.Sm90Kernel:
     """Raise E1801 (with ``hazard``) unless the kernel's async schedule and budget are sound; return it."""
     check_static(k)
     names = [n for n, _ in k.verify_sizes]

@@ -112,10 +112,6 @@ def stage_indexbook(program: Graph | TinyGraph) -> IndexBook:
     return build_indexbook(to_tiny(program), signature_shapes(program))
 
 
-def stage_poly_view(program: Graph | TinyGraph) -> PolyView:
-    return poly_view(stage_indexbook(program))
-
-
 def _binary(c: Compilation) -> Any:
     """The backend's build; a build that refuses the chosen plans (ptxas spills) lowers again with the
     plans the backend gives instead (``Backend.replan``)."""

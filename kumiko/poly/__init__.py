@@ -1,7 +1,7 @@
 """Poly-View and Poly Core (seed 001 §5, §7; seed 003): the SCoP of a graph in ISL and its analyses.
 
-Entry points: ``poly_view(book) -> PolyView`` (blocks, accesses, ContractionPatterns, edges),
-``dependences(view)`` (``kumiko.pipeline.stage_poly_view`` for a program), ``axis_roles``, ``tail_axes``,
+Entry points: ``poly_view(book) -> PolyView`` (blocks, accesses, ContractionPatterns, edges; the book of a
+program: ``kumiko.pipeline.stage_indexbook``), ``dependences(view)``, ``axis_roles``, ``tail_axes``,
 ``compute_at(view, producer, consumer, tile=..., placement=...)`` (backward slice, footprints, halo,
 schedule check, minimum buffer), ``analyse(view)`` and ``report(view)`` (the ``poly_view`` stage dump). See
 docs/poly.md.

@@ -121,17 +121,8 @@ class PolyView:
                 return b
         return None
 
-    def array_of_value(self, vid: str) -> Array:
-        return next(a for a in self.arrays.values() if a.value_id == vid)
-
     def writer(self, array: str) -> Block | None:
         return next((b for b in self.blocks.values() if b.write.array == array), None)
-
-    def domains(self) -> isl.UnionSet:
-        out = isl.UnionSet.empty(self.context.get_space())
-        for b in self.blocks.values():
-            out = out.union(isl.UnionSet.from_set(b.domain))
-        return out
 
     def reads(self, blocks=None) -> isl.UnionMap:
         return union_of([r.rel for b in self._sel(blocks) for r in b.reads])

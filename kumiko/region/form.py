@@ -75,6 +75,7 @@ from kumiko.region.ssa import (
 )
 from kumiko.symbolic import Expr, expr_size
 from kumiko.tiny.ir import MOVEMENT, Node, TinyGraph, is_ref
+from kumiko.util import reachable
 
 #: the most tensors of comparable size (at least 1/8 of the value's elements) a value recomputed in several
 #: regions may read (R-fanout)
@@ -187,18 +188,11 @@ class Former:
         """Compute-node consumers of each node, looking through movement chains."""
         direct = self.g.consumers()
         out: dict[str, set] = {}
+        def moves(u: str) -> bool:
+            return self.g.nodes[u].uop in MOVEMENT
+
         for nid in self.g.nodes:
-            seen, stack, users = set(), list(direct[nid]), set()
-            while stack:
-                u = stack.pop()
-                if u in seen:
-                    continue
-                seen.add(u)
-                if self.g.nodes[u].uop in MOVEMENT:
-                    stack.extend(direct[u])
-                else:
-                    users.add(u)
-            out[nid] = users
+            out[nid] = {u for u in reachable(direct[nid], lambda u: direct[u] if moves(u) else ()) if not moves(u)}
         return out
 
     def buffer(self, nid: str) -> str:

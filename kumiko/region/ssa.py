@@ -176,9 +176,6 @@ class Region:
     yields: tuple             # Yield, ...
     notes: tuple = ()         # why this region is where it is (for `kumiko explain`)
 
-    def input_memref(self, name: str) -> MemRef:
-        return dict(self.inputs)[name]
-
 
 @dataclass(frozen=True)
 class Program:

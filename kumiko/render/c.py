@@ -54,8 +54,9 @@ def render_stmts(body, ind: int, out: list) -> None:
                 size = f"sizeof({s.ctype}) * (size_t)({s.size})"
                 out.append(f"{pad}{s.ctype}* {s.name} = ({s.ctype}*)kumiko_tmp_alloc({size});")
                 local_frees.append(s.name)
-        elif isinstance(s, Parallel):
-            out.append(f"{pad}#pragma omp parallel" + (f" if({s.cond})" if s.cond else ""))
+        elif isinstance(s, (Parallel, Block)):
+            if isinstance(s, Parallel):
+                out.append(f"{pad}#pragma omp parallel" + (f" if({s.cond})" if s.cond else ""))
             out.append(f"{pad}{{")
             render_stmts(s.body, ind + 1, out)
             out.append(f"{pad}}}")
@@ -77,10 +78,6 @@ def render_stmts(body, ind: int, out: list) -> None:
             if s.other:
                 out.append(f"{pad}}} else {{")
                 render_stmts(s.other, ind + 1, out)
-            out.append(f"{pad}}}")
-        elif isinstance(s, Block):
-            out.append(f"{pad}{{")
-            render_stmts(s.body, ind + 1, out)
             out.append(f"{pad}}}")
         elif isinstance(s, Comment):
             out.append(f"{pad}/* {s.text} */")

@@ -87,13 +87,6 @@ def kernel_name(program: Program, k: int) -> str:
     return f"kumiko_{k}_{safe}"
 
 
-def render_cpu_program(program: Program, plans: dict[str, Plan], fuse: bool = True
-                       ) -> tuple[str, dict[str, str], tuple, tuple[Step, ...]]:
-    """(C source, region name -> C function name, the syms order, the calls in execution order)."""
-    out = render_cpu_source(program, plans, fuse)
-    return out.source, out.names, out.syms, out.steps
-
-
 def render_cpu_source(program: Program, plans: dict[str, Plan], fuse: bool = True,
                       constants: frozenset = frozenset()) -> CpuSource:
     """The program's kernels, each distinct one once, as one translation unit and as units (module docstring)."""

@@ -9,14 +9,7 @@ code (score, epilogue) is loop IR printed by the C renderer.
 from __future__ import annotations
 
 from kumiko.kernel.gpu_attention import AttentionKernel, LoadBlock, LoadQFrag, OnlineSoftmax, PvMma, ScoreMma
-from kumiko.kernel.gpu_ir import Barrier, CommitGroup, KLoop, WaitGroup
-from kumiko.render.c import render_stmts
-
-
-def _code(stmts, ind: int) -> list[str]:
-    out: list[str] = []
-    render_stmts(stmts, ind, out)
-    return out
+from kumiko.render.cuda_common import close_kernel, code, open_cta_kernel, pipeline_stmts
 
 
 class _AttentionRenderer:
@@ -102,9 +95,9 @@ class _AttentionRenderer:
                 f"{pad}      float kk_z = -INFINITY;",
                 f"{pad}      if ({conds}) {{"]
         ind = len(pad) // 2 + 4
-        out += _code(k.decl_score, ind)
+        out += code(k.decl_score, ind)
         out.append(f"{pad}        const float kk_acc = kk_s[nt][e];")
-        out += _code(k.score, ind)
+        out += code(k.score, ind)
         out += [f"{pad}      }}",
                 f"{pad}      kk_s[nt][e] = kk_z;",
                 f"{pad}    }}",
@@ -163,31 +156,20 @@ class _AttentionRenderer:
                 f"{pad}}}"]
 
     def stmts(self, body, pad: str) -> list[str]:
-        out: list[str] = []
-        for s in body:
-            if isinstance(s, LoadBlock):
-                out += self.load_block(s, pad)
-            elif isinstance(s, CommitGroup):
-                out.append(f"{pad}cp_async_commit();")
-            elif isinstance(s, WaitGroup):
-                out.append(f"{pad}cp_async_wait<{s.pending}>();")
-            elif isinstance(s, Barrier):
-                out.append(f"{pad}__syncthreads();  // {s.why}")
-            elif isinstance(s, LoadQFrag):
-                out += self.q_frag(s, pad)
-            elif isinstance(s, ScoreMma):
-                out += self.score_mma(s, pad)
-            elif isinstance(s, OnlineSoftmax):
-                out += self.softmax(s, pad)
-            elif isinstance(s, PvMma):
-                out += self.pv_mma(s, pad)
-            elif isinstance(s, KLoop):
-                out.append(f"{pad}for (int {s.var} = 0; {s.var} < KT; ++{s.var}) {{")
-                out += self.stmts(s.body, pad + "  ")
-                out.append(f"{pad}}}")
-            else:
-                raise TypeError(s)
-        return out
+        return pipeline_stmts(body, pad, self.stmt)
+
+    def stmt(self, s, pad: str) -> list[str]:
+        if isinstance(s, LoadBlock):
+            return self.load_block(s, pad)
+        if isinstance(s, LoadQFrag):
+            return self.q_frag(s, pad)
+        if isinstance(s, ScoreMma):
+            return self.score_mma(s, pad)
+        if isinstance(s, OnlineSoftmax):
+            return self.softmax(s, pad)
+        if isinstance(s, PvMma):
+            return self.pv_mma(s, pad)
+        raise TypeError(s)
 
     def epilogue(self) -> list[str]:
         """O / l (the quad's partial sums added) through the consumer's epilogue, rows past M not stored."""
@@ -201,15 +183,15 @@ class _AttentionRenderer:
                "    kk_ls[r] = kk_l[r] + shfl_xor_f32(kk_l[r], 1);",
                "    kk_ls[r] += shfl_xor_f32(kk_ls[r], 2);",
                "  }"]
-        out += _code(k.batch1, 1)
+        out += code(k.batch1, 1)
         out += ["  #pragma unroll", f"  for (int dt = 0; dt < {self.dv // 8}; ++dt)",
                 "    #pragma unroll", "    for (int e = 0; e < 4; ++e) {",
                 "      const long long kk_gm = m0 + warp * 16 + g + 8 * (e >> 1);",
                 "      const long long kk_gn = dt * 8 + 2 * t + (e & 1);",
                 f"      if ({cond}) {{"]
-        out += _code(k.decl_out, 4)
+        out += code(k.decl_out, 4)
         out.append("        const float kk_acc = kk_o[dt][e] / kk_ls[e >> 1];")
-        out += _code(e.code, 4)
+        out += code(e.code, 4)
         out += ["      }", "    }", "  }"]
         return out
 
@@ -219,13 +201,12 @@ class _AttentionRenderer:
         out = [f"// {n}" for n in k.notes]
         out += [f"// plan: BM {self.bm}, BN {self.bn}, D {self.d}, DV {self.dv}, {k.threads // 32} warps, K and V "
                 f"double-buffered, smem {k.smem_bytes} B",
-                f"extern \"C\" __global__ void __launch_bounds__({k.threads}, 1) {k.name}({_params(k.params)}) {{",
-                "  extern __shared__ __align__(128) unsigned char kk_smem[];",
+                *open_cta_kernel(k),
                 "  uint16_t* const sQ = reinterpret_cast<uint16_t*>(kk_smem);",
                 f"  uint16_t* const sK = sQ + {rq.stages * rq.stage_elems};",
                 f"  uint16_t* const sV = sK + {rk.stages * rk.stage_elems};",
                 "  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;"]
-        out += _code(k.setup, 1)
+        out += code(k.setup, 1)
         out.append(f"  const long long m0 = (long long)blockIdx.x * {self.bm};")
         if k.bound:
             out += ["  // key blocks past the last column any of the block's rows sees through the guards: not loaded",
@@ -236,7 +217,7 @@ class _AttentionRenderer:
             out.append("  const long long kk_nend = kk_N;")
         out.append(f"  const int KT = (int)((kk_nend + {self.bn - 1}) / {self.bn});")
         for ld in k.loads:
-            scope = ["  {"] + _code(k.batch1, 2) if ld.ring == "sV" else ["  {"]
+            scope = ["  {"] + code(k.batch1, 2) if ld.ring == "sV" else ["  {"]
             out += [f"  const uint16_t* kk_p{ld.ring};"] + scope + [f"    kk_p{ld.ring} = {ld.base};", "  }"]
         out += [f"  uint32_t kk_qf[{self.d // 16}][4];  // the warp's Q fragments",
                 f"  float kk_s[{self.bn // 8}][4];     // S, then P, of one key block",
@@ -249,13 +230,8 @@ class _AttentionRenderer:
         for part in (k.prologue, (k.loop,), k.drain):
             out += self.stmts(part, "  ")
         out += self.epilogue()
-        out += ["}", f"KUMIKO_ENTRY({k.name})"]
+        out += close_kernel(k)
         return "\n".join(out)
-
-
-def _params(params) -> str:
-    from kumiko.render.cuda import _params as params_c
-    return params_c(params)
 
 
 def render_attention(k: AttentionKernel) -> str:

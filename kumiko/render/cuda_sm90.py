@@ -38,24 +38,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     WgmmaMma,
     WgmmaWait,
 )
-from kumiko.render.c import render_stmts
-
-
-def cuda_params(params) -> str:
-    """Kernel parameters (``gpu_ir.Param``) as a C parameter list."""
-    out = []
-    for p in params:
-        if p.pointer:
-            out.append(f"{'const ' if p.const else ''}{p.ctype}* __restrict__ {p.name}")
-        else:
-            out.append(f"{p.ctype} {p.name}")
-    return ", ".join(out)
-
-
-def _code(stmts, pad: str) -> list[str]:
-    out: list[str] = []
-    render_stmts(stmts, len(pad) // 2, out)
-    return out
+from kumiko.render.cuda_common import close_kernel, code, cuda_params
 
 
 class _Sm90Renderer:
@@ -138,8 +121,8 @@ class _Sm90Renderer:
                      f"{pad}    const long long kk_gn = (long long){s.col0.c()} + 8 * (kk_v >> 2) + 2 * (kk_l % 4) + "
                      "(kk_v & 1);",
                      f"{pad}    if (kk_gm < kk_M && kk_gn < kk_N) {{"]
-                    + _code(s.decls, pad + "      ") + [f"{pad}      const float kk_acc = {s.acc}[kk_v];"]
-                    + _code(s.code, pad + "      ") + [f"{pad}    }}", f"{pad}  }}", f"{pad}}}"])
+                    + code(s.decls, len(pad) // 2 + 3) + [f"{pad}      const float kk_acc = {s.acc}[kk_v];"]
+                    + code(s.code, len(pad) // 2 + 3) + [f"{pad}    }}", f"{pad}  }}", f"{pad}}}"])
         if isinstance(s, SetMaxNReg):
             return [f"{pad}setmaxnreg_{'inc' if s.inc else 'dec'}<{s.regs}>();"]
         if isinstance(s, For):
@@ -184,9 +167,9 @@ class _Sm90Renderer:
         out += self.decls({name for name, _ in k.accs + k.regs} - in_roles, "  ")
         if roles:
             out.append("  const int kk_wg = threadIdx.x / 128;")
-        out += _code(k.setup, "  ")
+        out += code(k.setup, 1)
         out += self.stmts(k.body, "  ")
-        out += ["}", f"KUMIKO_ENTRY({k.name})"]
+        out += close_kernel(k)
         return "\n".join(out)
 
 

@@ -9,6 +9,7 @@ from kumiko import dtypes
 from kumiko.diagnostics import KumikoError
 from kumiko.symbolic import dim, dims
 from kumiko.tiny.ir import Node, TinyGraph, arg_from_json, imm_load, infer, is_ref
+from kumiko.util import reachable
 
 
 class TinyBuilder:
@@ -51,7 +52,7 @@ class TinyBuilder:
 
     def finish(self, inputs: Iterable[tuple[str, str]], outputs: Iterable[tuple[str, str]],
                symbols: Mapping[str, int] | None = None, signature: Mapping | None = None) -> TinyGraph:
-        live = _live(self.nodes, [n for _, n in outputs])
+        live = reachable([n for _, n in outputs], lambda nid: self.nodes[nid].refs)
         inputs = tuple(inputs)
         keep = {nid: n for nid, n in self.nodes.items() if nid in live or nid in dict(inputs).values()}
         return TinyGraph(keep, inputs, tuple(outputs), dict(symbols or {}), dict(signature or {}), self.name)
@@ -111,18 +112,6 @@ class TinyBuilder:
     def reduce(self, x: str, op: str, axes: Iterable[int], acc: dtypes.DType | str) -> str:
         axes = tuple(sorted(a % len(self.shape(x)) for a in axes))
         return self.add("REDUCE", [x], op=op, axes=axes, dtype=dtypes.lookup(acc).name)
-
-
-def _live(nodes: Mapping[str, Node], roots: Iterable[str]) -> set[str]:
-    live: set[str] = set()
-    stack = list(roots)
-    while stack:
-        nid = stack.pop()
-        if nid in live:
-            continue
-        live.add(nid)
-        stack.extend(nodes[nid].refs)
-    return live
 
 
 # ------------------------------------------------------------------------------------------------

@@ -104,9 +104,6 @@ class TinyGraph:
                 out[r].append(n.id)
         return out
 
-    def input_node(self, tensor: str) -> Node:
-        return self.nodes[dict(self.inputs)[tensor]]
-
     def output_node(self, tensor: str) -> Node:
         return self.nodes[dict(self.outputs)[tensor]]
 

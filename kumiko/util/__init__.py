@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, Callable, Iterable
 
 #: the process's umask, read once at import (reading it means setting it)
 _UMASK = os.umask(0o022)
@@ -26,3 +27,16 @@ def atomic_write(path: Path, data: str | bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def reachable(roots: Iterable, successors: Callable[[Any], Iterable]) -> set:
+    """Everything reachable from ``roots`` (the roots included) through ``successors``, with an explicit
+    stack (a chain may be longer than Python's recursion limit)."""
+    seen: set = set()
+    stack = list(roots)
+    while stack:
+        x = stack.pop()
+        if x not in seen:
+            seen.add(x)
+            stack.extend(successors(x))
+    return seen
