@@ -73,7 +73,8 @@ class ContractionLowering(PanelPacking):
         extra = c.k_axes + (c.outer.axes if c.outer is not None else ())
         for a in extra:
             lo.sizes[a.name] = a.size
-        self.a, self.b, self.swapped = panel_sides(c, lo.memrefs, self.mr, self.nr, lo.sizes)
+        self.a, self.b, self.swapped = panel_sides(c, lo.memrefs, self.mr, self.nr, lo.sizes,
+                                                    plan.lanes)
         #: side key -> the C name of its pre-packed panels (a constant operand packed once, not per call)
         self.pre = {sd.key: f"kk_pk{sd.key}" for sd in (self.a, self.b) if self._prepackable(sd, constants)}
         self.stage = None        # B read in place from a padded copy of its source (kumiko.kernel.stage)

@@ -36,10 +36,11 @@ class Side:
     count: str            # the C variable holding the number of rows
 
 
-def panel_sides(c: Contraction, memrefs: dict, mr: int, nr: int, sizes: dict) -> tuple[Side, Side, bool]:
-    """(A side, B side, swapped): the operands' orientation (``kumiko.region.operands.orient``) as the
-    panels of MR and NR rows the kernel packs."""
-    o = orient(c, memrefs, sizes)
+def panel_sides(c: Contraction, memrefs: dict, mr: int, nr: int, sizes: dict,
+                lanes: str | None = None) -> tuple[Side, Side, bool]:
+    """(A side, B side, swapped): the operands' orientation (``kumiko.region.operands.orient``, with the
+    plan's ``lanes`` choice) as the panels of MR and NR rows the kernel packs."""
+    o = orient(c, memrefs, sizes, lanes)
     return Side("a", o.a, o.a_rows, mr, o.a_table, "kk_M"), Side("b", o.b, o.b_rows, nr, o.b_table, "kk_N"), o.swapped
 
 

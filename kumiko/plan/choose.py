@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kumiko.plan.plan import CacheBlock, Plan, RegisterBlock, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, analyze
-from kumiko.region.operands import orient
+from kumiko.region.operands import Orientation, orient
 from kumiko.region.srnf import epilogue
 from kumiko.region.ssa import Program, Region
 from kumiko.symbolic import Expr
@@ -64,22 +64,24 @@ def micro_tile(vw: int, rows: int | None = None, cols: int | None = None) -> tup
     return m, vw * max(2, 2 * mr // m)
 
 
-def _panel_extents(c: Contraction, facts: RegionFacts) -> tuple[int | None, int | None]:
+def _extent(c: Contraction, facts: RegionFacts, axes) -> int | None:
+    """The product of ``axes``' sizes when it is a compile-time constant (the M side holds the outer window
+    axes, which the region reduces over)."""
+    sizes = {**facts.sizes, **{a.name: a.size for a in (c.outer.axes if c.outer is not None else ())}}
+    n = 1
+    for a in axes:
+        v = Expr.lift(sizes[a]).as_int()
+        if v is None:
+            return None
+        n *= v
+    return n
+
+
+def _panel_extents(c: Contraction, facts: RegionFacts, o: Orientation) -> tuple[int | None, int | None]:
     """How many rows the packed A panels hold and how wide the B side is (the M and N axes, swapped when
     the operands swap), each when it is a compile-time constant."""
-    swapped = orient(c, facts.memrefs, facts.sizes).swapped
-    sizes = {**facts.sizes, **{a.name: a.size for a in (c.outer.axes if c.outer is not None else ())}}
-
-    def extent(axes) -> int | None:
-        n = 1
-        for a in axes:             # the M side holds the outer window axes, which the region reduces over
-            v = Expr.lift(sizes[a]).as_int()
-            if v is None:
-                return None
-            n *= v
-        return n
-    a_axes, b_axes = (c.n_axes, c.m_axes) if swapped else (c.m_axes, c.n_axes)
-    return extent(a_axes), extent(b_axes)
+    a_axes, b_axes = (c.n_axes, c.m_axes) if o.swapped else (c.m_axes, c.n_axes)
+    return _extent(c, facts, a_axes), _extent(c, facts, b_axes)
 
 
 #: the most A-side rows a skinny contraction (GEMV, skinny GEMM) has: past it, the packed path's 12 x 32 tiles
@@ -105,14 +107,13 @@ def skinny_tile(vw: int, rows: int | None, cols: int | None, cores: int = 2) -> 
     return rows, nv * vw
 
 
-def _skinny(c: Contraction, facts: RegionFacts, vw: int, cores: int) -> tuple[int, int] | None:
+def _skinny(c: Contraction, facts: RegionFacts, o: Orientation, vw: int, cores: int) -> tuple[int, int] | None:
     """The skinny tile when the region's contraction is one: few rows on the A side, no fused window, the
     operands in their own orientation, and a B side without guards (a padded conv window keeps the packed
     path, which reads it from a stage)."""
-    o = orient(c, facts.memrefs, facts.sizes)
     if c.outer is not None or o.swapped or (o.b_table is not None and o.b_table.guards):
         return None
-    return skinny_tile(vw, *_panel_extents(c, facts), cores)
+    return skinny_tile(vw, *_panel_extents(c, facts, o), cores)
 
 
 def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
@@ -122,19 +123,21 @@ def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
     if c is None:
         return make_plan(arch, algo_choice={"region": "loops"}, vectorize={"width": vw},
                          bind={"outer": "omp"}, epilogue=tuple(epilogue(region)))
-    sk = _skinny(c, facts, vw, int(features.get("cores", 2) or 2))
+    o = orient(c, facts.memrefs, facts.sizes)
+    lanes = "m" if o.swapped else "n"          # the plan says which side the vector lanes hold
+    sk = _skinny(c, facts, o, vw, int(features.get("cores", 2) or 2))
     if sk is not None:
         return make_plan(arch, algo_choice={"contraction": "skinny"}, register_block=RegisterBlock(*sk),
-                         vectorize={"width": vw, "axis": "n"}, bind={"n.o": "omp"},
+                         vectorize={"width": vw, "axis": lanes}, bind={"n.o": "omp"},
                          cache=({"tensor": "x", "where": "pack", "at": "b"},
                                 {"tensor": "y", "where": "pack", "at": "n.o"}),
                          predicate_tail=tuple(c.n_axes), epilogue=tuple(epilogue(region)),
                          local_edges=({"from": c.let, "to": "epilogue",
                                        "buffer": "reg" if c.pointwise else "scratch"},))
-    mr, nr = micro_tile(vw, *_panel_extents(c, facts))
+    mr, nr = micro_tile(vw, *_panel_extents(c, facts, o))
     mc = max(mr, 120 // mr * mr)
     return make_plan(arch, algo_choice={"contraction": "packed"}, register_block=RegisterBlock(mr, nr),
-                     cache_block=CacheBlock(mc, 2048 // nr * nr, 256), vectorize={"width": vw, "axis": "n"},
+                     cache_block=CacheBlock(mc, 2048 // nr * nr, 256), vectorize={"width": vw, "axis": lanes},
                      bind={"m.o": "omp", "n.o(pack)": "omp"},
                      cache=({"tensor": "x", "where": "pack", "at": "k.o"},
                             {"tensor": "y", "where": "pack", "at": "k.o"}),

@@ -147,6 +147,13 @@ class Plan:
     def vector_width(self) -> int:
         return int(self.get("vectorize", "width", 1))
 
+    @property
+    def lanes(self) -> str | None:
+        """Which side of a contraction the vector lanes hold (``vectorize.axis``): ``"m"`` the M axes (the
+        first operand's rows), ``"n"`` the N axes; None: the region's own rule (``region.operands.orient``)."""
+        axis = self.get("vectorize", "axis", None)
+        return axis if axis in ("m", "n") else None
+
     # JSON --------------------------------------------------------------------------------------------
     def to_json(self) -> dict:
         """The seed's shape, with this backend's fields only."""

@@ -29,6 +29,11 @@ def validate(plan: Plan, region: Region, syms: tuple, features: dict) -> Plan:
     if analyze(region).contraction is None:
         raise KumikoError("E1801", at=at, why=f"a {plan.algo} plan needs a contraction (Reduce(sum) of a product) "
                           "and this region has none", suggestion="use algo_choice {\"region\": \"loops\"}")
+    axis = plan.get("vectorize", "axis", None)
+    if axis is not None and axis not in ("m", "n"):
+        raise KumikoError("E1801", at=at, why=f"vectorize.axis {axis!r}: a {plan.algo} plan's lanes hold the "
+                          "contraction's M axes (\"m\") or its N axes (\"n\")",
+                          suggestion='use "axis": "m" or "n", or leave it out for the region\'s own orientation')
     if plan.algo == "skinny":
         return _skinny(plan, at)
     if plan.register_block is None or plan.cache_block is None:

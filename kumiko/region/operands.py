@@ -232,13 +232,16 @@ class Orientation:
     swapped: bool             # x went to the B side
 
 
-def orient(c: Contraction, memrefs: dict, sizes: dict | None = None) -> Orientation:
+def orient(c: Contraction, memrefs: dict, sizes: dict | None = None, lanes: str | None = None) -> Orientation:
     """The orientation of ``c``'s operands (see the module docstring); ``sizes`` (axis -> size) lets a
-    strided operand with enough rows go to the lanes."""
+    strided operand with enough rows go to the lanes. ``lanes`` is a plan's choice (its ``vectorize.axis``):
+    ``"m"`` puts ``x``'s rows (the M axes) in the vector lanes, ``"n"`` ``y``'s; a fused window reduction
+    keeps its own (the windows run along the tile's columns)."""
     ks = {a.name for a in c.k_axes}
     tx = table_form(c.x, memrefs, set(c.m_axes), ks)
     ty = table_form(c.y, memrefs, set(c.n_axes), ks)
     ox, oy = row_order(c.m_axes, tx), row_order(c.n_axes, ty)
-    if c.outer is not None or (lane_rows(ox, tx, sizes) and not lane_rows(oy, ty, sizes)):
+    if c.outer is not None or (lane_rows(ox, tx, sizes) and not lane_rows(oy, ty, sizes) if lanes is None
+                               else lanes == "m"):
         return Orientation(c.y, oy, ty, c.x, ox, tx, True)
     return Orientation(c.x, ox, tx, c.y, oy, ty, False)

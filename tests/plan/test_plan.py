@@ -88,6 +88,7 @@ def test_non_contraction_region_gets_loops():
     (dict(register_block=(6, 12)), "whole number"),
     (dict(register_block=None), "needs register_block"),
     (dict(warp_tile="32x32"), "warp_tile"),
+    (dict(vectorize=(("axis", "k"), ("width", 8))), "vectorize.axis"),
 ])
 def test_validation_diagnostics(bad, why):
     _, r = gemm_region()
@@ -206,3 +207,31 @@ def test_window_over_the_m_axis_gets_a_plan(shape):
     exe = kumiko.compile(g, "cpu")
     ins = exe.random_inputs(3)
     np.testing.assert_allclose(exe(**ins)["o"], kumiko.compile(g, "eval")(**ins)["o"], rtol=1e-5, atol=1e-5)
+
+
+def _conv(c, co, hw, k, symbolic=False):
+    rng = np.random.default_rng(0)
+    x = Tensor.input("x", (1, c, "H", "W") if symbolic else (1, c, hw, hw))
+    w = Tensor(rng.standard_normal((co, c, k, k)).astype(np.float32) * 0.05, name="w", role="param")
+    b = Tensor(rng.standard_normal(co).astype(np.float32), name="b", role="param")
+    return x.conv2d(w, b, padding=k // 2).relu().graph("y", name="conv")
+
+
+@pytest.mark.parametrize("c,co,hw,k", [(128, 48, 7, 3), (1024, 64, 5, 1), (32, 48, 7, 3), (8, 20, 17, 3)])
+def test_plan_says_which_side_the_lanes_hold_and_the_kernel_follows(c, co, hw, k):
+    """The plan's ``vectorize.axis`` names the side in the vector lanes (a stride-1 conv's pixels: the M
+    axes); a plan asking for the other side computes the same, pixels on the A side and channels in the
+    lanes, against the evaluator, with known sizes and with symbolic ones."""
+    for symbolic in (False, True):
+        g = _conv(c, co, hw, k, symbolic)
+        exe = kumiko.compile(g, "cpu")
+        (plan,) = exe._run.plans.values()
+        assert plan.lanes == "m" and plan.to_json()["vectorize"]["axis"] == "m"
+        ins = exe.random_inputs(2, {"H": hw, "W": hw} if symbolic else None)
+        want = kumiko.compile(g, "eval")(**ins)["y"]
+        other = {n: replace(p, vectorize=(("axis", "n"), ("width", p.vector_width))) for n, p in exe._run.plans.items()}
+        flipped = kumiko.compile(g, "cpu", plans=other)
+        assert next(iter(flipped._run.plans.values())).lanes == "n"
+        for e in (exe, flipped):
+            got = e(**ins)["y"]
+            assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
