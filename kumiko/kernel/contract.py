@@ -49,6 +49,10 @@ from kumiko.symbolic import Expr, prod
 _MACS_PER_THREAD = 1 << 17   # the least work (multiply-adds) worth another thread of a contraction
 _ARES = 65536              # floats of A a thread packs once per batch point for every K (half of a 512 KiB L2)
 _KONE = 1 << 19            # floats of packed B (a 2 MiB L2) for all of K: one K block under a pre-packed A
+#: the most floats of A (2 MiB) for which the threads split N under a pre-packed B (weights): each streams
+#: its own half of the panels (from DRAM in a network: BERT-base's 9.4 MB FFN weights) and packs all of A,
+#: instead of both streaming every panel; BERT-base b1 ran 0.90x, GPT-2 0.955x (2-core EPYC, A/B alternating)
+_BSPLIT = 1 << 19
 
 
 def _split(flat: str, names: tuple, sizes: list, out: list) -> None:
@@ -328,11 +332,13 @@ class ContractionLowering(PanelPacking):
               # the most rows x columns one thread computes when threads split M, or N
               Decl("const long long", "kk_wm", f"(kk_Mp / {mr} + kk_T - 1) / kk_T * {mr} * kk_N"),
               Decl("const long long", "kk_wn", "(kk_nun + kk_T - 1) / kk_T * kk_un * kk_Mp"),
-              # 2: whole batch points per thread; 1: a range of N per thread (when M splits unevenly or A is
-              # small enough to pack once); both with private buffers and no barrier. 0: a range of M rows of
-              # every block, whose B panels the threads pack together (a barrier per K block)
+              # 2: whole batch points per thread; 1: a range of N per thread (when M splits unevenly, A is
+              # small enough to pack once, or B is pre-packed and A at most _BSPLIT); both with private
+              # buffers and no barrier. 0: a range of M rows of every block, whose B panels the threads pack
+              # together (a barrier per K block)
               Decl("const int", "kk_mode", "kk_T > 1 && kk_B > 1 && (kk_B % kk_T == 0 || kk_B >= 4 * kk_T) ? 2 : "
-                   f"kk_T > 1 && (kk_wm * 20 > kk_wn * 21 || (kk_Mp * kk_K <= {_ARES} && kk_wn * 10 <= kk_wm * 11))"
+                   f"kk_T > 1 && (kk_wm * 20 > kk_wn * 21 || (kk_Mp * kk_K <= {_ARES} && kk_wn * 10 <= kk_wm * 11)"
+                   + (f" || (kk_Mp * kk_K <= {_BSPLIT} && kk_wn * 10 <= kk_wm * 11)" if "b" in self.pre else "") + ")"
                    " ? 1 : 0"),
               Decl("const long long", "kk_nbuf", "kk_mode ? kk_T : 1")]
         fills: list = []
