@@ -14,6 +14,7 @@ import pytest
 import kumiko
 from kumiko import Tensor
 from kumiko.accuracy import rel_l2
+from tests.kernel.test_skinny import two_calls_match
 
 
 def _check(g, blocks=None, seed=0):
@@ -26,14 +27,7 @@ def _check(g, blocks=None, seed=0):
             return replace(p, cache_block=(max(mr, mc // mr * mr), max(nr, nc // nr * nr), kc))
         exe = kumiko.compile(g, "cpu", plans={k: fit(p) if p.algo == "packed" else p
                                               for k, p in exe._run.plans.items()})
-    ref = kumiko.compile(g, "eval")
-    for s in (seed, seed + 1):
-        ins = {k: v for k, v in exe.random_inputs(s).items() if k not in exe.params}
-        out, want = exe(**ins), ref(**ins)
-        for k in want:
-            assert out[k].shape == want[k].shape, k
-            assert rel_l2(out[k], want[k]) < 1e-5, (k, rel_l2(out[k], want[k]))
-    return exe
+    return two_calls_match(exe, g, seed)
 
 
 def _head(n, ci, co, hw, bound, act="relu", residual=True, pool="mean", seed=0):

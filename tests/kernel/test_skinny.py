@@ -22,6 +22,12 @@ def _check(g, seed=0, algo="skinny"):
     exe = kumiko.compile(g, "cpu")
     algos = {p.algo for p in exe._run.plans.values()} - {"loops"}
     assert algos == {algo}, exe._run.plans
+    return two_calls_match(exe, g, seed)
+
+
+def two_calls_match(exe, g, seed=0):
+    """Two calls of ``exe`` on fresh random inputs (its bound parameters kept) equal the evaluator's
+    outputs; returns ``exe``."""
     ref = kumiko.compile(g, "eval")
     for s in (seed, seed + 1):
         ins = {k: v for k, v in exe.random_inputs(s).items() if k not in exe.params}

@@ -199,6 +199,8 @@ def _conv_shapes(c, co, hw, k, stride, pad, dil, n):
     (2, 9, (40, 261), 7, 4, (3, 1), 1, 1),  # stride 4, pads 3 (H) and 1 (W)
     (5, 6, (20, 134), 3, 2, 2, 2, 3),       # stride 2 with dilation 2 (K steps two phase-rows), batch 3
     (8, 12, (64, 65), 1, 2, 0, 1, 1),       # 1x1 stride 2: no guards, the stage only reorders
+    (3, 10, (20, 131), 3, (1, 2), 1, 1, 2),  # only the columns strided: rows a phase-plane apart
+    (3, 10, (40, 70), 3, (2, 1), 1, 1, 1),   # only the rows strided: unit columns, the rows' dimension split
 ])
 def test_phased_stage_matches_the_evaluator(monkeypatch, c, co, hw, k, stride, pad, dil, n):
     """Stride 2 to 4 with at least MIN_PHASED_ROWS output pixels (known sizes): the pixels go to the lanes,
