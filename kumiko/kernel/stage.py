@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import Decl, For, If, Raw
-from kumiko.region.operands import MAX_PHASES
+from kumiko.region.operands import phase_count, steps_last_dim
 from kumiko.symbolic import Expr, Sym
 
 
@@ -45,17 +45,6 @@ def span(e: Expr, sizes: dict, axes: set) -> tuple[str, str] | None:
     return f"({' + '.join(lo)})", f"({' + '.join(hi)})"
 
 
-def _phases(rest: Expr, rp: Expr, rows: tuple) -> int:
-    """The phase count of a source dimension whose index moves ``f`` (2..MAX_PHASES) per step of one row
-    axis and whose rest part is a constant (so each element's phase is a function of K alone); else 1."""
-    if rest.terms or len(rp.terms) != 1:
-        return 1
-    (mono, coef), = rp.terms
-    if len(mono) != 1 or not isinstance(mono[0], Sym) or mono[0].name not in rows:
-        return 1
-    return coef if 1 < coef <= MAX_PHASES else 1
-
-
 class Stage:
     """The stage of one table-form B side: its C declarations, table columns, fill and per-block check.
 
@@ -73,14 +62,12 @@ class Stage:
         for (rest, rp, kp), _ in dims:
             parts = (span(rest, sizes, set(batch)), span(rp, sizes, set(rows)), span(kp, sizes, set(k_axes)))
             self.spans.append(parts if all(p is not None for p in parts) else None)
-        self.f = tuple(_phases(rest, rp, rows) for (rest, rp, _), _ in dims)
+        self.f = tuple(phase_count(rest, rp, rows) for (rest, rp, _), _ in dims)
         self.split = any(f > 1 for f in self.f)
         self.ok = all(s is not None for s in self.spans)
         # the innermost row axis steps through the stage one element at a time (a split dimension's coarse
         # index moves by one per row)
-        last = rows[-1] if rows else None
-        moves = [(i, p[1].coeff(last)) for i, (p, _) in enumerate(dims) if last is not None and p[1].coeff(last)]
-        self.unit = moves == [(self.D - 1, self.f[-1])]
+        self.unit = steps_last_dim(rows, dims, self.f[-1])
 
     def _row_coef(self, i: int, a: str) -> int:
         """How far the stage's dimension i moves per step of row axis ``a`` (a split one: its coarse index)."""

@@ -30,7 +30,7 @@ def validate(plan: Plan, region: Region, syms: tuple, features: dict) -> Plan:
         raise KumikoError("E1801", at=at, why=f"a {plan.algo} plan needs a contraction (Reduce(sum) of a product) "
                           "and this region has none", suggestion="use algo_choice {\"region\": \"loops\"}")
     axis = plan.get("vectorize", "axis", None)
-    if axis is not None and axis not in ("m", "n"):
+    if axis is not None and plan.lanes is None:
         raise KumikoError("E1801", at=at, why=f"vectorize.axis {axis!r}: a {plan.algo} plan's lanes hold the "
                           "contraction's M axes (\"m\") or its N axes (\"n\")",
                           suggestion='use "axis": "m" or "n", or leave it out for the region\'s own orientation')

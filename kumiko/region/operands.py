@@ -32,7 +32,7 @@ from kumiko.symbolic import Expr, FloorDiv, Sym, prod
 #: the largest stride of a row axis that a stage splits into phases (``kumiko.kernel.stage``)
 MAX_PHASES = 4
 #: the fewest rows of a strided operand that go to the lanes (B) through a phased stage; fewer stay on the
-#: A side, packed: on the 2-core EPYC (Zen 5, one thread) the ResNet stem ran 2.02 -> 1.13 ms and a 1x1
+#: A side, packed: on the 2-core EPYC (one thread) the ResNet stem ran 2.02 -> 1.13 ms and a 1x1
 #: stride-2 conv to 28x28 1.32 -> 0.92 ms through the stage, while to 14x14 (196 rows) and 7x7 both ran
 #: 13-27% slower than packed on the A side
 MIN_PHASED_ROWS = 512
@@ -200,23 +200,43 @@ def unit_rows(rows: tuple, t: TableForm | None) -> bool:
     return t is not None and bool(rows) and _stride(t.off[1], rows[-1]) == 1
 
 
+def phase_count(rest: Expr, rp: Expr, rows: tuple) -> int:
+    """How many phases a stage splits a source dimension into: ``f`` (2 to ``MAX_PHASES``) when its index
+    moves ``f`` per step of one row axis and its rest part is a constant (so each element's phase is a
+    function of K alone), else 1 (``kumiko.kernel.stage``)."""
+    if rest.terms or len(rp.terms) != 1:
+        return 1
+    (mono, coef), = rp.terms
+    if len(mono) != 1 or not isinstance(mono[0], Sym) or mono[0].name not in rows:
+        return 1
+    return coef if 1 < coef <= MAX_PHASES else 1
+
+
+def steps_last_dim(rows: tuple, dims: tuple, f: int) -> bool:
+    """The innermost row axis moves only the source's last dimension, by ``f``: one element of the stage
+    per row once that dimension is split into ``f`` phases (``f`` = 1: not split)."""
+    last = rows[-1] if rows else None
+    moves = [(i, p[1].coeff(last)) for i, (p, _) in enumerate(dims) if last is not None and p[1].coeff(last)]
+    return moves == [(len(dims) - 1, f)]
+
+
 def lane_rows(rows: tuple, t: TableForm | None, sizes: dict | None = None) -> bool:
-    """The innermost row axis moves the operand by one element, or by 2 to ``MAX_PHASES`` along its
-    source's last dimension alone (a strided convolution's pixels: a stage splits that dimension into
-    phases, ``kumiko.kernel.stage``, and the rows are consecutive again) when there are at least
-    ``MIN_PHASED_ROWS`` of them (``sizes``: axis -> size)."""
+    """The innermost row axis moves the operand by one element, or steps its source's last dimension alone
+    by 2 to ``MAX_PHASES`` (a strided convolution's pixels: a stage splits that dimension into phases and
+    the rows are consecutive again) when there are at least ``MIN_PHASED_ROWS`` of them (``sizes``: axis
+    -> size)."""
     if t is None or not rows:
         return False
-    s = _stride(t.off[1], rows[-1])
-    if s == 1:
+    if _stride(t.off[1], rows[-1]) == 1:
         return True
-    if s is None or not 1 < s <= MAX_PHASES or not t.dims or sizes is None:
+    if not t.dims or sizes is None:
+        return False
+    (rest, rp, _), _ = t.dims[-1]
+    f = phase_count(rest, rp, rows)
+    if f == 1 or not steps_last_dim(rows, t.dims, f) or any(a not in sizes for a in rows):
         return False
     extent = Expr.lift(prod([Expr.lift(sizes[a]) for a in rows])).as_int()
-    moves = [p[1].coeff(rows[-1]) for p, _ in t.dims if p[1].coeff(rows[-1])]
-    return (extent is not None and extent >= MIN_PHASED_ROWS and moves == [s]
-            and t.dims[-1][0][1].coeff(rows[-1]) == s)
-
+    return extent is not None and extent >= MIN_PHASED_ROWS
 
 
 @dataclass(frozen=True)
@@ -241,7 +261,8 @@ def orient(c: Contraction, memrefs: dict, sizes: dict | None = None, lanes: str 
     tx = table_form(c.x, memrefs, set(c.m_axes), ks)
     ty = table_form(c.y, memrefs, set(c.n_axes), ks)
     ox, oy = row_order(c.m_axes, tx), row_order(c.n_axes, ty)
-    if c.outer is not None or (lane_rows(ox, tx, sizes) and not lane_rows(oy, ty, sizes) if lanes is None
-                               else lanes == "m"):
+    if lanes is None:
+        lanes = "m" if lane_rows(ox, tx, sizes) and not lane_rows(oy, ty, sizes) else "n"
+    if c.outer is not None or lanes == "m":
         return Orientation(c.y, oy, ty, c.x, ox, tx, True)
     return Orientation(c.x, ox, tx, c.y, oy, ty, False)

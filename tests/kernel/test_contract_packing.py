@@ -272,7 +272,9 @@ for m, k, n in ((37, 300, 200), (130, 257, 3 * 48 + 5), (20, 1100, 97), (300, 70
     b = Tensor(rng.standard_normal(n).astype(np.float32), name="b", role="param")
     g = ((x @ w) + b).relu().graph("y")
     exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
-    assert "kk_pkb" in exe._run.source, "the weights are pre-packed B panels"
+    src = exe._run.source
+    assert "kk_pkb" in src, "the weights are pre-packed B panels"
+    assert "|| (kk_Mp * kk_K <= 524288 && kk_wn * 10 <= kk_wm * 11)" in src, "threads split N under them"
     X = rng.standard_normal((m, k)).astype(np.float32)
     for _ in range(2):
         a, e = np.asarray(exe(x=X)["y"], np.float64), np.asarray(ref(x=X)["y"], np.float64)
@@ -292,3 +294,23 @@ def test_bound_weights_split_by_columns_across_threads(threads):
     env = dict(os.environ, OMP_NUM_THREADS=threads)
     r = subprocess.run([sys.executable, "-c", _BOUND_GEMM], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
+def test_prepacked_a_takes_one_k_block_when_b_fits():
+    """Bound conv weights (pre-packed A) over K = 2304 take all of K in one block when B's panels fit 2 MiB
+    (the weights stream once); the same conv with the weights as an input keeps KC-sized blocks. Both
+    match the evaluator with the K blocks run as the generated test says."""
+    rng = np.random.default_rng(4)
+    x = Tensor.input("x", (1, 256, 9, 11))
+    w = rng.standard_normal((40, 256, 3, 3)).astype(np.float32) * 0.05
+    one = "kk_ncp * kk_K <= 524288 ? 1 : "
+    for bound in (True, False):
+        wt = Tensor(w, name="w", role="param") if bound else Tensor.input("w", w.shape)
+        g = x.conv2d(wt, padding=1).relu().graph("y")
+        exe = kumiko.compile(g, "cpu")
+        assert (one in exe._run.source) == bound
+        ins = {k: v for k, v in exe.random_inputs(1).items() if k != "w" or not bound}
+        if not bound:
+            ins["w"] = w
+        want = kumiko.compile(g, "eval")(**ins, **({"w": w} if bound else {}))["y"]
+        assert rel(exe(**ins)["y"], want) < 1e-5

@@ -360,3 +360,16 @@ def test_array_phase_with_vector_loops(n):
     assert rel(out["y"][fin], want[fin]) < 1e-6
     if n >= 7:
         assert "kv_store(a_s" in src
+
+
+@pytest.mark.parametrize("n", [7, 1023])
+def test_erf_runs_in_vector_lanes_and_its_scalar_twin(n):
+    """ERF in a loop nest is kv_erf on the lanes and kumiko_erff in the tail (no lane-wise libm call);
+    NaN, +-inf and the two polynomial pieces (around |x| = 0.921875) match the evaluator."""
+    x = Tensor.input("x", (3, n))
+    g = (x.erf() * 2.0).graph("y")
+    v = randn(np.random.default_rng(5), 3, n) * 2
+    v[0, :4] = [np.nan, np.inf, -np.inf, 0.921875][: min(4, n)]
+    src = check(g, {"x": v}, tol=1e-6)
+    body = kernel_bodies(src)
+    assert "kv_erf(" in body and "kumiko_erff(" in body and "erff(" not in body.replace("kumiko_erff(", "")
