@@ -228,7 +228,7 @@ def time_kumiko(wl: Workload, exe, inputs: dict, sz: dict, args, timer, runner: 
     plans = "; ".join(f"{p.algo} {describe_gpu_plan(p)}" for p in exe._run.plans.values())
     graph = ", one CUDA Graph" if prog.graph else ""
     k = Row(wl.key, runner, statistics.median(ms), min(ms),
-            note=f"{len(b.launches)} kernels ({plans}), {exe._run.gpu_arch}{graph}")
+            note=f"{len(b.launches)} kernels ({plans}), {exe._run.plan_arch} plans, {exe._run.gpu_arch}{graph}")
     k.tflops = wl.flops(sz) / (k.median_ms * 1e-3) / 1e12
     prog.release()
     return k, out
@@ -252,11 +252,15 @@ def tile_variants(wl: Workload, sz: dict, args, inputs: dict, timer, chosen) -> 
 def bench_workload(wl: Workload, args, dev: CudaDevice, torch) -> list[Row]:
     sz = wl.quick if args.quick else wl.sizes
     print(f"\n{wl.key}: {wl.title}{' (quick sizes ' + str(sz) + ')' if args.quick else ''}")
-    exe = kumiko.compile(wl.graph(sz), "cuda", cuda_graph=args.cuda_graph)
+    first, *others = args.archs or [None]
+    exe = kumiko.compile(wl.graph(sz), "cuda", cuda_graph=args.cuda_graph, arch=first)
     inputs = exe.random_inputs(args.seed, sz)
     timer = _timer(dev, torch)
     k, out = time_kumiko(wl, exe, inputs, sz, args, timer, "kumiko[cuda]")
     variants = tile_variants(wl, sz, args, inputs, timer, exe._run.plans) if args.tiles else []
+    for arch in others:           # --archs: the same workload under other plan archs (sm80's mma.sync on Hopper)
+        other = kumiko.compile(wl.graph(sz), "cuda", cuda_graph=args.cuda_graph, arch=arch)
+        variants.append(time_kumiko(wl, other, inputs, sz, args, timer, f"kumiko[cuda {arch}]"))
     rows = [k] + [r for r, _ in variants]
     if torch is not None:
         dt = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32}
@@ -325,6 +329,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of the whole path")
     p.add_argument("--no-torch", action="store_true", help="time kumiko only")
     p.add_argument("--cuda-graph", action="store_true", help="kumiko replays its launches as one CUDA Graph")
+    p.add_argument("--archs", type=lambda v: [a for a in v.split(",") if a], default=[],
+                   help="plan archs to time, comma-separated, the first in the main row (default: the device's; "
+                   "e.g. sm90,sm80 on Hopper times the wgmma skeleton and the mma.sync one side by side)")
     p.add_argument("--tiles", default="", help="also time each workload under these MMA tiles, comma-separated\n"
                    f"{TILE_SPEC}: a tile sweep")
     p.add_argument("--append", dest="append", action="store_true", default=None,

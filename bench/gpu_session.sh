@@ -2,7 +2,7 @@
 # The GPU checks of docs/gpu_runtime.md ("Running the GPU tests and the benchmark on a lent device") as one
 # command per phase, so a device call is `bash bench/gpu_session.sh PHASE` (carry .whl for islpy):
 #
-#   tests  pytest -m gpu (tests/gpu/test_runtime_gpu.py)      -> $OUT/gpu_tests.log
+#   tests  pytest -m gpu (test_runtime_gpu, test_sm90_gpu, test_fp64_gpu) -> $OUT/gpu_tests.log
 #   bench  bench/bench_gpu.py, every workload against torch   -> $OUT/RESULTS_gpu.md, bench_gpu.json, bench.log
 #   sweep  the GEMM tile sweep (TILES below)                  -> $OUT/RESULTS_tiles.md, tiles.json, tiles.log
 #
@@ -26,10 +26,11 @@ rc=0
 for phase in ${1//,/ }; do
   case $phase in
     tests)
-      python3 -m pytest -o addopts=--import-mode=importlib -m gpu tests/gpu/test_runtime_gpu.py -v -rs 2>&1 \
+      python3 -m pytest -o addopts=--import-mode=importlib -p no:cacheprovider -n 8 --timeout 90 -m gpu -rs \
+        tests/gpu/test_runtime_gpu.py tests/gpu/test_sm90_gpu.py tests/gpu/test_fp64_gpu.py 2>&1 \
         | tee "$OUT/gpu_tests.log" || rc=1 ;;
     bench)
-      python3 bench/bench_gpu.py --reps 20 --results "$OUT/RESULTS_gpu.md" --json "$OUT/bench_gpu.json" 2>&1 \
+      python3 bench/bench_gpu.py --reps 20 --archs "${ARCHS:-}" --results "$OUT/RESULTS_gpu.md" --json "$OUT/bench_gpu.json" 2>&1 \
         | tee "$OUT/bench.log" || rc=1 ;;
     sweep)
       python3 bench/bench_gpu.py --workloads gemm-4096,gemm-8192 --reps 10 --no-append --tiles "$TILES" \

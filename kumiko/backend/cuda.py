@@ -27,7 +27,7 @@ from kumiko.kernel.gpu_verify import verify_mma
 from kumiko.kernel.gpu_verify_attention import verify_attention
 from kumiko.kernel.gpu_verify_sm90 import verify_sm90
 from kumiko.plan.gpu import FUSED, STREAMING, choose_gpu_plan, fallback_gpu_plan, validate_gpu_plan
-from kumiko.plan.plan import Plan
+from kumiko.plan.plan import GPU_ARCHS, Plan
 from kumiko.region.ssa import Program
 from kumiko.render.cuda import render_cuda
 from kumiko.runtime.emu_program import EMU_CONFIGS, CompiledCuda, safe_name
@@ -52,16 +52,21 @@ class CudaEmuOptions(Options):
 @dataclass(frozen=True)
 class CudaOptions(Options):
     """``plans`` (as for cuda-emu), ``device`` (ordinal), ``gpu_arch`` (None: the device's, opened now; an arch
-    such as ``sm_90a`` builds without a device), ``poison``, ``sync_each``, ``cuda_graph`` (None:
+    such as ``sm_90a`` builds without a device), ``arch`` (the plans' arch; None: ``sm90`` for ``sm_90a``, else
+    ``sm80``; ``sm80`` on Hopper keeps the mma.sync skeleton), ``poison``, ``sync_each``, ``cuda_graph`` (None:
     ``KUMIKO_CUDA_GRAPH``): see ``kumiko.runtime.cuda_program``."""
     device: int = 0
     gpu_arch: str | None = None
+    arch: str | None = None
     poison: bool | None = None
     sync_each: bool = False
     cuda_graph: bool | None = None
 
     def __post_init__(self):
         refuse_tune("cuda", self.tune)
+        if self.arch not in (None, *GPU_ARCHS):
+            raise KumikoError("E1501", at="cuda", why=f"unknown plan arch {self.arch!r}",
+                              suggestion=f"use one of {list(GPU_ARCHS)}, or leave it out")
 
 
 @dataclass(frozen=True)
@@ -129,12 +134,16 @@ class CudaBackend(CudaEmuBackend):
         """The device (opened now when no ``gpu_arch`` is given: E1501 without one) and the archs, once."""
         if comp.machine is None:
             from kumiko.runtime.cubin import check_arch
-            from kumiko.runtime.cuda_driver import CudaDevice, plan_arch_for_cc
-            dev, gpu_arch, plan_arch = None, comp.options.gpu_arch, "sm80"
+            from kumiko.runtime.cuda_driver import CudaDevice, plan_arch_for
+            dev, gpu_arch = None, comp.options.gpu_arch
             if gpu_arch is None:
                 dev = CudaDevice.get(comp.options.device)
-                gpu_arch, plan_arch = dev.arch, plan_arch_for_cc(*dev.cc)
+                gpu_arch = dev.arch
             check_arch(gpu_arch)
+            plan_arch = comp.options.arch or plan_arch_for(gpu_arch)
+            if plan_arch == "sm90" and gpu_arch != "sm_90a":
+                raise KumikoError("E1501", at="cuda", why=f"sm90 plans (wgmma, TMA) need an sm_90a cubin, not "
+                                  f"{gpu_arch}", suggestion="use arch='sm80' on this GPU")
             comp.machine = GpuMachine(dev, gpu_arch, plan_arch)
         return comp.machine
 

@@ -42,6 +42,8 @@ UNAVAILABLE = frozenset({"CUDA_ERROR_NO_DEVICE", "CUDA_ERROR_INVALID_DEVICE",
                          "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "CUDA_ERROR_DEVICE_UNAVAILABLE",
                          "CUDA_ERROR_STUB_LIBRARY", "CUDA_ERROR_SYSTEM_NOT_READY", "CUDA_ERROR_OPERATING_SYSTEM",
                          "CUDA_ERROR_DEVICE_NOT_LICENSED"})
+#: sizeof(CUtensorMap) (cuda.h: 64-byte aligned, opaque)
+TENSOR_MAP_BYTES = 128
 _EMU_HINT = "or run the same program on the CPU with --target cuda-emu"
 
 
@@ -118,10 +120,11 @@ def arch_for_cc(major: int, minor: int) -> str:
     return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
 
 
-def plan_arch_for_cc(major: int, minor: int) -> str:
-    """The plan arch (``kumiko.plan.gpu``): every device runs the SM80 skeleton, so ``sm80``."""
-    arch_for_cc(major, minor)
-    return "sm80"
+def plan_arch_for(gpu_arch: str) -> str:
+    """The plans' arch (``kumiko.plan.gpu``) for a cubin arch: ``sm90`` (the SM90 GEMM skeleton: TMA, mbarrier,
+    wgmma, where TMA can read the operands) for ``sm_90a``, whose wgmma needs the arch-specific build; ``sm80``
+    (the mma.sync skeleton) for every other arch."""
+    return "sm90" if gpu_arch == "sm_90a" else "sm80"
 
 
 def cubin_runs_on(arch: str, cc: tuple[int, int]) -> bool:
@@ -217,6 +220,20 @@ class CudaDevice:
     def fill(self, ptr: int, byte: int, nbytes: int, what: str) -> None:
         if nbytes:
             _ok(self.drv.cuMemsetD8(ptr, byte, nbytes), "cuMemsetD8", what)
+
+    def encode_tensor_map(self, enc: Any, address: int, what: str) -> bytes:
+        """``cuTensorMapEncodeTiled`` of a ``kernel.tensormap.TiledEncoding`` over the device array at ``address``:
+        the 128 bytes of the ``CUtensorMap`` a kernel takes by value (``const __grid_constant__``)."""
+        d = self.drv
+        res = d.cuTensorMapEncodeTiled(
+            d.CUtensorMapDataType(enc.data_type), enc.rank, int(address),
+            [d.cuuint64_t(x) for x in enc.global_dim], [d.cuuint64_t(x) for x in enc.global_strides],
+            [d.cuuint32_t(x) for x in enc.box_dim], [d.cuuint32_t(x) for x in enc.element_strides],
+            d.CUtensorMapInterleave(enc.interleave), d.CUtensorMapSwizzle(enc.swizzle),
+            d.CUtensorMapL2promotion(enc.l2_promotion), d.CUtensorMapFloatOOBfill(enc.oob_fill))
+        tmap = _ok(res, "cuTensorMapEncodeTiled", what, dims=list(enc.global_dim), box=list(enc.box_dim),
+                   strides=list(enc.global_strides), address=hex(int(address)))
+        return ctypes.string_at(tmap.getPtr(), TENSOR_MAP_BYTES)
 
     # -- modules and launches ---------------------------------------------------------------------
     def load_module(self, image: bytes, what: str) -> Any:

@@ -42,6 +42,7 @@ from kumiko.runtime.arena import plan_arena
 from kumiko.runtime.cubin import Cubin, build_cubin, invalidate
 from kumiko.runtime.cuda_driver import BAD_IMAGE, CudaDevice, cubin_runs_on
 from kumiko.runtime.emu_program import CompiledCuda, check_status, safe_name
+from kumiko.runtime.emu_worker import value_buffer
 from kumiko.runtime.program import program_symbols
 from kumiko.symbolic import dim_eval
 from kumiko.tiny.inputs import check_array
@@ -75,15 +76,28 @@ def param_ctype(param) -> type:
     return ct
 
 
-def pack_params(params: Sequence, values: Sequence[int | float]) -> tuple[Any, list]:
+#: launch-signature entries that are not a ``gpu_ir.Param``: an SM90 kernel's ``CUtensorMap`` (128 bytes by value,
+#: encoded at bind time) and its int scalars, which come before its buffers
+TMAP, INT = "tmap", "int"
+
+
+def launch_params(kernel) -> list:
+    """Every parameter of a kernel in launch order: ``TMAP`` per tensor map, ``INT`` per int scalar (SM90 kernels),
+    then its ``gpu_ir.Param`` list."""
+    return [TMAP] * len(getattr(kernel, "maps", ())) + [INT] * len(getattr(kernel, "scalars", ())) + list(kernel.params)
+
+
+def pack_params(params: Sequence, values: Sequence[Any]) -> tuple[Any, list]:
     """cuLaunchKernel's ``kernelParams``: a ``void*[]`` whose entry i points at parameter i's value.
 
-    Returns the array and the ctypes values it points into; both must stay alive until the launch
-    has been issued (the driver copies the values at launch time).
+    ``params`` as ``launch_params`` gives them: a ``TMAP`` value is the map's 128 bytes (copied into a 64-byte
+    aligned buffer), an ``INT`` an int. Returns the array and the ctypes values it points into; both must stay
+    alive until the launch has been issued (the driver copies the values at launch time).
     """
     if len(params) != len(values):
         raise KumikoError("E1703", at="kernel parameters", why=f"{len(values)} values for {len(params)} parameters")
-    keep = [param_ctype(p)(int(v) if p.pointer else v) for p, v in zip(params, values)]
+    keep = [value_buffer(v) if p == TMAP else ctypes.c_int(int(v)) if p == INT
+            else param_ctype(p)(int(v) if p.pointer else v) for p, v in zip(params, values)]
     argv = (ctypes.c_void_p * max(1, len(keep)))(*[ctypes.addressof(k) for k in keep])
     return argv, keep
 
@@ -137,6 +151,7 @@ class Backend(Protocol):
     def download(self, arr: np.ndarray, ptr: int, what: str) -> None: ...
     def fill(self, ptr: int, byte: int, nbytes: int, what: str) -> None: ...
     def set_dynamic_smem(self, fn: Any, kernel: str, nbytes: int) -> None: ...
+    def encode_tensor_map(self, enc: Any, address: int, what: str) -> bytes: ...
     def launch(self, fn: Any, kernel: str, grid: tuple, block: tuple, smem: int, argv: Any) -> None: ...
     def capture(self, issue: Any, what: str) -> Any: ...
     def graph_launch(self, exe: Any, what: str) -> None: ...
@@ -192,24 +207,25 @@ class CudaProgram:
         used = {name for ln in compiled.launches for kind, name in ln.args if kind == "buf"}
         self._launched = dataclasses.replace(self.program, buffers=tuple(b for b in self.program.buffers
                                                                           if b[0] in used))
-        self.params = {k.name: k.params for k in compiled.kernels}
+        self.params = {k.name: launch_params(k) for k in compiled.kernels}
         missing = [ln.kernel for ln in compiled.launches if ln.kernel not in functions or ln.kernel not in self.params]
         if missing:
             raise KumikoError("E1703", at=f"program {self.program.name}",
                               why=f"no loaded function for kernels {missing}")
         self.functions = dict(functions)
         for ln in compiled.launches:
-            if ln.maps:
-                raise KumikoError("E1703", at=ln.kernel, why="the SM90 GEMM skeleton's tensor-map launches are not "
-                                  "wired to the CUDA driver yet (cuTensorMapEncodeTiled)",
-                                  suggestion="run it on cuda-emu, or give the region an sm80 plan")
             if len(ln.args) != len(self.params[ln.kernel]):
                 raise KumikoError("E1703", at=ln.kernel, why=f"the launch passes {len(ln.args)} arguments, the kernel "
                                   f"takes {len(self.params[ln.kernel])}")
             for (kind, name), p in zip(ln.args, self.params[ln.kernel]):
-                if (kind != "sym") != bool(p.pointer):
+                if isinstance(p, str):
+                    fits, what = kind == p, p
+                else:
+                    fits, what = (kind in ("buf", "scratch", "status")) == bool(p.pointer), \
+                        f"{p.name} ({p.ctype}{'*' if p.pointer else ''})"
+                if not fits:
                     raise KumikoError("E1703", at=ln.kernel, why=f"argument {kind} {name!r} does not fit parameter "
-                                      f"{p.name} ({p.ctype}{'*' if p.pointer else ''})")
+                                      f"{what}")
         smem: dict[str, int] = {}
         for ln in compiled.launches:
             smem[ln.kernel] = max(smem.get(ln.kernel, 0), ln.smem)
@@ -245,10 +261,12 @@ class CudaProgram:
             self._allocate(b, env)
             for ln in self.compiled.launches:
                 grid, block = launch_dims(ln, env)
-                if min(grid) == 0:
-                    continue                       # nothing to compute at these sizes
+                if min(grid) == 0 or not ln.runs(env):
+                    continue                       # nothing to compute at these sizes, or the other kernel's sizes
+                ints = {n: dim_eval(e, env) for n, e in ln.map_sizes}      # an SM90 kernel's int scalars
                 try:
-                    values = [b.ptrs[name] if kind == "buf" else b.ptrs[_scratch_key(ln, name)]
+                    values = [self._map(ln, name, ints, b) if kind == TMAP else ints[name] if kind == INT
+                              else b.ptrs[name] if kind == "buf" else b.ptrs[_scratch_key(ln, name)]
                               if kind == "scratch" else b.ptrs["status:"] if kind == "status" else syms[name]
                               for kind, name in ln.args]
                 except KeyError as e:
@@ -261,6 +279,11 @@ class CudaProgram:
             raise
         self._bound[key] = b
         return b
+
+    def _map(self, ln: Launch, i: int, ints: Mapping[str, int], b: Bound) -> bytes:
+        """Tensor map ``i`` of an SM90 launch at these sizes over its buffer's device address."""
+        desc, buf = ln.maps[i]
+        return self.backend.encode_tensor_map(desc.encoding(ints), b.ptrs[buf], f"{ln.kernel} tensor map {desc.name}")
 
     def _allocate(self, b: Bound, env: Mapping[str, int]) -> None:
         def alloc(name: str, nbytes: int, what: str) -> int:
@@ -424,6 +447,7 @@ class CompiledCudaGpu:
     launches = property(lambda self: self.compiled.launches)
     program = property(lambda self: self.compiled.program)
     gpu_arch = property(lambda self: self.cubin.arch)
+    plan_arch = property(lambda self: self.compiled.arch)
 
     def runner(self) -> CudaProgram:
         """The CudaProgram on the device: opened, the cubin checked against it and loaded, on first use;

@@ -89,7 +89,7 @@ def check_array(code: str, arr: np.ndarray) -> None:
         raise ArgError(f"points to {elem}, but the array has dtype {arr.dtype.name} (expected {' or '.join(allowed)})")
 
 
-def _value_buffer(data: bytes) -> Any:
+def value_buffer(data: bytes) -> Any:
     """A by-value parameter's bytes in a buffer of at least 16 bytes, aligned to 64 (a CUtensorMap is a
     128-byte struct aligned to 64, which the kernel's copy may load with aligned moves)."""
     raw = ctypes.create_string_buffer(max(16, len(data)) + 64)
@@ -123,7 +123,7 @@ def pack_args(signature: Sequence[str], args: Sequence[Any], pointers: Sequence[
             else:
                 if isinstance(arg, np.ndarray) and arg.ndim > 0:
                     raise ArgError(f"is a by-value {code} parameter, got an array")
-                keep.append(_value_buffer(scalar_bytes(code, arg)))
+                keep.append(value_buffer(scalar_bytes(code, arg)))
         except ArgError as e:
             raise ArgError(f"argument {i} ({code}) {e}") from None
     argv = (ctypes.c_void_p * max(1, len(keep)))(*[ctypes.addressof(k) for k in keep])

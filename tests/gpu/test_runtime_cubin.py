@@ -180,7 +180,7 @@ def test_a_chosen_plan_that_ptxas_rejects_steps_down(cache, monkeypatch):
 
     monkeypatch.setattr(tg, "check_resources", spills_unless_small)
     g = graph("gemm_bias_relu", "fp16")
-    exe = kumiko.compile(g, "cuda", gpu_arch="sm_90a")
+    exe = kumiko.compile(g, "cuda", gpu_arch="sm_90a", arch="sm80")       # the mma.sync chooser on Hopper
     (plan,) = exe._run.plans.values()
     assert seen == [((128, 128, 32), "merged"), ((128, 128, 32), "trailing"), ((64, 64, 32), "trailing")]
     assert plan.tile == (64, 64, 32) and plan.warp_tile == "32x32" and plan.stages == 3 and plan.threads == 128
@@ -188,7 +188,7 @@ def test_a_chosen_plan_that_ptxas_rejects_steps_down(cache, monkeypatch):
     assert plan.to_json()["ptxas_fallback"] == {"gpu_arch": "sm_90a", "hazard": "spill", "steps": 2}
     assert "// plan: tile 64x64x32, warps 2x2, 3 stages" in exe._run.source
     with pytest.raises(KumikoError) as e:
-        kumiko.compile(g, "cuda", gpu_arch="sm_90a", plans={"k_C2": compile_cuda(g.tiny).plans["k_C2"]})
+        kumiko.compile(g, "cuda", gpu_arch="sm_90a", arch="sm80", plans={"k_C2": compile_cuda(g.tiny).plans["k_C2"]})
     assert e.value.code == "E1801" and e.value.details["hazard"] == "spill" and e.value.details["region"] == "k_C2"
 
 
@@ -214,10 +214,10 @@ def test_cli_compiles_for_cuda_without_a_device(cache, tmp_path, capsys):
     out = tmp_path / "build"
     assert main(["compile", str(f), "--target", "cuda", "--gpu-arch", "sm_90a", "--dump", "c", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "compiled for cuda (sm_90a cubin" in text and "streaming_softmax (sm80" in text and "online softmax" in text
+    assert "compiled for cuda (sm_90a cubin" in text and "streaming_softmax (sm90" in text and "online softmax" in text
     assert text.count("    launch ") == 1 and "registers" in text and "0 B spill stores" in text
     name = d.get("name", "attention_causal")
-    assert (out / f"{name}.cu").read_text() == compile_cuda(graph("attention_causal", "fp16").tiny).source
+    assert (out / f"{name}.cu").read_text() == compile_cuda(graph("attention_causal", "fp16").tiny, arch="sm90").source
     assert (out / f"{name}.sm_90a.cubin").read_bytes()[:4] == b"\x7fELF"
     assert main(["--json", "compile", str(f), "--target", "cuda", "--gpu-arch", "sm_80"]) == 0
     res = json.loads(capsys.readouterr().out)

@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 import kumiko
+from kumiko import Tensor
 from kumiko.diagnostics import KumikoError
+from kumiko.kernel.tensormap import TiledEncoding
 from kumiko.pipeline import compile_cuda
 from kumiko.runtime import cuda_driver, emu, emu_worker
 from kumiko.runtime.cuda_driver import CudaDevice, arch_for_cc, cubin_runs_on, cuda_error, device_available
@@ -29,9 +31,12 @@ from kumiko.runtime.cuda_program import (
     POISON_BYTE,
     CudaProgram,
     launch_dims,
+    launch_params,
     pack_params,
     param_ctype,
 )
+from kumiko.runtime.ptxas import nvcc_path
+from kumiko.runtime.tensormap import emu_encode
 
 from .conftest import EXAMPLES, STEMS, graph, rel_l2
 
@@ -131,6 +136,7 @@ def test_driver_calls_marshal_their_arguments():
              lambda: dev.fill(0x1000, POISON_BYTE, 128, "x"), lambda: dev.load_module(b"\x7fELF", "m"),
              lambda: dev.function(drv.CUmodule(), "kumiko_k"), lambda: dev.unload_module(drv.CUmodule()),
              lambda: dev.set_dynamic_smem(drv.CUfunction(), "k", 100000),
+             lambda: dev.encode_tensor_map(TiledEncoding.for_array((100, 136), "fp16", (64, 64), "128B"), 0x1000, "m"),
              lambda: dev.launch(drv.CUfunction(), "k", (2, 1, 1), (128, 1, 1), 0, argv), lambda: dev.sync("k"),
              lambda: dev.time_ms(lambda: None, reps=1, warmup=0), lambda: capture_on(None),
              lambda: capture_on(drv.CUstream()), lambda: dev.graph_launch(drv.CUgraphExec(), "g"),
@@ -138,7 +144,8 @@ def test_driver_calls_marshal_their_arguments():
     for call in calls:
         with pytest.raises(Exception) as e:
             call()
-        assert type(e.value).__name__ == "DynamicLibNotFoundError" or "driver" in str(e.value), repr(e.value)
+        assert type(e.value).__name__ == "DynamicLibNotFoundError" or "driver" in str(e.value) \
+            or "libcuda" in str(e.value), repr(e.value)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -202,6 +209,7 @@ class EmuLaunches:
         self.module, self.lib = module, module._load()
         self.mem: dict[int, np.ndarray] = {}
         self.launched: list[str] = []
+        self.maps: list = []                  # (encoding, address) of every tensor map encoded
         self.capturing: list | None = None
         self.graphs: list[list] = []          # live captured graphs (each a list of launch arguments)
 
@@ -228,6 +236,10 @@ class EmuLaunches:
 
     def set_dynamic_smem(self, fn, kernel, nbytes):
         pass
+
+    def encode_tensor_map(self, enc, address, what):
+        self.maps.append((enc, address))
+        return emu_encode(self.lib, enc, address)
 
     def launch(self, fn, kernel, grid, block, smem, argv):
         if self.capturing is not None:
@@ -289,6 +301,47 @@ def test_cuda_program_runs_the_examples_through_kernel_params(gpu_cache, stem):
         assert all(p not in b.ptrs for b in prog._bound.values())
     prog.release()
     assert not be.mem, "every allocation is freed"
+
+
+@needs_gxx
+def test_cuda_program_launches_the_sm90_gemm_with_tensor_maps(gpu_cache):
+    """An sm90 plan's launch through kernelParams: each tensor map encoded over its buffer's device address at the
+    bound sizes, the int scalars, the buffers; the SM80 kernel where TMA's 16-byte rows do not hold (its guard)."""
+    a, b = Tensor.input("A", ("M", "K"), dtype="fp16"), Tensor.input("B", ("K", "N"), dtype="fp16")
+    g = (a @ b + Tensor.input("bias", ("N",), dtype="fp16")).relu().graph("y", name="gemm_bias_relu_sm90")
+    c = compile_cuda(g, arch="sm90")
+    sm90, sm80 = (ln.kernel for ln in c.launches)
+    assert len(launch_params(c.kernels[0])) == len(c.launches[0].args) and c.launches[0].maps
+    be = EmuLaunches(c.module("deferred"))
+    prog = CudaProgram(c, be, be.functions({ln.kernel for ln in c.launches}))
+    ref = kumiko.compile(g, "eval")
+    for shapes, runs in (({"M": 100, "K": 136, "N": 72}, sm90), ({"M": 70, "K": 60, "N": 50}, sm80)):
+        ins = ref.random_inputs(3, shapes)
+        be.launched.clear()
+        out = prog(ins, ref.bind(ins, None))
+        assert be.launched == [runs]
+        assert rel_l2(out["y"], ref(**ins)["y"]) < 2e-3, shapes
+    b0 = next(iter(prog._bound.values()))
+    assert {addr for _, addr in be.maps} == {b0.ptrs["A"], b0.ptrs["B"]}
+    assert {enc.global_dim for enc, _ in be.maps} == {(136, 100), (72, 136)}
+    prog.release()
+    assert not be.mem
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
+def test_plan_arch_follows_the_cubin_arch(gpu_cache):
+    """Without a device: an sm_90a cubin gets sm90 plans (the SM90 kernel and its guarded SM80 twin), any other
+    arch sm80 ones; ``arch`` overrides, and sm90 plans for another cubin arch are E1501."""
+    g = (Tensor.input("A", ("M", "K"), dtype="fp16") @ Tensor.input("B", ("K", "N"), dtype="fp16")).graph("y")
+    hopper = kumiko.compile(g, "cuda", gpu_arch="sm_90a")
+    assert hopper._run.plan_arch == "sm90" and hopper._run.gpu_arch == "sm_90a"
+    assert [type(k).__name__ for k in hopper._run.kernels] == ["Sm90Kernel", "MmaKernel"]
+    assert kumiko.compile(g, "cuda", gpu_arch="sm_90a", arch="sm80")._run.plan_arch == "sm80"
+    assert kumiko.compile(g, "cuda", gpu_arch="sm_80")._run.plan_arch == "sm80"
+    for kw in ({"gpu_arch": "sm_80", "arch": "sm90"}, {"gpu_arch": "sm_90a", "arch": "sm70"}):
+        with pytest.raises(KumikoError) as e:
+            kumiko.compile(g, "cuda", **kw)
+        assert e.value.code == "E1501", kw
 
 
 @needs_gxx

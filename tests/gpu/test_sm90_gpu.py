@@ -1,0 +1,121 @@
+"""The SM90 GEMM skeleton (TMA, mbarrier, wgmma, warp specialization) on a real Hopper GPU: ``cuda`` plans ``sm90``
+on an ``sm_90a`` device by default, the runtime encodes each tensor map with ``cuTensorMapEncodeTiled`` over the
+device buffers, and the results match the Tiny IR evaluator (or numpy at sizes the evaluator would be slow at) for
+GEMM, GEMM + bias + ReLU, a residual epilogue and batched GEMM, in fp16 and bf16, at sizes that are and are not tile
+multiples; where TMA's 16-byte rows fail at run time the guarded SM80 kernel runs instead; ``arch="sm80"`` keeps the
+mma.sync skeleton on the same device and agrees.
+
+Marked ``gpu``; skipped without a device, and on a device that is not sm_90a. Run on a lent machine with::
+
+    python -m pytest -m gpu tests/gpu/test_sm90_gpu.py -v
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kumiko
+from kumiko import Tensor
+from kumiko.kernel.gpu_ir import MmaKernel
+from kumiko.kernel.gpu_ir_sm90 import Sm90Kernel
+from kumiko.runtime.cuda_driver import CudaDevice, device_available
+from kumiko.runtime.ptxas import nvcc_path
+
+from .conftest import rel_l2
+
+HAVE_GPU, GPU_REASON = device_available()
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not HAVE_GPU, reason=f"no GPU for the cuda target ({GPU_REASON})"),
+    pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH (the cuda target builds its kernels with it)"),
+]
+TOL = {"fp16": 2e-3, "bf16": 1.6e-2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hopper():
+    dev = CudaDevice.get(0)
+    if dev.arch != "sm_90a":
+        pytest.skip(f"the SM90 skeleton needs an sm_90a device, this is {dev.arch}")
+    return dev
+
+
+def gemm(dtype: str, batch: tuple = (), sizes=("M", "K", "N"), bias_relu=False, residual=False):
+    m, k, n = sizes
+    a = Tensor.input("A", (*batch, m, k), dtype=dtype)
+    b = Tensor.input("B", (*batch, k, n), dtype=dtype)
+    y = a @ b
+    if bias_relu:
+        y = (y + Tensor.input("bias", (n,), dtype=dtype)).relu()
+    if residual:
+        y = y + Tensor.input("R", (*batch, m, n), dtype=dtype)
+    return y.graph("y", name=f"sm90_gemm_{dtype}")
+
+
+def kinds(exe) -> set[str]:
+    return {type(k).__name__ for k in exe._run.kernels}
+
+
+def launched(exe) -> list[str]:
+    """The kernels the last bound sizes launch (a guarded pair launches one of its two)."""
+    b = next(reversed(exe._run.runner()._bound.values()))
+    return [ln.kernel for ln in b.launches]
+
+
+def compare(exe, g, seed: int, shapes=None) -> float:
+    ref = kumiko.compile(g, "eval")
+    ins = ref.random_inputs(seed, shapes)
+    out, want = exe(**ins), ref(**ins)
+    return max(rel_l2(out[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("mkn", [(37, 72, 48), (129, 64, 200), (256, 256, 256), (2, 8, 8), (300, 520, 136)])
+def test_constant_sizes_match_the_evaluator(dtype, mkn):
+    g = gemm(dtype, sizes=mkn, bias_relu=True)
+    exe = kumiko.compile(g, "cuda")
+    assert exe._run.plan_arch == "sm90" and kinds(exe) == {"Sm90Kernel"}
+    assert compare(exe, g, 3) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_residual_and_batched(dtype):
+    g = gemm(dtype, batch=(3,), sizes=(100, 136, 72), residual=True)
+    exe = kumiko.compile(g, "cuda")
+    assert Sm90Kernel.__name__ in kinds(exe)
+    assert compare(exe, g, 5) < TOL[dtype]
+
+
+def test_symbolic_sizes_take_the_guarded_kernel_that_fits():
+    """Sizes whose rows are multiples of 16 bytes run the SM90 kernel; the others its guarded SM80 twin."""
+    g = gemm("fp16", bias_relu=True)
+    exe = kumiko.compile(g, "cuda")
+    assert kinds(exe) == {"Sm90Kernel", "MmaKernel"}
+    sm90, sm80 = (ln.kernel for ln in exe._run.launches)
+    for shapes, runs in (({"M": 200, "K": 264, "N": 136}, sm90), ({"M": 77, "K": 130, "N": 61}, sm80),
+                         ({"M": 64, "K": 64, "N": 64}, sm90)):
+        assert compare(exe, g, 7, shapes) < TOL["fp16"], shapes
+        assert launched(exe) == [runs], shapes
+
+
+@pytest.mark.parametrize("mnk", [(2048, 2048, 2048), (1000, 776, 512), (64, 64, 4104)])
+def test_large_gemms_against_numpy(mnk):
+    m, n, k = mnk
+    exe = kumiko.compile(gemm("fp16"), "cuda")
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((m, k), np.float32).astype(np.float16)
+    b = rng.standard_normal((k, n), np.float32).astype(np.float16)
+    y = exe(A=a, B=b)["y"]
+    assert launched(exe) == [exe._run.launches[0].kernel], "the sizes are 16-byte rows: the SM90 kernel runs"
+    assert rel_l2(y, a.astype(np.float32) @ b.astype(np.float32)) < 2e-3
+
+
+def test_sm80_plans_on_hopper_agree():
+    g = gemm("fp16", sizes=(300, 520, 136), bias_relu=True)
+    ref = kumiko.compile(g, "eval")
+    ins = ref.random_inputs(11)
+    a, b = (kumiko.compile(g, "cuda", arch=arch) for arch in ("sm90", "sm80"))
+    assert kinds(a) == {"Sm90Kernel"} and kinds(b) == {MmaKernel.__name__}
+    ya, yb, want = a(**ins)["y"], b(**ins)["y"], ref(**ins)["y"]
+    assert rel_l2(ya, want) < TOL["fp16"] and rel_l2(yb, want) < TOL["fp16"]
+
