@@ -206,8 +206,31 @@ def parse_tile(spec: str) -> dict:
         raise SystemExit(f"--tiles: {spec!r} is not {TILE_SPEC}") from None
 
 
+WG_SPEC = "wg:BMxBN/STAGES[/f0|/f1] (e.g. wg:128x256/3/f1: an sm90 plan, f = wgmma groups in flight)"
+
+
+def apply_wgmma_tile(plan, spec: str):
+    """An sm90 (wgmma) plan with ``wg:BMxBN/STAGES[/fN]``'s tile, ring depth and wgmma groups in flight."""
+    try:
+        tile, stages, *rest = spec[3:].split("/")
+        bm, bn = (int(x) for x in tile.split("x"))
+        stages = int(stages)
+        asy = {**dict(plan.async_), "prefetch_depth": stages}
+        for r in rest:
+            if not r.startswith("f"):
+                raise ValueError(r)
+            asy["wgmma_in_flight"] = int(r[1:])
+    except ValueError:
+        raise SystemExit(f"--tiles: {spec!r} is not {WG_SPEC}") from None
+    cache = tuple({**dict(c), "stages": stages} for c in plan.cache)
+    return plan.with_(tile=(bm, bn, plan.tile[2]), stages=stages, warp_tile=f"64x{bn}", threads=128 * (1 + bm // 64),
+                      async_=asy, cache=cache)
+
+
 def apply_tile(plan, spec: str):
-    """The plan with the tile spec's fields replaced."""
+    """The plan with the tile spec's fields replaced (an sm90 plan's with a ``wg:`` spec)."""
+    if spec.startswith("wg:"):
+        return apply_wgmma_tile(plan, spec)
     f = parse_tile(spec)
     hints, asy = dict(plan.layout_hints), dict(plan.async_)
     if "group_m" in f:
@@ -240,7 +263,11 @@ def tile_variants(wl: Workload, sz: dict, args, inputs: dict, timer, chosen) -> 
     got = []
     graph = wl.graph(sz)
     for spec in args.tiles:
-        plans = {name: apply_tile(p, spec) for name, p in chosen.items() if p.algo == "mma"}
+        algo = "wgmma" if spec.startswith("wg:") else "mma"
+        plans = {name: apply_tile(p, spec) for name, p in chosen.items() if p.algo == algo}
+        if not plans:
+            print(f"  tile {spec}: no {algo} region in the chosen plans")
+            continue
         try:
             exe = kumiko.compile(graph, "cuda", plans=plans, cuda_graph=args.cuda_graph)
             got.append(time_kumiko(wl, exe, inputs, sz, args, timer, f"kumiko[cuda] {spec}"))
@@ -333,7 +360,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="plan archs to time, comma-separated, the first in the main row (default: the device's; "
                    "e.g. sm90,sm80 on Hopper times the wgmma skeleton and the mma.sync one side by side)")
     p.add_argument("--tiles", default="", help="also time each workload under these MMA tiles, comma-separated\n"
-                   f"{TILE_SPEC}: a tile sweep")
+                   f"{TILE_SPEC}, or {WG_SPEC}: a tile sweep")
     p.add_argument("--append", dest="append", action="store_true", default=None,
                    help="append to the results file (default for full runs)")
     p.add_argument("--no-append", dest="append", action="store_false", help="do not append (default for --quick)")

@@ -9,7 +9,10 @@ tile (BM = 64 a consumer warpgroup, BN, BK = 64) and the ring's stages. The kern
   loads - A's 64-halves-wide K slice of BM rows, B's BN rows of K (K-major) or BN / 64 boxes of 64 N columns
   (MN-major, a row-major K x N input) -, the 128-byte swizzle, a batch coordinate when the operand has one;
 * warpgroups 1.. are the consumers (``setmaxnreg.inc``), 64 rows each: wait on ``full[s]``, four
-  ``wgmma m64nBNk16`` through 128B-swizzle descriptors, ``wgmma.wait_group 0``, arrive on ``empty[s]``;
+  ``wgmma m64nBNk16`` through 128B-swizzle descriptors, commit, then (``async_.wgmma_in_flight`` 1, the default)
+  ``wgmma.wait_group 1`` and arrive on the previous k tile's ``empty`` barrier, so one tile's MMAs run while the
+  next tile's are issued (the last stage is released after ``wait_group 0``), or (0) ``wait_group 0`` and arrive
+  on ``empty[s]``;
 * the epilogue runs on each consumer's accumulator fragment (``FragEpilogue``): the region's other lets at each
   element (bias, activation, residual, cast), then a store predicated on M and N.
 
@@ -30,6 +33,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     For,
     FragEpilogue,
     IExpr,
+    If,
     MatDesc,
     MbarArrive,
     MbarArriveTx,
@@ -100,6 +104,7 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
                           "region (plan.gpu_sm90.sm90_operands)", suggestion='use algo_choice {"contraction": "mma"}')
     bm, bn, bk = plan.tile
     S, consumers = plan.stages, bm // 64
+    in_flight = plan.get("async_", "wgmma_in_flight", 1)
     assert bk == SM90_BK
     lo = RegionEmitter(region, syms, name, facts=facts)
     for a in c.k_axes:
@@ -137,15 +142,19 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
 
     def consumer(i: int) -> tuple:
         da = MatDesc(SmemRef("sA", st, i * 64 * 128), "128B", 16, 1024, "K", ks * 32)
-        return (SetMaxNReg(True, CONSUMER_REGS[consumers]),
-                For("kt", ci_(0), KT, (
-                    MbarWait(full(st), (kt // S) & 1),
-                    WgmmaFence(),
-                    For("ks", ci_(0), ci_(bk // 16), (WgmmaMma("acc", da, db, bn, g.dtype, kt.gt(0) | ks.gt(0)),),
-                        unroll=True),
-                    WgmmaCommit(),
-                    WgmmaWait(0),
-                    MbarArrive(empty(st)))),
+        mma = (MbarWait(full(st), (kt // S) & 1),
+               WgmmaFence(),
+               For("ks", ci_(0), ci_(bk // 16), (WgmmaMma("acc", da, db, bn, g.dtype, kt.gt(0) | ks.gt(0)),),
+                   unroll=True),
+               WgmmaCommit())
+        if in_flight:
+            # k tile kt's group stays in flight while the next one issues: waiting until at most one group is
+            # pending retires kt - 1's, whose stage goes back to the producer (the last one after the loop)
+            loop = (*mma, WgmmaWait(1), If(kt.gt(0), (MbarArrive(empty((kt - 1) % S)),)))
+            drain: tuple = (WgmmaWait(0), MbarArrive(empty((KT - 1) % S)))
+        else:
+            loop, drain = (*mma, WgmmaWait(0), MbarArrive(empty(st))), ()
+        return (SetMaxNReg(True, CONSUMER_REGS[consumers]), For("kt", ci_(0), KT, loop), *drain,
                 FragEpilogue("acc", by * bm + 64 * i, bx * bn, tuple(decls), code))
 
     body = (Elect((For("s", ci_(0), ci_(S), (MbarInit(full(v("s")), 1), MbarInit(empty(v("s")), 128 * consumers))),
@@ -160,7 +169,7 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
     notes = tuple(region.notes) + (
         f"SM90 GEMM skeleton: contraction {c.let}, batch {list(c.batch)}, M {list(c.m_axes)}, N {list(c.n_axes)}, "
         f"K {[a.name for a in c.k_axes]}; tile {bm}x{bn}x{bk}, {S} stages, A K-major, B {g.y.major}-major, "
-        f"{consumers} consumer warpgroup(s)",)
+        f"{consumers} consumer warpgroup(s), {in_flight} wgmma group(s) in flight past each wait",)
     params = kernel_params(lo, status_params(lo))
     kern = Sm90Kernel(name, 128 * (1 + consumers), maps, SCALARS, smem,
                       (BarDecl("kk_full", S), BarDecl("kk_empty", S)), (("acc", bn),), body,

@@ -153,6 +153,21 @@ def _fills_gpu(m: int | None, n: int | None, batch: int | None) -> bool:
     return tiles[0] * tiles[1] * tiles[2] >= BIG_TILE_CTAS
 
 
+#: the largest M tile the MMA skeleton takes to hold whole windows of a reduction after the contraction
+MAX_WINDOW_BM = 256
+
+
+def _window_tile(c, bm: int) -> int | None:
+    """The smallest M tile ``bm * 2^i`` up to MAX_WINDOW_BM that holds whole windows of ``c.outer`` (the window
+    reduction after the contraction: a tile's rows must cover its windows), or None."""
+    ws = _const(prod([a.size for a in c.outer.axes]))
+    while ws is not None and bm <= MAX_WINDOW_BM:
+        if bm % ws == 0:
+            return bm
+        bm *= 2
+    return None
+
+
 def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
     if arch not in GPU_ARCHS:
         raise KumikoError("E1801", at=f"plan of {region.name}", why=f"{arch!r} is not a GPU arch {GPU_ARCHS}")
@@ -164,7 +179,9 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
             return choose_sm90_plan(region, g, c)
         arch = "sm80"
     dt = mma_operand_dtype(facts, c) if c is not None else None
-    if c is None or dt is None:
+    if c is None or dt is None or (c.outer is not None and _window_tile(c, 64) is None):
+        # (a window reduction after the contraction whose windows no power-of-two M tile up to MAX_WINDOW_BM holds
+        # whole, e.g. a 7x7 global pool: 49 rows a window, runs on the SIMT kernel)
         return make_plan(arch, algo_choice={"region": "simt"}, threads=256, bind={"point": simt_binding(region)},
                          epilogue=tuple(epilogue(region)))
     sizes = facts.sizes
@@ -184,9 +201,7 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         bn = 32 if n is not None and n <= 32 else 64
         bm = 128 if (m or 0) >= 128 and (n or 0) >= 128 else 64
         if c.outer is not None:
-            ws = prod([a.size for a in c.outer.axes])
-            while bm % ws:
-                bm *= 2
+            bm = _window_tile(c, bm)
         wm, wn, stages = min(bm, 32), min(bn, 32), 3
         group_m = 1
         release = "registers"           # 32 accumulators: room for two sets of fragments (~124 registers)

@@ -4,10 +4,11 @@ A region gets it (arch ``sm90``, ``algo_choice {"contraction": "wgmma"}``) when 
 batched GEMM whose operands TMA can describe: one M, one N and one K axis, no window reduction after it, a
 pointwise epilogue, fp16/bf16 operands that are each a Read of a row-major input whose trailing indices are
 (M, K) for x and (K, N) or (N, K) for y, bare, over the whole extents, and whose leading indices are the batch
-axes in order; the contiguous extent a constant multiple of
-8 elements (TMA's 16-byte strides) - or symbolic, when the launch checks it and runs an SM80 kernel of the
-region instead when it does not hold. ``sm90_operands`` says how (or None), the chooser and the lowering both read
-it. Everything else keeps the SM80 skeleton (an ``sm80`` plan runs on an H100 too).
+axes in order (after leading dimensions of size 1 read at index 0, which drop out: an ONNX batch of one); the
+contiguous extent a constant multiple of 8 elements (TMA's 16-byte strides) - or symbolic, when the launch checks
+it and runs an SM80 kernel of the region instead when it does not hold. ``sm90_operands`` says how (or None),
+the chooser and the lowering both read it. Everything else keeps the SM80 skeleton (an ``sm80`` plan runs on an
+H100 too).
 
 The plan: tile [BM, 64 <= BN <= 256 (step 64), 64], BM = 128 (two consumer warpgroups of 64 rows) when M is at
 least 128, else 64 (one); BN = 64 for N <= 64, else 128; 4 stages (3 when BN = 256); threads 128 a warpgroup,
@@ -62,7 +63,14 @@ def _operand(region: Region, e, s_axis: str, k_axis: str, batch: tuple, allow_mn
     mem = dict(region.inputs).get(e.tensor)
     if mem is None or mem.dtype.name not in ("fp16", "bf16"):
         return None
-    idx = [Expr.lift(i).as_symbol() for i in e.index]
+    if len(mem.shape) != len(e.index):
+        return None
+    # leading dimensions of size 1 read at index 0 (an ONNX batch of one) drop out of the map
+    keep = [i for i, (d, x) in enumerate(zip(mem.shape, e.index))
+            if not (Expr.lift(d).as_int() == 1 and Expr.lift(x).as_int() == 0)]
+    keep = list(range(min(keep, default=len(e.index)), len(e.index)))
+    idx = [Expr.lift(e.index[i]).as_symbol() for i in keep]
+    shape = [mem.shape[i] for i in keep]
     if len(idx) < 2:
         return None
     lead, last = idx[:-2], idx[-2:]
@@ -74,12 +82,12 @@ def _operand(region: Region, e, s_axis: str, k_axis: str, batch: tuple, allow_mn
         major = "MN"
     else:
         return None
-    if len(mem.shape) != len(idx) or any(Expr.lift(d) != Expr.lift(sizes[a]) for d, a in zip(mem.shape, idx)):
+    if any(Expr.lift(d) != Expr.lift(sizes[a]) for d, a in zip(shape, idx)):
         return None                         # a view of part of the buffer: its rows are not the map's
-    cols = Expr.lift(mem.shape[-1])
+    cols = Expr.lift(shape[-1])
     if cols.as_int() is not None and cols.as_int() % 8:
         return None                         # TMA's global strides are multiples of 16 bytes
-    return TmaOperand(e.tensor, mem.shape[-1], major, bool(lead))
+    return TmaOperand(e.tensor, shape[-1], major, bool(lead))
 
 
 def sm90_operands(region: Region, facts: RegionFacts, c: Contraction | None) -> Sm90Gemm | None:
@@ -116,7 +124,8 @@ def sm90_plan(region: Region, c: Contraction, bm: int, bn: int, stages: int) -> 
                {"tensor": "y", "where": "smem", "at": "k.o", "stages": stages}),
         predicate_tail=tuple(c.m_axes + c.n_axes), epilogue=tuple(epilogue(region)),
         algo_choice={"contraction": "wgmma"}, local_edges=({"from": c.let, "to": "epilogue", "buffer": "reg"},),
-        async_={"enable": True, "prefetch_depth": stages, "epilogue_overlap": False, "producer": "tma"},
+        async_={"enable": True, "prefetch_depth": stages, "epilogue_overlap": False, "producer": "tma",
+                "wgmma_in_flight": 1},
         barrier_model="mbarrier", threads=128 * (1 + bm // 64))
 
 
@@ -136,6 +145,10 @@ def validate_sm90_plan(plan: Plan, region: Region, facts: RegionFacts, smem_limi
         raise KumikoError("E1801", at=at, why=f"tile {list(plan.tile)}: the SM90 skeleton takes BM 64 or 128 (64 "
                           "rows a consumer warpgroup), BN 64..256 in steps of 64 and BK 64",
                           suggestion="e.g. tile [128, 128, 64]")
+    if plan.get("async_", "wgmma_in_flight", 1) not in (0, 1):
+        raise KumikoError("E1801", at=at, why=f"async_.wgmma_in_flight={plan.get('async_', 'wgmma_in_flight')!r}: "
+                          "the consumers keep 0 or 1 wgmma groups pending past each k tile's wait",
+                          suggestion="1 (the default) or 0")
     if plan.stages not in SM90_STAGES:
         raise KumikoError("E1801", at=at, why=f"stages={plan.stages}: the mbarrier ring has 2 to 4 stages")
     threads = 128 * (1 + bm // 64)

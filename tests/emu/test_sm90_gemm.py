@@ -157,6 +157,29 @@ def test_the_verifier_accepts_the_kernel_and_catches_a_missing_wait():
     assert e.value.details["hazard"] in ("acc_in_flight", "release_in_flight")
 
 
+def test_the_verifier_catches_a_stage_released_while_its_wgmma_group_is_in_flight():
+    """With one wgmma group in flight past each wait (the default), a consumer may release k tile kt - 1's stage,
+    not kt's: releasing its own stage lets the producer overwrite what the pending wgmma still reads."""
+    import dataclasses
+
+    from kumiko.kernel.gpu_ir_sm90 import BarRef, IExpr, If, MbarArrive, rewrite
+    c = compile_cuda(gemm_graph((256, 512), (512, 256), "fp16").tiny, "sm90")
+    (plan,) = c.plans.values()
+    k, S = c.kernels[0], plan.stages
+    assert plan.get("async_", "wgmma_in_flight") == 1 and "1 wgmma group(s) in flight" in " ".join(k.notes)
+    early = If(IExpr.var("kt").gt(0), (MbarArrive(BarRef("kk_empty", IExpr.var("kt") % S)),))
+    bad = dataclasses.replace(k, body=rewrite(k.body, lambda s: (early,) if isinstance(s, If) and
+                                              isinstance(s.body[0], MbarArrive) else None))
+    assert bad != k
+    with pytest.raises(KumikoError) as e:
+        verify_sm90(bad)
+    assert e.value.details["hazard"] == "release_in_flight"
+    # wgmma_in_flight 0: wait for every group, release the stage just read (the skeleton before)
+    c0 = compile_cuda(gemm_graph((256, 512), (512, 256), "fp16").tiny, "sm90",
+                      plans={r: p.with_(async_={**dict(p.async_), "wgmma_in_flight": 0}) for r, p in c.plans.items()})
+    assert "0 wgmma group(s) in flight" in " ".join(c0.kernels[0].notes) and verify_sm90(c0.kernels[0])
+
+
 @pytest.mark.nvcc
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
 def test_nvcc_builds_it_for_sm90a_without_spills():
@@ -176,3 +199,12 @@ def test_nvcc_builds_it_for_sm90a_without_spills():
         for ln in c.launches:
             r = res.resources[ln.kernel]
             assert r.spill_stores == r.spill_loads == 0, r
+
+
+@pytest.mark.parametrize("lead", [(1,), (1, 1)])
+def test_leading_batch_of_one_drops_out_of_the_map(lead):
+    """An ONNX Linear's activation [1, S, K] (index 0 on a dimension of size 1) is TMA's plain 2-D map: the region
+    takes the SM90 kernel; a batch of 2 there is a real batch axis the weights lack, so it keeps the SM80 one."""
+    g = gemm_graph((*lead, 40, 64), (64, 72), "fp16", bias_relu=True)
+    check(g, "deferred", "fp16")
+    check(gemm_graph((2, 40, 64), (64, 72), "fp16"), "deferred", "fp16", want_sm90=False)
