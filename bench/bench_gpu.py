@@ -209,22 +209,30 @@ def parse_tile(spec: str) -> dict:
 WG_SPEC = "wg:BMxBN/STAGES[/f0|/f1] (e.g. wg:128x256/3/f1: an sm90 plan, f = wgmma groups in flight)"
 
 
-def apply_wgmma_tile(plan, spec: str):
-    """An sm90 (wgmma) plan with ``wg:BMxBN/STAGES[/fN]``'s tile, ring depth and wgmma groups in flight."""
+def parse_wgmma_tile(spec: str) -> dict:
+    """``wg:BMxBN/STAGES[/fN]`` -> the sm90 plan fields it sets (``in_flight`` None: the plan's own)."""
     try:
         tile, stages, *rest = spec[3:].split("/")
         bm, bn = (int(x) for x in tile.split("x"))
-        stages = int(stages)
-        asy = {**dict(plan.async_), "prefetch_depth": stages}
+        out = {"bm": bm, "bn": bn, "stages": int(stages), "in_flight": None}
         for r in rest:
             if not r.startswith("f"):
                 raise ValueError(r)
-            asy["wgmma_in_flight"] = int(r[1:])
+            out["in_flight"] = int(r[1:])
+        return out
     except ValueError:
         raise SystemExit(f"--tiles: {spec!r} is not {WG_SPEC}") from None
-    cache = tuple({**dict(c), "stages": stages} for c in plan.cache)
-    return plan.with_(tile=(bm, bn, plan.tile[2]), stages=stages, warp_tile=f"64x{bn}", threads=128 * (1 + bm // 64),
-                      async_=asy, cache=cache)
+
+
+def apply_wgmma_tile(plan, spec: str):
+    """An sm90 (wgmma) plan with ``wg:BMxBN/STAGES[/fN]``'s tile, ring depth and wgmma groups in flight."""
+    f = parse_wgmma_tile(spec)
+    asy = {**dict(plan.async_), "prefetch_depth": f["stages"]}
+    if f["in_flight"] is not None:
+        asy["wgmma_in_flight"] = f["in_flight"]
+    cache = tuple({**dict(c), "stages": f["stages"]} for c in plan.cache)
+    return plan.with_(tile=(f["bm"], f["bn"], plan.tile[2]), stages=f["stages"], warp_tile=f"64x{f['bn']}",
+                      threads=128 * (1 + f["bm"] // 64), async_=asy, cache=cache)
 
 
 def apply_tile(plan, spec: str):
@@ -372,7 +380,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--reps must be >= 10 (medians of fewer runs are noise)")
     args.tiles = [t for t in args.tiles.split(",") if t]
     for t in args.tiles:
-        parse_tile(t)
+        parse_wgmma_tile(t) if t.startswith("wg:") else parse_tile(t)
     if args.append is None:
         args.append = not args.quick
     return args
