@@ -160,7 +160,7 @@ class CudaBackend(CudaEmuBackend):
         check_cubin(compiled, cubin, m.device.smem_optin if m.device is not None else None)
         graph = knobs.cuda_graph() if o.cuda_graph is None else bool(o.cuda_graph)
         return CompiledCudaGpu(compiled, cubin, device=m.device, ordinal=o.device, poison=o.poison,
-                               sync_each=o.sync_each, cuda_graph=graph)
+                               sync_each=o.sync_each, cuda_graph=graph, constants=comp.constants)
 
     def replan(self, comp, error: KumikoError) -> dict[str, Plan] | None:
         """A plan the chooser made (never one the caller gave) that ptxas rejects gets the next plan down."""

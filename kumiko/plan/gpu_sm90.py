@@ -11,7 +11,8 @@ the chooser and the lowering both read it. Everything else keeps the SM80 skelet
 H100 too).
 
 The plan: tile [BM, 64 <= BN <= 256 (step 64), 64], BM = 128 (two consumer warpgroups of 64 rows) when M is at
-least 128, else 64 (one); BN = 64 for N <= 64, else 128; 4 stages (3 when BN = 256); threads 128 a warpgroup,
+least 128, else 64 (one); BN = 64 for N <= 64, else 128; both halved to 64 while known sizes give fewer CTAs than
+``FILL_CTAS``; 4 stages (3 when BN = 256); threads 128 a warpgroup,
 the producer's included; ``warp_tile`` "64xBN" (a consumer's tile); barrier model ``mbarrier``.
 """
 from __future__ import annotations
@@ -109,10 +110,20 @@ def sm90_operands(region: Region, facts: RegionFacts, c: Contraction | None) -> 
     return Sm90Gemm(x, y, *dims, prod([sizes[a] for a in c.batch]) if c.batch else 1, tx.name, align)
 
 
+#: CTAs that fill a Hopper GPU once (an H100 SXM or H200 has 132 SMs, one 128x128 CTA each)
+FILL_CTAS = 132
+
+
 def choose_sm90_plan(region: Region, g: Sm90Gemm, c: Contraction) -> Plan:
+    """128x128 tiles (two consumer warpgroups), halved - N first, then M - while known sizes give fewer CTAs than
+    the GPU has SMs: a transformer's projection at 128 tokens (128 x 768) gets 24 CTAs of 64x64, not 6."""
     m, n = Expr.lift(g.m).as_int(), Expr.lift(g.n).as_int()
+    b = Expr.lift(g.batch).as_int()
     bm = 64 if m is not None and m < 128 else 128
     bn = 64 if n is not None and n <= 64 else 128
+    if None not in (m, n, b):
+        while -(-m // bm) * -(-n // bn) * b < FILL_CTAS and (bm, bn) != (64, 64):
+            bn, bm = (64, bm) if bn > 64 else (bn, 64)
     return sm90_plan(region, c, bm, bn, 4)
 
 

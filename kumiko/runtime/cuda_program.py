@@ -180,6 +180,7 @@ class Bound:
     outputs: dict[str, tuple[tuple, np.dtype]] = field(default_factory=dict)
     launches: list[BoundLaunch] = field(default_factory=list)
     graph: Any = None                  # the launches captured as a CUDA Graph (``cuda_graph``), on first enqueue
+    resident: dict = field(default_factory=dict)   # constant name -> the array its device buffer holds
 
 
 def _nbytes(m: MemRef, env: Mapping[str, int]) -> tuple[tuple, int]:
@@ -199,8 +200,12 @@ class CudaProgram:
     KEEP_BOUND = 2
 
     def __init__(self, compiled: CompiledCuda, backend: Backend, functions: Mapping[str, Any], *,
-                 poison: bool | None = None, sync_each: bool = False, graph: bool = False):
+                 poison: bool | None = None, sync_each: bool = False, graph: bool = False,
+                 constants: Mapping[str, np.ndarray] | None = None):
         self.compiled, self.program, self.backend = compiled, compiled.program, backend
+        # the Executable's bound params (read-only arrays of its own): a call that passes one of them as itself
+        # finds it on the device already, once a Bound has it (``upload``)
+        self.constants = {k: v for k, v in (constants or {}).items() if not v.flags.writeable}
         self.poison, self.sync_each, self.graph = poison, sync_each, graph
         self.symbols = program_symbols(self.program)
         # the intermediates some launch passes: a buffer handed inside one fused launch (attention's P) gets none
@@ -348,8 +353,15 @@ class CudaProgram:
             raise KumikoError("E1015", at="inputs", why=f"missing {missing}",
                               expected=[n for n, _ in self.program.inputs])
         for name, m in self.program.inputs:
-            arr = check_input(name, m, inputs[name], b.env)
+            given = inputs[name]
+            if b.resident.get(name) is given:
+                continue                           # a bound constant, uploaded to these buffers before
+            arr = check_input(name, m, given, b.env)
             self.backend.upload(b.ptrs[name], arr, f"input {name}")
+            if self.constants.get(name) is given:
+                b.resident[name] = given
+            else:
+                b.resident.pop(name, None)         # the buffer holds the caller's array now
 
     def fill_poison(self, b: Bound) -> None:
         for ptr, nbytes, what in b.poison:
@@ -431,8 +443,9 @@ class CompiledCudaGpu:
 
     def __init__(self, compiled: CompiledCuda, cubin: Cubin, *, device: CudaDevice | None = None, ordinal: int = 0,
                  poison: bool | None = None, sync_each: bool = False, cuda_graph: bool = False,
-                 extra_flags: Sequence[str] = ()):
+                 extra_flags: Sequence[str] = (), constants: Mapping[str, np.ndarray] | None = None):
         self.compiled, self.cubin = compiled, cubin
+        self.constants = dict(constants or {})
         self.ordinal, self.device = ordinal, device
         self.poison, self.sync_each, self.cuda_graph = poison, sync_each, cuda_graph
         self.extra_flags = tuple(extra_flags)
@@ -467,8 +480,8 @@ class CompiledCudaGpu:
             check_cubin(self.compiled, self.cubin, dev.smem_optin)
             self._module = self._load(dev)
             fns = {ln.kernel: dev.function(self._module, ln.kernel) for ln in self.compiled.launches}
-            self._program = CudaProgram(self.compiled, dev, fns, poison=self.poison, sync_each=self.sync_each,
-                                        graph=self.cuda_graph)
+            self._program = CudaProgram(self.compiled, dev, fns, constants=self.constants, poison=self.poison,
+                                        sync_each=self.sync_each, graph=self.cuda_graph)
         else:
             self.device.activate()
         return self._program

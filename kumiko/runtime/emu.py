@@ -462,7 +462,8 @@ class EmuModule:
         lib = self._load()
         guarded = [_Guarded(a) if isinstance(a, np.ndarray) and a.flags.c_contiguous else None for a in args]
         map_guards = [_Guarded(np.ascontiguousarray(m.array)) for m in maps]  # the TMA unit's view of each array
-        args = [emu_encode(lib, a.encoding, map_guards[maps.index(a)].address) if isinstance(a, TensorMapArg) else a
+        slot = {id(m): i for i, m in enumerate(maps)}     # by identity: two maps may encode alike (equal boxes)
+        args = [emu_encode(lib, a.encoding, map_guards[slot[id(a)]].address) if isinstance(a, TensorMapArg) else a
                 for a in args]
         try:  # (a non-contiguous array gets no guard: pack_args rejects it)
             argv, keep = emu_worker.pack_args(sig, list(args), [x.address if x else None for x in guarded])

@@ -112,8 +112,12 @@ def test_plan_override_tiles(tile, stages):
 def test_plan_validation_rejects_what_the_skeleton_cannot_build():
     g = gemm_graph((129, 64), (64, 200), "fp16")
     c = compile_cuda(g.tiny, "sm90")
-    (name, plan), = c.plans.items()
-    assert plan.algo == "wgmma" and plan.arch == "sm90" and plan.tile == (128, 128, 64) and plan.threads == 384
+    (name, chosen), = c.plans.items()
+    assert chosen.algo == "wgmma" and chosen.arch == "sm90" and chosen.tile == (64, 64, 64) and chosen.threads == 256
+    r = c.program.regions[0]
+    plan = sm90_plan(r, analyze(r).contraction, 128, 128, 4)
+    assert plan.threads == 384
+    compile_cuda(g.tiny, "sm90", plans={name: plan})
     assert Plan.from_json(plan.to_json()) == plan
     for bad in (plan.with_(tile=(96, 128, 64)), plan.with_(tile=(128, 128, 32)), plan.with_(stages=5),
                 plan.with_(threads=256)):
@@ -208,3 +212,14 @@ def test_leading_batch_of_one_drops_out_of_the_map(lead):
     g = gemm_graph((*lead, 40, 64), (64, 72), "fp16", bias_relu=True)
     check(g, "deferred", "fp16")
     check(gemm_graph((2, 40, 64), (64, 72), "fp16"), "deferred", "fp16", want_sm90=False)
+
+
+@pytest.mark.parametrize("m, n, batch, tile", [(4096, 4096, 1, (128, 128)), (2048, 2048, 1, (128, 128)),
+                                               (1024, 1024, 1, (64, 64)), (128, 768, 1, (64, 64)),
+                                               (128, 768, 16, (128, 64)), (48, 40, 1, (64, 64))])
+def test_the_chooser_halves_the_tile_until_the_gpu_fills(m, n, batch, tile):
+    """128x128 unless that gives fewer CTAs than FILL_CTAS (132, an H100/H200's SMs): then N halves, then M."""
+    lead = (batch,) if batch > 1 else ()
+    g = gemm_graph((*lead, m, 64), (*lead, 64, n), "fp16")
+    (plan,) = compile_cuda(g.tiny, "sm90").plans.values()
+    assert plan.algo == "wgmma" and plan.tile[:2] == tile

@@ -210,6 +210,7 @@ class EmuLaunches:
         self.mem: dict[int, np.ndarray] = {}
         self.launched: list[str] = []
         self.maps: list = []                  # (encoding, address) of every tensor map encoded
+        self.uploads: list[str] = []          # what each host-to-device copy was for
         self.capturing: list | None = None
         self.graphs: list[list] = []          # live captured graphs (each a list of launch arguments)
 
@@ -226,6 +227,7 @@ class EmuLaunches:
         del self.mem[ptr]
 
     def upload(self, ptr, arr, what):
+        self.uploads.append(what)
         ctypes.memmove(ptr, arr.ctypes.data, arr.nbytes)
 
     def download(self, arr, ptr, what):
@@ -342,6 +344,32 @@ def test_plan_arch_follows_the_cubin_arch(gpu_cache):
         with pytest.raises(KumikoError) as e:
             kumiko.compile(g, "cuda", **kw)
         assert e.value.code == "E1501", kw
+
+
+@needs_gxx
+def test_bound_constants_stay_on_the_device_between_calls(gpu_cache):
+    """The Executable's params (read-only arrays of its own, passed as themselves) are copied to a Bound's buffers
+    once; data inputs every call; a caller's own array for a param's name is copied too."""
+    a, w = Tensor.input("A", ("M", 64), dtype="fp16"), Tensor.input("W", (64, 48), dtype="fp16", role="param")
+    g = (a @ w).graph("y", name="linear")
+    ref = kumiko.compile(g, "eval")
+    ins = ref.random_inputs(1, {"M": 40})
+    weight = ins["W"].copy()
+    weight.setflags(write=False)
+    c = compile_cuda(g)
+    be = EmuLaunches(c.module("deferred"))
+    prog = CudaProgram(c, be, be.functions({ln.kernel for ln in c.launches}), constants={"W": weight})
+    for seed in (1, 2, 3):
+        x = ref.random_inputs(seed, {"M": 40})["A"]
+        out = prog({"A": x, "W": weight}, {"M": 40})
+        assert rel_l2(out["y"], ref(A=x, W=weight)["y"]) < 2e-3
+    assert be.uploads == ["input A", "input W", "input A", "input A"]
+    other = ref.random_inputs(9, {"M": 40})["W"]              # not the bound array: copied
+    out = prog({"A": x, "W": other}, {"M": 40})
+    assert be.uploads[-2:] == ["input A", "input W"] and rel_l2(out["y"], ref(A=x, W=other)["y"]) < 2e-3
+    out = prog({"A": x, "W": weight}, {"M": 40})              # the device buffer holds `other` now
+    assert be.uploads[-1] == "input W" and rel_l2(out["y"], ref(A=x, W=weight)["y"]) < 2e-3
+    prog.release()
 
 
 @needs_gxx
