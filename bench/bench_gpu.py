@@ -206,19 +206,23 @@ def parse_tile(spec: str) -> dict:
         raise SystemExit(f"--tiles: {spec!r} is not {TILE_SPEC}") from None
 
 
-WG_SPEC = "wg:BMxBN/STAGES[/f0|/f1] (e.g. wg:128x256/3/f1: an sm90 plan, f = wgmma groups in flight)"
+WG_SPEC = ("wg:BMxBN/STAGES[/f0|/f1][/p] (e.g. wg:128x256/3/f1/p: an sm90 plan, f = wgmma groups in flight, "
+           "p = persistent)")
 
 
 def parse_wgmma_tile(spec: str) -> dict:
-    """``wg:BMxBN/STAGES[/fN]`` -> the sm90 plan fields it sets (``in_flight`` None: the plan's own)."""
+    """``wg:BMxBN/STAGES[/fN][/p]`` -> the sm90 plan fields it sets (``in_flight`` None: the plan's own)."""
     try:
         tile, stages, *rest = spec[3:].split("/")
         bm, bn = (int(x) for x in tile.split("x"))
-        out = {"bm": bm, "bn": bn, "stages": int(stages), "in_flight": None}
+        out = {"bm": bm, "bn": bn, "stages": int(stages), "in_flight": None, "persistent": False}
         for r in rest:
-            if not r.startswith("f"):
+            if r == "p":
+                out["persistent"] = True
+            elif r.startswith("f"):
+                out["in_flight"] = int(r[1:])
+            else:
                 raise ValueError(r)
-            out["in_flight"] = int(r[1:])
         return out
     except ValueError:
         raise SystemExit(f"--tiles: {spec!r} is not {WG_SPEC}") from None
@@ -227,7 +231,7 @@ def parse_wgmma_tile(spec: str) -> dict:
 def apply_wgmma_tile(plan, spec: str):
     """An sm90 (wgmma) plan with ``wg:BMxBN/STAGES[/fN]``'s tile, ring depth and wgmma groups in flight."""
     f = parse_wgmma_tile(spec)
-    asy = {**dict(plan.async_), "prefetch_depth": f["stages"]}
+    asy = {**dict(plan.async_), "prefetch_depth": f["stages"], "epilogue_overlap": f["persistent"]}
     if f["in_flight"] is not None:
         asy["wgmma_in_flight"] = f["in_flight"]
     cache = tuple({**dict(c), "stages": f["stages"]} for c in plan.cache)

@@ -282,8 +282,9 @@ def _sm90_launch(region, syms: tuple, name: str, plan: Plan, kernels: list, laun
     maps = tuple((m, buf) for m, buf in zip(kern.maps, low.map_bufs))
     guard = (g.align, True) if g.align else ()
     kernels.append(kern)
+    persistent = 1 if plan.get("async_", "epilogue_overlap", False) else 0    # one CTA an SM (__launch_bounds__)
     launches.append(Launch(region.name, name, ((g.n, bn), (g.m, bm), (g.batch, 1)), kern.threads, kern.smem_bytes,
-                           args, maps=maps, map_sizes=sizes, guard=guard))
+                           args, maps=maps, map_sizes=sizes, guard=guard, persistent=persistent))
     if g.align:
         k0, l0 = len(kernels), len(launches)
         _lower_region(region, syms, name + "_sm80", choose_gpu_plan(region, "sm80", syms), kernels, launches)

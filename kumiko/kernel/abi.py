@@ -102,6 +102,18 @@ class Launch:
     #: (extents, run): the launch runs only when whether every extent is a multiple of 8 (TMA's 16-byte rows of
     #: 16-bit elements) is ``run``; () always
     guard: tuple = ()
+    #: a persistent kernel: CTAs a multiprocessor runs at once (0: one CTA per tile); it is launched with
+    #: min(tiles, that x the device's SMs) CTAs in x, each striding over the tiles ``grid`` counts
+    persistent: int = 0
+
+    def dims(self, env, sms: int) -> tuple[int, int, int]:
+        """The grid at bound sizes on a device of ``sms`` multiprocessors."""
+        from kumiko.symbolic import dim_eval
+        grid = tuple(-(-dim_eval(e, env) // t) for e, t in self.grid)
+        if not self.persistent:
+            return grid
+        tiles = grid[0] * grid[1] * grid[2]
+        return (min(tiles, self.persistent * sms), 1, 1) if tiles else (0, 1, 1)
 
     def runs(self, env) -> bool:
         from kumiko.symbolic import dim_eval
@@ -117,6 +129,8 @@ class Launch:
             out["regions"] = list(self.regions)
         if self.guard:
             out["guard"] = {"multiples_of_8": [str(e) for e in self.guard[0]], "run": self.guard[1]}
+        if self.persistent:
+            out["persistent"] = {"ctas_per_sm": self.persistent}
         if self.maps:
             out["maps"] = [{"name": d.name, "buffer": buf, "box": list(d.box), "swizzle": d.swizzle}
                            for d, buf in self.maps]

@@ -323,6 +323,14 @@ class If:
 
 
 @dataclass(frozen=True)
+class Let:
+    """``const int var = value;``: a name for the statements after it in the same body (a persistent kernel's tile
+    coordinates)."""
+    var: str
+    value: IExpr
+
+
+@dataclass(frozen=True)
 class Elect:
     """The body runs on one thread (thread 0 of the enclosing role)."""
     body: tuple

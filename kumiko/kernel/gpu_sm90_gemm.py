@@ -34,6 +34,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     FragEpilogue,
     IExpr,
     If,
+    Let,
     MatDesc,
     MbarArrive,
     MbarArriveTx,
@@ -105,6 +106,11 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
     bm, bn, bk = plan.tile
     S, consumers = plan.stages, bm // 64
     in_flight = plan.get("async_", "wgmma_in_flight", 1)
+    persistent = bool(plan.get("async_", "epilogue_overlap", False))
+    if persistent and c.batch:
+        raise KumikoError("E1801", at=f"plan of {region.name}", why="a persistent SM90 plan (async.epilogue_overlap) "
+                          f"takes a GEMM without batch axes; this one has {list(c.batch)}",
+                          suggestion="async.epilogue_overlap false")
     assert bk == SM90_BK
     lo = RegionEmitter(region, syms, name, facts=facts)
     for a in c.k_axes:
@@ -112,8 +118,12 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
     lo.ty.add_axes(c.k_axes)
     v, ci_ = IExpr.var, IExpr.const
     kt, ks = v("kt"), v("ks")
-    KT, bx, by, bz = v("kk_KT"), v("blockIdx.x"), v("blockIdx.y"), v("blockIdx.z")
-    st = kt % S
+    KT = v("kk_KT")
+    if persistent:      # the CTA's tl-th tile: its coordinates (Let) from the grouped order, k steps counted on
+        bx, by, bz, it = v("kk_bx"), v("kk_by"), v("blockIdx.z"), v("tl") * KT + kt
+    else:
+        bx, by, bz, it = v("blockIdx.x"), v("blockIdx.y"), v("blockIdx.z"), kt
+    st = it % S
     a_bytes, b_bytes = bm * bk * 2, bn * bk * 2
     mn = g.y.major == "MN"
     maps = (_map("tmA", g.x, g.dtype, (bk, bm)), _map("tmB", g.y, g.dtype, (64, bk) if mn else (bk, bn)))
@@ -129,8 +139,8 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
                   for j in range(bn // 64)]
     else:
         loads.append(TmaLoad("tmB", SmemRef("sB", st), full(st), coords(g.y, kt * bk, bx * bn)))
-    producer = (SetMaxNReg(False, PRODUCER_REGS), Elect((For("kt", ci_(0), KT, (
-        MbarWait(empty(st), ((kt // S) & 1) ^ 1), MbarArriveTx(full(st), a_bytes + b_bytes), *loads)),)))
+    fill = (For("kt", ci_(0), KT, (
+        MbarWait(empty(st), ((it // S) & 1) ^ 1), MbarArriveTx(full(st), a_bytes + b_bytes), *loads)),)
 
     # the epilogue: the M and N axes at the element's row and column, then the region's other lets and stores
     decls: list = []
@@ -140,9 +150,9 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
     db = (MatDesc(SmemRef("sB", st), "128B", 64 * bk * 2, 1024, "MN", ks * 16 * 128) if mn else
           MatDesc(SmemRef("sB", st), "128B", 16, 1024, "K", ks * 32))
 
-    def consumer(i: int) -> tuple:
+    def consume(i: int) -> tuple:
         da = MatDesc(SmemRef("sA", st, i * 64 * 128), "128B", 16, 1024, "K", ks * 32)
-        mma = (MbarWait(full(st), (kt // S) & 1),
+        mma = (MbarWait(full(st), (it // S) & 1),
                WgmmaFence(),
                For("ks", ci_(0), ci_(bk // 16), (WgmmaMma("acc", da, db, bn, g.dtype, kt.gt(0) | ks.gt(0)),),
                    unroll=True),
@@ -150,16 +160,41 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
         if in_flight:
             # k tile kt's group stays in flight while the next one issues: waiting until at most one group is
             # pending retires kt - 1's, whose stage goes back to the producer (the last one after the loop)
-            loop = (*mma, WgmmaWait(1), If(kt.gt(0), (MbarArrive(empty((kt - 1) % S)),)))
-            drain: tuple = (WgmmaWait(0), MbarArrive(empty((KT - 1) % S)))
+            last = (v("tl") * KT + KT - 1) if persistent else KT - 1
+            loop = (*mma, WgmmaWait(1), If(kt.gt(0), (MbarArrive(empty((it - 1) % S)),)))
+            drain: tuple = (WgmmaWait(0), MbarArrive(empty(last % S)))
         else:
             loop, drain = (*mma, WgmmaWait(0), MbarArrive(empty(st))), ()
-        return (SetMaxNReg(True, CONSUMER_REGS[consumers]), For("kt", ci_(0), KT, loop), *drain,
-                FragEpilogue("acc", by * bm + 64 * i, bx * bn, tuple(decls), code))
+        return (For("kt", ci_(0), KT, loop), *drain, FragEpilogue("acc", by * bm + 64 * i, bx * bn, tuple(decls), code))
+
+    if persistent:
+        # grid = min(tiles, CTAs the device holds); CTA b runs tiles b, b + gridDim.x, ... in the grouped order:
+        # runs of group_m M tiles sweep N, so the B panels a run reads stay in L2. The producer runs ahead into the
+        # next tile's stages while the consumers store this one's epilogue (async.epilogue_overlap).
+        gm = int(plan.get("layout_hints", "group_m", 8))
+        tm, tn, gx = v("kk_tm"), v("kk_tn"), v("gridDim.x")
+        tile, width = v("blockIdx.x") + v("tl") * gx, tn * gm
+        rows = (tm - (tile // width) * gm).min(gm)
+        where = (Let("kk_by", (tile // width) * gm + (tile % width) % rows), Let("kk_bx", (tile % width) // rows))
+        count = (Let("kk_tm", (v("kk_M") + (bm - 1)) // bm), Let("kk_tn", (v("kk_N") + (bn - 1)) // bn),
+                 Let("kk_ntl", (tm * tn - v("blockIdx.x") + gx - 1) // gx))
+
+        def tiles(body: tuple) -> tuple:
+            return (For("tl", ci_(0), v("kk_ntl"), (*where, *body)),)
+    else:
+        count = ()
+
+        def tiles(body: tuple) -> tuple:
+            return body
+    producer = (SetMaxNReg(False, PRODUCER_REGS), Elect(tiles(fill)))
+
+    def consumer(i: int) -> tuple:
+        return (SetMaxNReg(True, CONSUMER_REGS[consumers]), *tiles(consume(i)))
 
     body = (Elect((For("s", ci_(0), ci_(S), (MbarInit(full(v("s")), 1), MbarInit(empty(v("s")), 128 * consumers))),
                    FenceMbarInit())),
             SyncThreads(),
+            *count,
             Roles((Role("producer", 0, 1, producer),
                    *(Role(f"consumer{i}", 1 + i, 1, consumer(i)) for i in range(consumers)))))
     setup: list = []
@@ -169,12 +204,16 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
     notes = tuple(region.notes) + (
         f"SM90 GEMM skeleton: contraction {c.let}, batch {list(c.batch)}, M {list(c.m_axes)}, N {list(c.n_axes)}, "
         f"K {[a.name for a in c.k_axes]}; tile {bm}x{bn}x{bk}, {S} stages, A K-major, B {g.y.major}-major, "
-        f"{consumers} consumer warpgroup(s), {in_flight} wgmma group(s) in flight past each wait",)
+        f"{consumers} consumer warpgroup(s), {in_flight} wgmma group(s) in flight past each wait"
+        + (", persistent (grid = the device's SMs, grouped tile order, the producer runs into the next tile while "
+           "the consumers store this one)" if persistent else ""),)
     params = kernel_params(lo, status_params(lo))
     kern = Sm90Kernel(name, 128 * (1 + consumers), maps, SCALARS, smem,
                       (BarDecl("kk_full", S), BarDecl("kk_empty", S)), (("acc", bn),), body,
                       rings=(Ring(("sA", "sB"), "kk_full", "kk_empty", S),),
-                      verify_sizes=(("kk_KT", (1, 2, S, S + 1, 2 * S + 1)),), notes=notes,
+                      verify_sizes=(("kk_KT", (1, 2, S, S + 1, 2 * S + 1)),) + (
+                          (("kk_M", (bm, 3 * bm)), ("kk_N", (bn,)), ("gridDim.x", (1, 2))) if persistent else ()),
+                      notes=notes,
                       params=params, setup=tuple(setup))
     return Sm90Lowering(kern, c, g, (g.x.buf, g.y.buf))
 

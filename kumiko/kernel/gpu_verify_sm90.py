@@ -158,6 +158,11 @@ class _Machine:
             elif isinstance(s, ir.If):
                 if s.cond.eval(env):
                     yield from self.run(s.body, env, role, threads)
+            elif isinstance(s, ir.Let):
+                try:
+                    env = {**env, s.var: s.value.eval(env)}
+                except KeyError:
+                    pass        # a value of sizes the schedule does not depend on (a tile's coordinates)
             elif isinstance(s, ir.Elect):
                 yield from self.run(s.body, env, role, 1)
             elif isinstance(s, ir.Roles):
@@ -376,6 +381,6 @@ def verify_sm90(k: ir.Sm90Kernel) -> ir.Sm90Kernel:
     check_static(k)
     names = [n for n, _ in k.verify_sizes]
     for values in itertools.product(*(v for _, v in k.verify_sizes)):
-        env = {"blockIdx.x": 0, "blockIdx.y": 0, "blockIdx.z": 0, **dict(zip(names, values))}
+        env = {"blockIdx.x": 0, "blockIdx.y": 0, "blockIdx.z": 0, "gridDim.x": 1, **dict(zip(names, values))}
         _Machine(k, env).verify()
     return k

@@ -160,6 +160,10 @@ def validate_sm90_plan(plan: Plan, region: Region, facts: RegionFacts, smem_limi
         raise KumikoError("E1801", at=at, why=f"async_.wgmma_in_flight={plan.get('async_', 'wgmma_in_flight')!r}: "
                           "the consumers keep 0 or 1 wgmma groups pending past each k tile's wait",
                           suggestion="1 (the default) or 0")
+    if plan.get("async_", "epilogue_overlap", False) not in (False, True):
+        raise KumikoError("E1801", at=at, why=f"async_.epilogue_overlap={plan.get('async_', 'epilogue_overlap')!r}: "
+                          "true (a persistent kernel: CTAs stride over the tiles, the producer loads the next tile "
+                          "while the consumers store this one) or false (a CTA a tile)", suggestion="true or false")
     if plan.stages not in SM90_STAGES:
         raise KumikoError("E1801", at=at, why=f"stages={plan.stages}: the mbarrier ring has 2 to 4 stages")
     threads = 128 * (1 + bm // 64)

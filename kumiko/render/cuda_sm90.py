@@ -20,6 +20,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     For,
     FragEpilogue,
     If,
+    Let,
     MatDesc,
     MbarArrive,
     MbarArriveTx,
@@ -131,6 +132,8 @@ class _Sm90Renderer:
                            *self.stmts(s.body, pad + "  "), f"{pad}}}"]
         if isinstance(s, If):
             return [f"{pad}if ({s.cond.c()}) {{", *self.stmts(s.body, pad + "  "), f"{pad}}}"]
+        if isinstance(s, Let):
+            return [f"{pad}const int {s.var} = {s.value.c()};"]
         if isinstance(s, Elect):
             return [f"{pad}if (threadIdx.x == {self.role_first}) {{", *self.stmts(s.body, pad + "  "), f"{pad}}}"]
         if isinstance(s, Roles):

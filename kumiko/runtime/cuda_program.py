@@ -102,9 +102,10 @@ def pack_params(params: Sequence, values: Sequence[Any]) -> tuple[Any, list]:
     return argv, keep
 
 
-def launch_dims(ln: Launch, env: Mapping[str, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """Grid and block of a launch for bound sizes; E1703 past the hardware limits."""
-    grid = tuple(-(-dim_eval(e, env) // t) for e, t in ln.grid)
+def launch_dims(ln: Launch, env: Mapping[str, int], sms: int = 1) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Grid and block of a launch for bound sizes on a device of ``sms`` multiprocessors (a persistent kernel's
+    grid depends on it); E1703 past the hardware limits."""
+    grid = ln.dims(env, sms)
     block = (int(ln.block), 1, 1)
     if any(g > m for g, m in zip(grid, MAX_GRID)) or not 0 < block[0] <= MAX_THREADS:
         raise KumikoError("E1703", at=ln.kernel, why=f"grid {list(grid)} / block {list(block)} exceed the GPU's "
@@ -144,6 +145,7 @@ class Backend(Protocol):
     """What CudaProgram needs from a device: ``CudaDevice`` implements it."""
 
     smem_optin: int
+    sm_count: int
 
     def alloc(self, nbytes: int, what: str) -> int: ...
     def free(self, ptr: int) -> None: ...
@@ -265,7 +267,7 @@ class CudaProgram:
         try:
             self._allocate(b, env)
             for ln in self.compiled.launches:
-                grid, block = launch_dims(ln, env)
+                grid, block = launch_dims(ln, env, self.backend.sm_count)
                 if min(grid) == 0 or not ln.runs(env):
                     continue                       # nothing to compute at these sizes, or the other kernel's sizes
                 ints = {n: dim_eval(e, env) for n, e in ln.map_sizes}      # an SM90 kernel's int scalars

@@ -33,6 +33,9 @@ from kumiko.symbolic import dim_eval
 from kumiko.util.files import safe_stem
 from kumiko.util.log import enabled, log
 
+#: the multiprocessors the emulator's launches assume: a persistent kernel gets this many CTAs (times its CTAs a
+#: multiprocessor), few enough that each strides over several tiles at the tests' sizes
+EMU_SMS = 2
 #: ``emu=`` option -> emulator configuration
 EMU_CONFIGS = {"deferred": CONFIGS["deferred+round_robin"], "eager": CONFIGS["eager+run_ahead"],
                "reversed": CONFIGS["eager+reversed"], "random": CONFIGS["deferred+random1"],
@@ -122,7 +125,7 @@ class GpuRunner(CpuProgram):
                     if (ln.region, var) not in scratch:
                         scratch[ln.region, var] = np.full(max(1, math.prod(dim_eval(s, env) for s in sizes)), np.nan,
                                                np.float32)
-                grid = tuple(-(-dim_eval(e, env) // t) for e, t in ln.grid)
+                grid = ln.dims(env, EMU_SMS)
                 if min(grid) == 0 or not ln.runs(env):
                     continue
                 args = []

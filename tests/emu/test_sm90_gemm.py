@@ -223,3 +223,57 @@ def test_the_chooser_halves_the_tile_until_the_gpu_fills(m, n, batch, tile):
     g = gemm_graph((*lead, m, 64), (*lead, 64, n), "fp16")
     (plan,) = compile_cuda(g.tiny, "sm90").plans.values()
     assert plan.algo == "wgmma" and plan.tile[:2] == tile
+
+
+def _persistent(g, bm=None, bn=None, stages=4):
+    """``g``'s chosen sm90 plan (or one of tile bm x bn) made persistent (async.epilogue_overlap)."""
+    c = compile_cuda(g.tiny, "sm90")
+    (name, plan), = c.plans.items()
+    if bm is not None:
+        r = c.program.regions[0]
+        plan = sm90_plan(r, analyze(r).contraction, bm, bn, stages)
+    return {name: plan.with_(async_={**dict(plan.async_), "epilogue_overlap": True})}
+
+
+@pytest.mark.parametrize("emu", EMUS)
+@pytest.mark.parametrize("sa, sb, tile", [((300, 520), (520, 264), (128, 128, 4)),
+                                          ((300, 520), (520, 264), (128, 256, 3)),
+                                          ((129, 64), (64, 200), None), ((1000, 72), (72, 64), (64, 64, 2))])
+def test_persistent_kernel_strides_over_the_tiles(emu, sa, sb, tile):
+    """async.epilogue_overlap: a grid of min(tiles, SMs) CTAs (the emulator has 2 SMs, so each CTA runs several tiles
+    in the grouped order, its ring's stages and phases running on across them) computes every tile exactly."""
+    g = gemm_graph(sa, sb, "fp16", bias_relu=True)
+    plans = _persistent(g, *(tile or (None, None)))
+    check(g, emu, "fp16", plans=plans)
+    c = compile_cuda(g.tiny, "sm90", plans=plans)
+    (ln,) = c.launches
+    bm, bn, _ = next(iter(c.plans.values())).tile
+    tiles = -(-sa[0] // bm) * -(-sb[1] // bn)
+    assert ln.persistent == 1 and ln.dims({}, 2) == (min(tiles, 2), 1, 1) and ln.dims({}, 1000) == (tiles, 1, 1)
+    assert "persistent" in " ".join(c.kernels[0].notes) and ln.to_json()["persistent"] == {"ctas_per_sm": 1}
+
+
+def test_persistent_plans_are_validated_and_the_verifier_follows_the_ring_across_tiles():
+    import dataclasses
+
+    from kumiko.kernel.gpu_ir_sm90 import BarRef, IExpr, MbarWait, rewrite
+    g = gemm_graph((300, 520), (520, 264), "fp16")
+    plans = _persistent(g, 128, 128, 4)
+    k = compile_cuda(g.tiny, "sm90", plans=plans).kernels[0]
+    assert verify_sm90(k) is k and dict(k.verify_sizes)["gridDim.x"] == (1, 2)
+    # the producer restarting its ring count each tile (stage kt % S) instead of going on (tl * KT + kt)
+    kt = IExpr.var("kt")
+    restart = dataclasses.replace(k, body=rewrite(k.body, lambda s: (
+        MbarWait(BarRef("kk_empty", kt % 4), ((kt // 4) & 1) ^ 1),) if isinstance(s, MbarWait)
+        and s.bar.name == "kk_empty" else None))
+    with pytest.raises(KumikoError) as e:
+        verify_sm90(restart)
+    assert e.value.details["hazard"] in ("mbar_parity", "stage_not_released", "mbar_deadlock")
+    (name, plan), = plans.items()
+    with pytest.raises(KumikoError) as e:
+        compile_cuda(g.tiny, "sm90", plans={name: plan.with_(async_={**dict(plan.async_), "epilogue_overlap": 2})})
+    assert e.value.code == "E1801" and "epilogue_overlap" in e.value.why
+    batched = gemm_graph((3, 100, 64), (3, 64, 72), "fp16")
+    with pytest.raises(KumikoError) as e:
+        compile_cuda(batched.tiny, "sm90", plans=_persistent(batched))
+    assert e.value.code == "E1801" and "batch" in e.value.why

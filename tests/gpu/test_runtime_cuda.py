@@ -204,6 +204,7 @@ class EmuLaunches:
     CudaDevice that CudaProgram calls, so its buffers, offsets, poisoning and packed parameters run for real."""
 
     smem_optin = emu.SMEM_LIMIT["sm80"]
+    sm_count = 2
 
     def __init__(self, module: emu.EmuModule):
         self.module, self.lib = module, module._load()

@@ -119,3 +119,27 @@ def test_sm80_plans_on_hopper_agree():
     ya, yb, want = a(**ins)["y"], b(**ins)["y"], ref(**ins)["y"]
     assert rel_l2(ya, want) < TOL["fp16"] and rel_l2(yb, want) < TOL["fp16"]
 
+
+
+@pytest.mark.parametrize("mnk, tile", [((2048, 2048, 2048), (128, 128, 4)), ((1000, 776, 520), (128, 256, 3)),
+                                       ((300, 264, 136), (64, 64, 4))])
+def test_persistent_kernel_on_the_device(mnk, tile):
+    """async.epilogue_overlap: min(tiles, the device's SMs) CTAs striding over the tiles, against numpy."""
+    from kumiko.plan.gpu_sm90 import sm90_plan
+    from kumiko.region.analysis import analyze
+    m, n, k = mnk
+    g = gemm("fp16", sizes=(m, k, n), bias_relu=True)
+    c = kumiko.compile(g, "cuda")
+    r = c._run.program.regions[0]
+    p = sm90_plan(r, analyze(r).contraction, *tile)
+    exe = kumiko.compile(g, "cuda", plans={r.name: p.with_(async_={**dict(p.async_), "epilogue_overlap": True})})
+    (ln,) = exe._run.launches
+    assert ln.persistent == 1
+    rng = np.random.default_rng(13)
+    a, w, bias = (rng.standard_normal(s, np.float32).astype(np.float16) for s in ((m, k), (k, n), (n,)))
+    y = exe(A=a, B=w, bias=bias)["y"]
+    want = np.maximum(a.astype(np.float32) @ w.astype(np.float32) + bias.astype(np.float32), 0)
+    assert rel_l2(y, want) < TOL["fp16"]
+    tiles = -(-m // tile[0]) * -(-n // tile[1])
+    b = next(reversed(exe._run.runner()._bound.values()))
+    assert b.launches[0].grid == (min(tiles, CudaDevice.get(0).sm_count), 1, 1)
