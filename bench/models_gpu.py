@@ -42,6 +42,7 @@ import netdefs  # noqa: E402
 
 import kumiko  # noqa: E402
 from kumiko.accuracy import rel_l2  # noqa: E402
+from kumiko.plan.gpu import describe_gpu_plan  # noqa: E402
 from kumiko.runtime.cuda_driver import CudaDevice, device_available  # noqa: E402
 
 
@@ -52,7 +53,7 @@ class Row:
     runner: str
     median_ms: float | None = None
     min_ms: float | None = None
-    ratio: float | None = None               # kumiko / torch (same dtype)
+    ratio: float | None = None               # / torch eager (same dtype)
     rel_l2: float | None = None              # against torch fp32
     compile_s: float | None = None
     call_ms: float | None = None             # kumiko: one whole exe(...) call, host copies included
@@ -75,17 +76,37 @@ def _feeds(name: str, batch: int, args, dtype: str) -> dict[str, np.ndarray]:
     return {k: v.astype(np_dt) if v.dtype.kind == "f" else v for k, v in feeds.items()}
 
 
+def kernel_profile(exe, prog, b, dev: CudaDevice, top: int) -> list[tuple]:
+    """Each launch of one run timed alone by CUDA events (median of 5): the ``top`` slowest as (ms, kernel, grid,
+    plan), and the sum of all."""
+    plans = exe._run.plans
+    region_of = {ln.kernel: ln.region for ln in exe._run.launches}
+    rows = []
+    for ln in b.launches:
+        ms = statistics.median(dev.time_ms(lambda ln=ln: dev.launch(ln.fn, ln.kernel, ln.grid, ln.block, ln.smem,
+                                                                     ln.argv), reps=5, warmup=1))
+        p = plans.get(region_of.get(ln.kernel))
+        rows.append((ms, ln.kernel, ln.grid, f"{p.algo} {describe_gpu_plan(p)}" if p is not None else ""))
+    total = sum(r[0] for r in rows)
+    print(f"    per kernel (alone, CUDA events): {len(rows)} launches, {total:.3f} ms in all; the slowest:")
+    for ms, k, grid, plan in sorted(rows, reverse=True)[:top]:
+        print(f"      {ms:7.3f} ms  {k:28s} grid {list(grid)}  {plan}")
+    return rows
+
+
 def kumiko_rows(name: str, batch: int, args, dev: CudaDevice, timer, feeds: dict, want: np.ndarray) -> list[Row]:
     g = kumiko.from_onnx(str(_onnx(name, batch, args)))
     if args.dtype != "fp32":
         g = g.with_float_dtype(args.dtype)
     rows = []
-    for arch in args.archs or [None]:
-        runner = "kumiko[cuda]" + (f" {arch}" if arch else "")
+    variants = [(arch, False) for arch in args.archs or [None]] + ([(args.archs[0] if args.archs else None, True)]
+                                                                    if args.cuda_graph else [])
+    for arch, graph in variants:
+        runner = "kumiko[cuda]" + (f" {arch}" if arch else "") + (" graph" if graph else "")
         row = Row(name, batch, runner)
         try:
             t0 = time.perf_counter()
-            exe = kumiko.compile(g, "cuda", arch=arch)
+            exe = kumiko.compile(g, "cuda", arch=arch, cuda_graph=graph)
             row.compile_s = time.perf_counter() - t0
             out = exe(**feeds)[exe.output_names[0]]
             calls = []
@@ -104,7 +125,9 @@ def kumiko_rows(name: str, batch: int, args, dev: CudaDevice, timer, feeds: dict
             row.rel_l2 = rel_l2(np.asarray(out, np.float32), want)
             algos = Counter(p.algo for p in exe._run.plans.values())
             row.note = (f"{len(b.launches)} launches, plans {dict(algos)}, {exe._run.plan_arch} plans, "
-                        f"{exe._run.gpu_arch}")
+                        f"{exe._run.gpu_arch}{', one CUDA Graph a run' if graph else ''}")
+            if args.profile and not graph:
+                kernel_profile(exe, prog, b, dev, args.profile)
             prog.release()
         except Exception as e:  # noqa: BLE001 - a failing model is reported, the others still run
             if args.verbose:
@@ -135,6 +158,26 @@ def torch_rows(name: str, batch: int, args, timer, torch, feeds: dict) -> tuple[
     r = Row(name, batch, "torch", statistics.median(ms), min(ms), 1.0, rel_l2(out.float().cpu().numpy(), want),
             note=f"torch {torch.__version__} eager, {args.dtype}")
     rows.append(r)
+    if args.cuda_graph:                 # PyTorch's forward captured once as a CUDA Graph and replayed
+        try:
+            with torch.no_grad():
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):          # warm-up off the default stream, as capture wants
+                    for _ in range(2):
+                        model(*tin)
+                torch.cuda.current_stream().wait_stream(side)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    gout = model(*tin)
+                g.replay()
+                torch.cuda.synchronize()
+                ms = timer(g.replay, args.reps, args.warmup)
+            rows.append(Row(name, batch, "torch graph", statistics.median(ms), min(ms), None,
+                            rel_l2(gout.float().cpu().numpy(), want),
+                            note=f"torch {torch.__version__}, one CUDA Graph"))
+        except Exception as e:  # noqa: BLE001 - a model PyTorch cannot capture is reported, not fatal
+            rows.append(Row(name, batch, "torch graph", note=f"failed: {type(e).__name__}: {str(e)[:200]}"))
     return rows, want
 
 
@@ -145,13 +188,13 @@ def bench(name: str, batch: int, args, dev: CudaDevice, torch) -> list[Row]:
     feeds = _feeds(name, batch, args, args.dtype)
     trows, want = torch_rows(name, batch, args, timer, torch, feeds)
     krows = kumiko_rows(name, batch, args, dev, timer, feeds, want)
-    for r in krows:
+    for r in krows + trows[1:]:
         if r.median_ms is not None:
             r.ratio = r.median_ms / trows[0].median_ms
     rows = krows + trows
     for r in rows:
         t = f"median {r.median_ms:8.3f} ms  min {r.min_ms:8.3f}" if r.median_ms is not None else "-"
-        extra = (f"  kumiko/torch {r.ratio:.2f}" if r.ratio is not None and r.runner != "torch" else "") + \
+        extra = (f"  /torch eager {r.ratio:.2f}" if r.ratio is not None and r.runner != "torch" else "") + \
                 (f"  rel L2 {r.rel_l2:.1e}" if r.rel_l2 is not None else "") + \
                 (f"  compile {r.compile_s:.1f} s" if r.compile_s is not None else "") + \
                 (f"  whole call {r.call_ms:.1f} ms" if r.call_ms is not None else "")
@@ -166,7 +209,7 @@ def markdown(rows: list[Row], args, machine: dict) -> str:
              "with the weights bound once on the device (PyTorch likewise keeps its weights there); 'whole call' is "
              "one `exe(...)` by wall clock, which copies every weight and input in and the output out; rel L2 "
              "against PyTorch fp32 on the GPU.", "",
-             "| model | batch | runner | median ms | min ms | kumiko/torch | rel L2 | compile s | whole call ms "
+             "| model | batch | runner | median ms | min ms | / torch eager | rel L2 | compile s | whole call ms "
              "| note |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
@@ -185,6 +228,10 @@ def parse_args(argv):
     p.add_argument("--dtype", default="fp16", choices=("fp16", "fp32"), help="float dtype of both runners")
     p.add_argument("--archs", type=lambda v: [a for a in v.split(",") if a], default=[],
                    help="kumiko plan archs to time (default: the device's), e.g. sm90,sm80 on Hopper")
+    p.add_argument("--cuda-graph", action="store_true", help="also time kumiko (cuda_graph=True) and PyTorch with "
+                   "their launches captured as one CUDA Graph")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="print kumiko's N slowest kernels, each "
+                   "timed alone")
     p.add_argument("--reps", type=int, default=20, help="timed runs per runner (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
     p.add_argument("--seed", type=int, default=0)
