@@ -43,7 +43,9 @@ from kumiko import Tensor  # noqa: E402
 from kumiko.accuracy import bound, rel_l2  # noqa: E402
 from kumiko.diagnostics import KumikoError  # noqa: E402
 from kumiko.plan.gpu import (  # noqa: E402
-    RELEASES,  # noqa: E402
+    FUSED,  # noqa: E402
+    RELEASES,
+    STREAMING,
     describe_gpu_plan,
     mma_threads,
 )
@@ -239,10 +241,25 @@ def apply_wgmma_tile(plan, spec: str):
                       threads=128 * (1 + f["bm"] // 64), async_=asy, cache=cache)
 
 
+AT_SPEC = "at:BMxBN (e.g. at:128x64: the streaming attention kernel's query rows and keys a block)"
+
+
+def parse_attention_tile(spec: str) -> tuple[int, int]:
+    try:
+        bm, bn = (int(x) for x in spec[3:].split("x"))
+        return bm, bn
+    except ValueError:
+        raise SystemExit(f"--tiles: {spec!r} is not {AT_SPEC}") from None
+
+
 def apply_tile(plan, spec: str):
-    """The plan with the tile spec's fields replaced (an sm90 plan's with a ``wg:`` spec)."""
+    """The plan with the tile spec's fields replaced (an sm90 plan's with a ``wg:`` spec, the streaming attention
+    plan's with ``at:``)."""
     if spec.startswith("wg:"):
         return apply_wgmma_tile(plan, spec)
+    if spec.startswith("at:"):
+        bm, bn = parse_attention_tile(spec)
+        return plan.with_(tile=(bm, bn, plan.tile[2]), threads=bm // 16 * 32, warp_tile=f"16x{bn}")
     f = parse_tile(spec)
     hints, asy = dict(plan.layout_hints), dict(plan.async_)
     if "group_m" in f:
@@ -275,8 +292,10 @@ def tile_variants(wl: Workload, sz: dict, args, inputs: dict, timer, chosen) -> 
     got = []
     graph = wl.graph(sz)
     for spec in args.tiles:
-        algo = "wgmma" if spec.startswith("wg:") else "mma"
+        algo = "wgmma" if spec.startswith("wg:") else STREAMING if spec.startswith("at:") else "mma"
         plans = {name: apply_tile(p, spec) for name, p in chosen.items() if p.algo == algo}
+        if plans and algo == STREAMING:     # the pair's consumer plan goes with it
+            plans = {**{name: p for name, p in chosen.items() if p.algo == FUSED}, **plans}
         if not plans:
             print(f"  tile {spec}: no {algo} region in the chosen plans")
             continue
@@ -372,7 +391,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="plan archs to time, comma-separated, the first in the main row (default: the device's; "
                    "e.g. sm90,sm80 on Hopper times the wgmma skeleton and the mma.sync one side by side)")
     p.add_argument("--tiles", default="", help="also time each workload under these MMA tiles, comma-separated\n"
-                   f"{TILE_SPEC}, or {WG_SPEC}: a tile sweep")
+                   f"{TILE_SPEC}, or {WG_SPEC}, or {AT_SPEC}: a tile sweep")
     p.add_argument("--append", dest="append", action="store_true", default=None,
                    help="append to the results file (default for full runs)")
     p.add_argument("--no-append", dest="append", action="store_false", help="do not append (default for --quick)")
@@ -384,7 +403,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--reps must be >= 10 (medians of fewer runs are noise)")
     args.tiles = [t for t in args.tiles.split(",") if t]
     for t in args.tiles:
-        parse_wgmma_tile(t) if t.startswith("wg:") else parse_tile(t)
+        parse_wgmma_tile(t) if t.startswith("wg:") else parse_attention_tile(t) if t.startswith("at:") else \
+            parse_tile(t)
     if args.append is None:
         args.append = not args.quick
     return args
