@@ -111,8 +111,8 @@ class GatherTable:
     ctype: str                      # its element C type
     base: str                       # C, 64-bit: the offset's part over neither rows nor K (batch axes, sizes)
     row_off: str                    # C: the offset's row part (the operand's s axes)
-    cols: tuple                     # C: each table column's value at a K index (the K axes declared); col 0: offset
-    guards: tuple                   # (op "ge" | "le" | "eq", column, C row bound): the element is valid iff col op bound
+    cols: tuple                     # C: each table column's value at a K index (K axes declared); col 0: offset
+    guards: tuple                   # (op "ge" | "le" | "eq", column, C row bound): valid iff col op bound
     row_ok: str                     # C: the guards with no K part (the row's own)
     fits: str                       # C condition: int32 index arithmetic is exact
     raw: bool                       # the element's 16 bits are the MMA operand's (stored as loaded)

@@ -173,8 +173,8 @@ class _MmaRenderer:
         out += [f"{ind}#pragma unroll", f"{ind}for (int kk_j = 0; kk_j < {run}; kk_j += {group}) {{",
                 f"{ind}  uint16_t kk_h[{group}];", f"{ind}  #pragma unroll",
                 f"{ind}  for (int kk_e = 0; kk_e < {group}; ++kk_e) {{"]
-        out += [f"{ind}    const int4 kk_c{q} = *reinterpret_cast<const int4*>(kk_t{o} + (kk_j + kk_e) * {w} + {4 * q});"
-                for q in range(w // 4)]
+        out += [f"{ind}    const int4 kk_c{q} = *reinterpret_cast<const int4*>(kk_t{o} + (kk_j + kk_e) * {w} + "
+                f"{4 * q});" for q in range(w // 4)]
         if t.raw:
             out += [f"{ind}    uint16_t kk_u = 0;",
                     f"{ind}    if ({' && '.join(conds) or 'true'}) kk_u = __ldg(kk_gb{o} + {ix});",
@@ -538,7 +538,8 @@ class _MmaRenderer:
             out.append(f"  if ({' && '.join(vec)}) {{")
             out += self.main_loop("    ", True)
             fit = any(k.table_run(ld) is not None for ld in k.loads)
-            out.append("  } else {  // an operand's rows are not 16-byte aligned" + (", or a gather needs 64 bits" if fit else ""))
+            out.append("  } else {  // an operand's rows are not 16-byte aligned"
+                       + (", or a gather needs 64 bits" if fit else ""))
             out += self.main_loop("    ", False)
             out.append("  }")
         else:
