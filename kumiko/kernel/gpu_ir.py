@@ -99,6 +99,33 @@ class VecAccess:
 
 
 @dataclass(frozen=True)
+class GatherTable:
+    """The gather of an operand in table form (``region.operands.table_form``: ``guards ? value(src[off]) : 0``
+    with the offset and every guard a row part plus a K part): per K tile each warp writes the K parts of its
+    run of columns into its own shared-memory table (one column a lane, ``cols``), and each element is then
+    ``src[base + row offset + col 0]`` under one compare per guard against a bound the thread computed once for
+    its row, in 32-bit arithmetic: no division, no 64-bit index math per element (an implicit GEMM's im2col
+    costs a table read, a few compares and the load). The kernel takes this path when ``fits`` holds (every
+    row and column value within +-2^30, so their sums fit an int), else its 64-bit gather."""
+    buf: str                        # the source's C name
+    ctype: str                      # its element C type
+    base: str                       # C, 64-bit: the offset's part over neither rows nor K (batch axes, sizes)
+    row_off: str                    # C: the offset's row part (the operand's s axes)
+    cols: tuple                     # C: each table column's value at a K index (K axes declared); col 0: offset
+    guards: tuple                   # (op "ge" | "le" | "eq", column, C row bound): valid iff col op bound
+    row_ok: str                     # C: the guards with no K part (the row's own)
+    fits: str                       # C condition: int32 index arithmetic is exact
+    raw: bool                       # the element's 16 bits are the MMA operand's (stored as loaded)
+    value: tuple = ()               # loops.Stmt: ``kk_v`` (float) from ``kk_ld`` (the loaded element), when not raw
+    ld_decl: str = ""               # C declaration of ``kk_ld`` from index ``kk_ix``, when not raw
+
+    @property
+    def width(self) -> int:
+        """Ints per table entry: the columns padded to whole int4 vectors."""
+        return -(-len(self.cols) // 4) * 4
+
+
+@dataclass(frozen=True)
 class OperandLoad:
     """How one operand's tile is filled: ``vec`` (cp.async, 16 bytes a chunk, zero-fill through
     src-size) when present and its rows are aligned, else the guarded scalar ``gather`` (the operand's
@@ -113,6 +140,7 @@ class OperandLoad:
     vec: VecAccess | None = None
     run_k: tuple = ()               # loops.Stmt: the K axes from ``kk_gk`` as mutable counters ...
     advance_k: str = ""             # ... and the C statement that moves them to the next K index
+    table: GatherTable | None = None   # the gather's table form (used when the rows allow, ``MmaKernel.table_run``)
 
 
 @dataclass(frozen=True)
@@ -264,9 +292,36 @@ class MmaKernel:
     def warp_tile(self) -> tuple:
         return self.tile[0] // self.warps[0], self.tile[1] // self.warps[1]
 
+    def row_run(self, ld: OperandLoad) -> int | None:
+        """The columns a thread fills when operand ``ld``'s gather goes by rows: its ring's rows are its M/N
+        (``sk``) and the threads split into an equal number per row, each with a run of the row's K columns;
+        None otherwise (then the gather spreads the tile's elements over the threads)."""
+        ring = next(r for r in self.rings if r.operand == ld.operand)
+        if ring.layout != "sk" or self.threads % ring.rows or ring.cols % (self.threads // ring.rows):
+            return None
+        return ring.cols // (self.threads // ring.rows)
+
+    def table_run(self, ld: OperandLoad) -> int | None:
+        """The row run of an operand gathered through its table (``GatherTable``): the lanes of a warp share
+        their columns (whole warps per column run), else None."""
+        run = self.row_run(ld) if ld.table is not None else None
+        ring = next(r for r in self.rings if r.operand == ld.operand)
+        return run if run is not None and ring.rows % 32 == 0 else None
+
+    def table_offsets(self) -> tuple[dict, int]:
+        """(operand -> (byte offset of its warps' gather tables in shared memory, ints per warp), the bytes
+        of the rings and tables): the tables follow the rings."""
+        out, at = {}, sum(r.nbytes for r in self.rings)
+        for ld in self.loads:
+            run = self.table_run(ld)
+            if run is not None:
+                out[ld.operand] = (at, run * ld.table.width)
+                at += 4 * (self.threads // 32) * run * ld.table.width
+        return out, at
+
     @property
     def smem_bytes(self) -> int:
-        ring = sum(r.nbytes for r in self.rings)
+        ring = self.table_offsets()[1]
         if self.epilogue.mode == "smem_window":
             ring = max(ring, 4 * self.tile[0] * (self.tile[1] + 4))
         return ring

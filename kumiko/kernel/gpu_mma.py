@@ -28,6 +28,7 @@ from kumiko.kernel.gpu_ir import (
     CommitGroup,
     Compute,
     Epilogue,
+    GatherTable,
     KLoop,
     LdMatrix,
     LoadFrag,
@@ -51,8 +52,9 @@ from kumiko.kernel.pack import advance_counter
 from kumiko.plan.gpu import MMA_DTYPES, mma_operand_dtype, ring_release
 from kumiko.plan.plan import Plan
 from kumiko.region.analysis import Contraction, analyze
-from kumiko.region.ssa import Read, Region, RExpr, VType
-from kumiko.symbolic import Expr
+from kumiko.region.operands import table_form
+from kumiko.region.ssa import Cast, Read, Ref, Region, RExpr, VType
+from kumiko.symbolic import Expr, Sym
 
 PAD = 8                     # halves of padding per smem row: rows stay 16-byte aligned, banks rotate
 
@@ -101,7 +103,79 @@ def _below(size, limit: int) -> bool:
     return n is not None and n < limit
 
 
-def _operand(lo: RegionEmitter, c: Contraction, side: str, ring: str, allow_ks: bool) -> tuple[OperandLoad, str]:
+def _bound(e: Expr, sizes: dict, axes: set, scope: set) -> str | None:
+    """C text (64-bit) bounding ``|e|`` while its ``axes`` range over ``[0, size)`` (sizes are positive): a term
+    is a number times sizes times at most one axis; None when an axis occurs otherwise (squared, in a floor
+    division)."""
+    parts = [f"{abs(e.const)}LL"] if e.const else []
+    for mono, coef in e.terms:
+        ax = [a for a in mono if isinstance(a, Sym) and a.name in axes]
+        if any(not isinstance(a, Sym) and set(a.num.symbols()) & axes for a in mono) or len(ax) > 1:
+            return None
+        factors = Expr({tuple(a for a in mono if a not in ax): abs(coef)}) if len(mono) > len(ax) else None
+        term = [C.index(factors, scope)] if factors is not None else [f"{abs(coef)}LL"] if abs(coef) != 1 else []
+        if ax:
+            term.append(f"({C.index(sizes[ax[0].name], set())} - 1LL)")
+        parts.append(" * ".join(term) or "1LL")
+    return "(" + " + ".join(parts) + ")" if len(parts) > 1 else parts[0] if parts else "0LL"
+
+
+def _table(lo: RegionEmitter, e: RExpr, side: str, s_axes: tuple, k_axes: tuple, batch: tuple,
+           mma_dt: str) -> GatherTable | None:
+    """The operand's gather through per-warp K tables (``GatherTable``), when it has a table form whose parts
+    are bounded (affine in each axis); None otherwise."""
+    tf = table_form(e, lo.memrefs, set(s_axes), set(k_axes))
+    if tf is None:
+        return None
+    scope = lo.axes_in_scope()
+    rest, rp, kp = tf.off
+    rows = set(s_axes) | set(batch)
+    cols: list = [kp]
+    guards: list = []
+    row_ok: list = []
+    ints: list = []                         # every value the table path computes in 32 bits
+    for op, (g0, gr, gk) in tf.guards:
+        r = g0 + gr
+        if gk.as_int() == 0:
+            row_ok.append(f"({C.index(r, scope)}) {'>=' if op == 'ge' else '=='} 0")
+            continue
+        if gk in cols:
+            i, sign = cols.index(gk), 1
+        elif -gk in cols:
+            i, sign = cols.index(-gk), -1
+        else:
+            cols.append(gk)
+            i, sign = len(cols) - 1, 1
+        # sign * col + r (>= | ==) 0
+        if op == "ge":
+            guards.append(("ge", i, C.index(-r, scope)) if sign == 1 else ("le", i, C.index(r, scope)))
+        else:
+            guards.append(("eq", i, C.index(-r if sign == 1 else r, scope)))
+        ints.append((r, rows))
+    ints += [(x, set(k_axes)) for x in cols]
+    bounds = [_bound(x, lo.sizes, ax, scope) for x, ax in ints]
+    if any(b is None for b in bounds):
+        return None
+    buf = lo.cname[tf.tensor]
+    raw = tf.dtype.name == mma_dt and tf.value in (Ref("__ld"), Cast(Ref("__ld"), dtypes.fp32))
+    value: list = []
+    ld_decl = ""
+    if not raw:
+        saved = dict(lo.storage)
+        lo.storage["__ld"] = ("scalar", "kk_ld")
+        lo.ty.lets["__ld"] = VType(tf.dtype, ())
+        v = lo.expr(tf.value, value)
+        value.append(Assign("kk_v", f"(float)({v})"))
+        lo.storage = saved
+        ld = C.load("kk_gb" + side, "kk_ix", tf.dtype).replace(f"kk_gb{side}[kk_ix]", f"__ldg(kk_gb{side} + kk_ix)")
+        ld_decl = f"const {C.COMPUTE[tf.dtype.name]} kk_ld = {ld};"
+    return GatherTable(buf, C.STORAGE[tf.dtype.name], C.index(rest, scope), C.index(rp, scope),
+                       tuple(C.index(x, scope) for x in cols), tuple(guards), " && ".join(row_ok) or "true",
+                       " && ".join(f"{b} < (1LL << 30)" for b in bounds), raw, tuple(value), ld_decl)
+
+
+def _operand(lo: RegionEmitter, c: Contraction, side: str, ring: str, allow_ks: bool,
+             mma_dt: str) -> tuple[OperandLoad, str]:
     e = c.x if side == "x" else c.y
     s_axes = c.m_axes if side == "x" else c.n_axes
     k_axes = tuple(a.name for a in c.k_axes)
@@ -124,8 +198,11 @@ def _operand(lo: RegionEmitter, c: Contraction, side: str, ring: str, allow_ks: 
     layout, vec = ("sk", None)
     if acc is not None and (acc[0] == "sk" or allow_ks):
         layout, vec = acc
+    lo.red_axes = list(k_axes) + list(window)
+    table = _table(lo, e, side, s_axes, k_axes, c.batch, mma_dt) if vec is None else None
+    lo.red_axes = []
     return OperandLoad(side, ring, extent(lo, s_axes), extent(lo, k_axes), tuple(decl_s), tuple(decl_k),
-                       tuple(gather), vec, tuple(run_k), advance_k), layout
+                       tuple(gather), vec, tuple(run_k), advance_k, table), layout
 
 
 def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering:
@@ -147,8 +224,8 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
     for a in c.k_axes + (c.outer.axes if c.outer is not None else ()):
         lo.sizes[a.name] = a.size
     lo.ty.add_axes(c.k_axes + (c.outer.axes if c.outer is not None else ()))
-    ld_x, _ = _operand(lo, c, "x", "sA", allow_ks=False)
-    ld_y, lay_y = _operand(lo, c, "y", "sB", allow_ks=True)
+    ld_x, _ = _operand(lo, c, "x", "sA", allow_ks=False, mma_dt=dt)
+    ld_y, lay_y = _operand(lo, c, "y", "sB", allow_ks=True, mma_dt=dt)
     ring_x = SmemRing("sA", "x", "sk", bm, bk, PAD, stages)
     ring_y = SmemRing("sB", "y", lay_y, bk if lay_y == "ks" else bn, bn if lay_y == "ks" else bk, PAD, stages)
     # the batch is the grid's z (its axes are decomposed from blockIdx.z below)

@@ -63,6 +63,8 @@ class _MmaRenderer:
                 f"{ring.stage_elems};"]
         if not self.gathered(ld, aligned):
             body = self.copies(ld, s, pad + "  ")
+        elif self.tabled(ld, aligned):
+            body = self.gather_table(ld, s, pad + "  ")
         elif self.row_run(ld) is not None:
             body = self.gather_rows(ld, s, pad + "  ")
         else:
@@ -102,13 +104,14 @@ class _MmaRenderer:
         return ld.vec is None or not aligned
 
     def row_run(self, ld: OperandLoad) -> int | None:
-        """The columns a thread fills when operand ``ld``'s gather goes by rows: its ring's rows are its M/N
-        (``sk``) and the threads split into an equal number per row, each with a run of the row's K columns;
-        None otherwise (then ``gather`` spreads the tile's elements over the threads)."""
-        ring, threads = self.rings[ld.operand], self.k.threads
-        if ring.layout != "sk" or threads % ring.rows or ring.cols % (threads // ring.rows):
-            return None
-        return ring.cols // (threads // ring.rows)
+        """The columns a thread fills when ``ld``'s gather goes by rows (``MmaKernel.row_run``), else None
+        (then ``gather`` spreads the tile's elements over the threads)."""
+        return self.k.row_run(ld)
+
+    def tabled(self, ld: OperandLoad, fast: bool) -> bool:
+        """Whether the loop version (``fast``: vector operands aligned, table gathers' int32 arithmetic exact)
+        gathers ``ld`` through its per-warp K tables (``GatherTable``)."""
+        return fast and self.gathered(ld, fast) and self.k.table_run(ld) is not None
 
     def gather_setup(self, pad: str, aligned: bool) -> list[str]:
         """Before the prologue of a loop version: for each operand it gathers by rows, the thread's tile row
@@ -126,6 +129,72 @@ class _MmaRenderer:
                     f"{pad}const long long kk_s{o} = {'m0' if o == 'x' else 'n0'} + kk_gr{o};",
                     f"{pad}const bool kk_in{o} = kk_s{o} < {ld.s_extent};"]
             out += code(ld.decl_s, len(pad) // 2)
+            if self.tabled(ld, aligned):
+                out += self.table_setup(ld, pad)
+        return out
+
+    def table_setup(self, ld: OperandLoad, pad: str) -> list[str]:
+        """The row's part of a table gather, once: the base pointer, the row's offset and guard bounds (ints),
+        whether the row is in range and passes its own guards, and the warp's table in shared memory."""
+        o, t = ld.operand, ld.table
+        at, per_warp = self.k.table_offsets()[0][o]
+        out = [f"{pad}const {t.ctype}* kk_gb{o} = {t.buf} + ({t.base}) + ({t.row_off});  "
+               f"// {o} through per-warp K tables: the row's element at K part 0",
+               # opaque to ptxas, which would otherwise re-form the pointer from the parameter at every load
+               "#ifndef KUMIKO_EMU", f"{pad}asm(\"\" : \"+l\"(kk_gb{o}));", "#endif"]
+        out += [f"{pad}const int kk_L{o}{j} = (int)({bound});" for j, (_, _, bound) in enumerate(t.guards)]
+        out += [f"{pad}const bool kk_ok{o} = kk_in{o} && ({t.row_ok});",
+                f"{pad}int* const kk_t{o} = reinterpret_cast<int*>(kk_smem + {at}) + warp * {per_warp};"]
+        return out
+
+    def gather_table(self, ld: OperandLoad, s: LoadTile, ind: str) -> list[str]:
+        """The thread's run of its row through the warp's K table: the warp's lanes write the K parts of the
+        tile's columns (one column a lane), then each element is a table read, one compare per guard and the
+        load, all in 32 bits; every load of a group of up to 32 columns issues before their shared stores."""
+        o, ring, t = ld.operand, self.rings[ld.operand], ld.table
+        run, w = self.k.table_run(ld), t.width
+        first = s.pred_k and s.tile.may_be_first
+        cols = "; ".join(f"kk_t{o}[kk_c * {w} + {i}] = (int)({c})" for i, c in enumerate(t.cols))
+        out = [f"{ind}uint16_t* const kk_row = kk_d{o} + kk_gr{o} * {ring.ld} + kk_gc{o};",
+               f"{ind}__syncwarp();  // the warp's reads of its previous table are done",
+               f"{ind}for (int kk_c = lane; kk_c < {run}; kk_c += 32) {{",
+               f"{ind}  const long long kk_gk = kk_k0 + kk_gc{o} + kk_c < 0 ? 0 : kk_k0 + kk_gc{o} + kk_c;"]
+        out += code(ld.decl_k, len(ind) // 2 + 1)
+        out += [f"{ind}  {cols};", f"{ind}}}", f"{ind}__syncwarp();  // the table is visible to the warp's lanes"]
+        group = min(run, 32)
+        vec = group % 8 == 0
+        field = "xyzw"
+        conds = [f"kk_ok{o}"] if s.pred_rows else []
+        conds += [f"kk_c{i // 4}.{field[i % 4]} {'>=' if op == 'ge' else '<=' if op == 'le' else '=='} kk_L{o}{j}"
+                  for j, (op, i, _) in enumerate(t.guards)]
+        if first:
+            conds.append(f"kk_k0 + kk_gc{o} + kk_j + kk_e >= 0")
+        ix = "kk_c0.x"
+        out += [f"{ind}#pragma unroll", f"{ind}for (int kk_j = 0; kk_j < {run}; kk_j += {group}) {{",
+                f"{ind}  uint16_t kk_h[{group}];", f"{ind}  #pragma unroll",
+                f"{ind}  for (int kk_e = 0; kk_e < {group}; ++kk_e) {{"]
+        out += [f"{ind}    const int4 kk_c{q} = *reinterpret_cast<const int4*>(kk_t{o} + (kk_j + kk_e) * {w} + "
+                f"{4 * q});" for q in range(w // 4)]
+        if t.raw:
+            out += [f"{ind}    uint16_t kk_u = 0;",
+                    f"{ind}    if ({' && '.join(conds) or 'true'}) kk_u = __ldg(kk_gb{o} + {ix});",
+                    f"{ind}    kk_h[kk_e] = kk_u;"]
+        else:
+            out += [f"{ind}    float kk_v = 0.0f;",
+                    f"{ind}    if ({' && '.join(conds) or 'true'}) {{",
+                    f"{ind}      const int kk_ix = {ix};",
+                    f"{ind}      {t.ld_decl}"]
+            out += code(t.value, len(ind) // 2 + 3)
+            out += [f"{ind}    }}", f"{ind}    kk_h[kk_e] = {self.cvt}(kk_v);"]
+        out.append(f"{ind}  }}")
+        if vec:
+            words = ", ".join(f"kk_h[kk_e + {2 * w_}] | (uint32_t)kk_h[kk_e + {2 * w_ + 1}] << 16" for w_ in range(4))
+            out += [f"{ind}  #pragma unroll", f"{ind}  for (int kk_e = 0; kk_e < {group}; kk_e += 8)",
+                    f"{ind}    st_shared_16(kk_row + kk_j + kk_e, {words});"]
+        else:
+            out += [f"{ind}  #pragma unroll", f"{ind}  for (int kk_e = 0; kk_e < {group}; ++kk_e) "
+                    "kk_row[kk_j + kk_e] = kk_h[kk_e];"]
+        out.append(f"{ind}}}")
         return out
 
     def gather_rows(self, ld: OperandLoad, s: LoadTile, ind: str) -> list[str]:
@@ -448,6 +517,9 @@ class _MmaRenderer:
             if ld.vec is not None:
                 out.append(f"  const bool kk_vec_{ld.operand} = {ld.vec.aligned};")
         for ld in k.loads:
+            if k.table_run(ld) is not None:
+                out.append(f"  const bool kk_fit_{ld.operand} = {ld.table.fits};  // 32-bit gather arithmetic is exact")
+        for ld in k.loads:
             if ld.vec is not None:
                 out += self.chunk_setup(ld)
         out += [f"  float acc[{self.mt}][{self.nt}][4];",
@@ -457,13 +529,17 @@ class _MmaRenderer:
         if k.fragment_sets == 2:
             out.append(f"  uint32_t kk_fa[2][{self.mt}][4], kk_fb[2][{self.nt}][2];  // fragments, double-buffered")
         vec = [f"kk_vec_{ld.operand}" for ld in k.loads if ld.vec is not None]
+        vec += [f"kk_fit_{ld.operand}" for ld in k.loads if k.table_run(ld) is not None]
         if vec:
             # the K loop twice: with every vector operand 16-byte aligned (the case that matters) its loop has
             # only cp.async copies, with no runtime alignment test nor scalar gather for ptxas to allocate
-            # and schedule around; otherwise every operand is gathered element by element
+            # and schedule around, and table gathers (``GatherTable``) whose 32-bit arithmetic is exact;
+            # otherwise every operand is gathered element by element in 64 bits
             out.append(f"  if ({' && '.join(vec)}) {{")
             out += self.main_loop("    ", True)
-            out.append("  } else {  // an operand's rows are not 16-byte aligned")
+            fit = any(k.table_run(ld) is not None for ld in k.loads)
+            out.append("  } else {  // an operand's rows are not 16-byte aligned"
+                       + (", or a gather needs 64 bits" if fit else ""))
             out += self.main_loop("    ", False)
             out.append("  }")
         else:

@@ -357,16 +357,25 @@ def test_gathered_operands_go_by_rows(gpu_cache):
     in the three emulator configurations."""
     g = graph("conv3x3_s2_p1", "fp16")
     c = compile_cuda(g.tiny)
-    _, _, aligned = c.source.partition("  if (kk_vec_y) {")
-    aligned = aligned.partition("  } else {  // an operand's rows are not 16-byte aligned")[0]
+    _, _, aligned = c.source.partition("  if (kk_vec_y && kk_fit_x) {")
+    aligned, _, general = aligned.partition("  } else {  // an operand's rows are not 16-byte aligned, or a gather "
+                                            "needs 64 bits")
+    # the version with int32 arithmetic: x goes through its per-warp K tables (tests/gpu/test_gather_table.py)
     setup, _, loads = aligned.partition("if (0 < KT) {")
+    assert "x gathered by rows" in setup and "x through per-warp K tables" in setup
+    assert "const long long i0 = " in setup and "const long long i0 = " not in loads
+    tile0, _, rest = loads.partition("cp_async_commit();")
+    assert "kk_k0 + kk_gcx + kk_j + kk_e >= 0" in tile0 and "kk_k0 + kk_gcx + kk_j + kk_e >= 0" not in rest
+    assert "st_shared_16(kk_row + kk_j" in aligned and "for (int kk_i = tid;" not in aligned
+    # the 64-bit version: both operands gathered, x by rows
+    setup, _, loads = general.split("// epilogue")[0].partition("if (0 < KT) {")
     assert "x gathered by rows" in setup and "const long long i0 = " in setup       # once, before the loads
     tile0, _, rest = loads.partition("cp_async_commit();")
     assert "kk_gk >= 0" in tile0 and "r2 = (kk_gk) % 3LL" in tile0 and "++r2" not in tile0
     assert "if (++r2 == 3LL) { r2 = 0; if (++r1 == 3LL) { r1 = 0; ++r0; } }" in rest and "kk_gk >= 0" not in rest
     # counters below a constant size (kh, kw) are ints; the one over C (a run-time size) stays 64-bit
     assert "int r2 = (kk_gk) % 3LL;" in rest and "int r1 = " in rest and "long long r0 = " in rest
-    assert "st_shared_16(kk_row + kk_j" in aligned and "for (int kk_i = tid;" not in aligned
+    assert "st_shared_16(kk_row + kk_j" in general
     assert "const long long i0 = " not in rest                                      # not per element or tile
     gemm = compile_cuda(graph("gemm_bias_relu", "fp16").tiny).source
     general = gemm.partition("  } else {  // an operand's rows are not 16-byte aligned")[2].split("// epilogue")[0]
