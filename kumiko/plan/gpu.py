@@ -179,9 +179,14 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
             return choose_sm90_plan(region, g, c)
         arch = "sm80"
     dt = mma_operand_dtype(facts, c) if c is not None else None
-    if c is None or dt is None or (c.outer is not None and _window_tile(c, 64) is None):
-        # (a window reduction after the contraction whose windows no power-of-two M tile up to MAX_WINDOW_BM holds
-        # whole, e.g. a 7x7 global pool: 49 rows a window, runs on the SIMT kernel)
+    if c is not None and dt is not None and c.outer is not None and _window_tile(c, 64) is None:
+        # a window reduction after the contraction whose windows no power-of-two M tile up to MAX_WINDOW_BM holds
+        # whole (a 7x7 global pool: 49 rows a window) runs on the SIMT kernel, a warp per output point: its lanes
+        # split the window (each lane's K loop is the whole contraction; a thread per point ran 49 of them in
+        # series: 3.5 of ResNet-50's 6.3 ms on an H200)
+        return make_plan(arch, algo_choice={"region": "simt"}, threads=256, bind={"point": "warp"},
+                         epilogue=tuple(epilogue(region)))
+    if c is None or dt is None:
         return make_plan(arch, algo_choice={"region": "simt"}, threads=256, bind={"point": simt_binding(region)},
                          epilogue=tuple(epilogue(region)))
     sizes = facts.sizes

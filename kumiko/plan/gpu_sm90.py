@@ -10,9 +10,10 @@ it and runs an SM80 kernel of the region instead when it does not hold. ``sm90_o
 the chooser and the lowering both read it. Everything else keeps the SM80 skeleton (an ``sm80`` plan runs on an
 H100 too).
 
-The plan: tile [BM, 64 <= BN <= 256 (step 64), 64], BM = 128 (two consumer warpgroups of 64 rows) when M is at
-least 128, else 64 (one); BN = 64 for N <= 64, else 128; both halved to 64 while known sizes give fewer CTAs than
-``FILL_CTAS``; 4 stages (3 when BN = 256); threads 128 a warpgroup,
+The plan (``choose_sm90_plan``): tile [BM, 64 <= BN <= 256 (step 64), 64]; 128x256, 4 stages and persistent
+(``async_.epilogue_overlap``, without batch axes) for a large or symbolic GEMM; else BM = 128 (two consumer
+warpgroups of 64 rows) when M is at least 128, else 64 (one), BN = 64 for N <= 64, else 128, both halved to 64
+while the sizes give fewer CTAs than ``FILL_CTAS``; 4 stages; threads 128 a warpgroup,
 the producer's included; ``warp_tile`` "64xBN" (a consumer's tile); barrier model ``mbarrier``.
 """
 from __future__ import annotations
@@ -115,15 +116,25 @@ FILL_CTAS = 132
 
 
 def choose_sm90_plan(region: Region, g: Sm90Gemm, c: Contraction) -> Plan:
-    """128x128 tiles (two consumer warpgroups), halved - N first, then M - while known sizes give fewer CTAs than
-    the GPU has SMs: a transformer's projection at 128 tokens (128 x 768) gets 24 CTAs of 64x64, not 6."""
+    """A large GEMM (sizes unknown, or at least FILL_CTAS tiles of 128x256): 128x256 tiles, 4 stages, persistent
+    when it has no batch axes - the fastest of the sweep on an H200 (fp16 4096^3 592 TFLOP/s against 521 for
+    128x128, 8192^3 669 against 553; bench/RESULTS.md). Otherwise 128x128 tiles (two consumer warpgroups),
+    halved - N first, then M - while the sizes give fewer CTAs than the GPU has SMs: a transformer's projection at
+    128 tokens (128 x 768) gets 24 CTAs of 64x64, not 6."""
     m, n = Expr.lift(g.m).as_int(), Expr.lift(g.n).as_int()
     b = Expr.lift(g.batch).as_int()
-    bm = 64 if m is not None and m < 128 else 128
-    bn = 64 if n is not None and n <= 64 else 128
-    if None not in (m, n, b):
-        while -(-m // bm) * -(-n // bn) * b < FILL_CTAS and (bm, bn) != (64, 64):
-            bn, bm = (64, bm) if bn > 64 else (bn, 64)
+    known = None not in (m, n, b)
+
+    def ctas(bm: int, bn: int) -> int:
+        return -(-m // bm) * -(-n // bn) * b
+    if not known or (n >= 256 and ctas(128, 256) >= FILL_CTAS):
+        plan = sm90_plan(region, c, 128, 256, 4)
+        persistent = not c.batch
+        return plan.with_(async_={**dict(plan.async_), "epilogue_overlap": persistent}) if persistent else plan
+    bm = 64 if m < 128 else 128
+    bn = 64 if n <= 64 else 128
+    while ctas(bm, bn) < FILL_CTAS and (bm, bn) != (64, 64):
+        bn, bm = (64, bm) if bn > 64 else (bn, 64)
     return sm90_plan(region, c, bm, bn, 4)
 
 

@@ -214,15 +214,27 @@ def test_leading_batch_of_one_drops_out_of_the_map(lead):
     check(gemm_graph((2, 40, 64), (64, 72), "fp16"), "deferred", "fp16", want_sm90=False)
 
 
-@pytest.mark.parametrize("m, n, batch, tile", [(4096, 4096, 1, (128, 128)), (2048, 2048, 1, (128, 128)),
-                                               (1024, 1024, 1, (64, 64)), (128, 768, 1, (64, 64)),
-                                               (128, 768, 16, (128, 64)), (48, 40, 1, (64, 64))])
-def test_the_chooser_halves_the_tile_until_the_gpu_fills(m, n, batch, tile):
-    """128x128 unless that gives fewer CTAs than FILL_CTAS (132, an H100/H200's SMs): then N halves, then M."""
+@pytest.mark.parametrize("m, n, batch, tile, persistent", [
+    (4096, 4096, 1, (128, 256), True), (4096, 4096, 4, (128, 256), False), (2048, 2048, 1, (128, 128), False),
+    (1024, 1024, 1, (64, 64), False), (128, 768, 1, (64, 64), False), (128, 768, 16, (128, 64), False),
+    (48, 40, 1, (64, 64), False)])
+def test_the_chooser_halves_the_tile_until_the_gpu_fills(m, n, batch, tile, persistent):
+    """128x256, 4 stages, persistent (no batch axes) when that still gives FILL_CTAS tiles (132, an H100/H200's
+    SMs); else 128x128 unless that gives fewer CTAs than FILL_CTAS: then N halves, then M."""
     lead = (batch,) if batch > 1 else ()
     g = gemm_graph((*lead, m, 64), (*lead, 64, n), "fp16")
     (plan,) = compile_cuda(g.tiny, "sm90").plans.values()
     assert plan.algo == "wgmma" and plan.tile[:2] == tile
+    assert plan.get("async_", "epilogue_overlap") is persistent and plan.stages == 4
+
+
+def test_symbolic_sizes_get_the_large_persistent_plan():
+    from kumiko import Tensor
+    g = (Tensor.input("A", ("M", "K"), dtype="fp16") @ Tensor.input("B", ("K", "N"), dtype="fp16")).graph("y")
+    c = compile_cuda(g, "sm90")
+    (plan,) = c.plans.values()
+    assert plan.tile == (128, 256, 64) and plan.get("async_", "epilogue_overlap") is True
+    assert c.launches[0].persistent == 1 and verify_sm90(c.kernels[0])
 
 
 def _persistent(g, bm=None, bn=None, stages=4):

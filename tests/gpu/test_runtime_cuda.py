@@ -316,6 +316,7 @@ def test_cuda_program_launches_the_sm90_gemm_with_tensor_maps(gpu_cache):
     sm90, sm80 = (ln.kernel for ln in c.launches)
     assert len(launch_params(c.kernels[0])) == len(c.launches[0].args) and c.launches[0].maps
     be = EmuLaunches(c.module("deferred"))
+    be.smem_optin = emu.SMEM_LIMIT["sm90"]          # a Hopper: the large plan's 4 stages of 128x256 tiles
     prog = CudaProgram(c, be, be.functions({ln.kernel for ln in c.launches}))
     ref = kumiko.compile(g, "eval")
     for shapes, runs in (({"M": 100, "K": 136, "N": 72}, sm90), ({"M": 70, "K": 60, "N": 50}, sm80)):
