@@ -37,7 +37,7 @@ class CpuBackend(Backend):
     def choose_plans(self, comp) -> dict[str, Plan]:
         feats = cpu_features()
         return choose_cpu_plans(comp.tiny, comp.region, comp.options.plans, feats, comp.options.tune,
-                                comp.options.shapes)
+                                comp.options.shapes, frozenset(comp.constants or {}))
 
     def lower(self, comp) -> CpuKernels:
         return lower_cpu_kernels(comp.region, comp.plan, constants=frozenset(comp.constants or {}))
@@ -63,10 +63,12 @@ def build_cpu(name: str, program: Program, plans: dict[str, Plan], c: CpuSource,
 
 
 def choose_cpu_plans(tiny: TinyGraph, program: Program, plans: Mapping[str, Plan] | None, feats: dict,
-                     tune: bool = False, shapes: Mapping[str, int] | None = None) -> dict[str, Plan]:
-    """The plan of each region: the chooser's, a cached tuned winner, the caller's (validated), or tuned."""
+                     tune: bool = False, shapes: Mapping[str, int] | None = None,
+                     constants: frozenset = frozenset()) -> dict[str, Plan]:
+    """The plan of each region: the chooser's, a cached tuned winner, the caller's (validated), or tuned.
+    ``constants``: the bound params (the chooser's plans say how their pre-packed operands run)."""
     syms = program_symbols(program)
-    chosen = dict(choose_plans(program, syms, feats))
+    chosen = dict(choose_plans(program, syms, feats, constants))
     env = {**tiny.symbols, **(shapes or {})}
     compiler = compiler_version()
     machine = machine_from_features(feats)

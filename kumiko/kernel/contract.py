@@ -13,12 +13,15 @@ The code lives in three modules: this one drives the kernel (blocks, thread spli
 ``kk_pack_rows8``); ``kumiko.kernel.stage`` reads a zero-padded B operand in place instead of packing it.
 
 Parallelism. One ``omp parallel`` region; the tables are filled cooperatively. The threads split the
-work one of three ways, chosen at run time: whole batch points each (private buffers, no barrier); a
-range of N each (private buffers, no barrier: when M is small, so A is packed once per batch point and
-kept for every K, or when rows split unevenly); or a range of M rows each, in blocks of at most MC
-rows, sharing each (N block, K block) of packed B that they pack together into one of two buffers (one
-barrier per K block). K blocks are of equal size (at most KC), or one block of all of K when A is
-pre-packed and B's panels for all of K fit in L2 (the weights then stream front to back, once). The
+work one of three ways, chosen at run time from the thread count: whole batch points each (private
+buffers, no barrier); a range of N each (private buffers, no barrier: when rows split unevenly, or
+where the plan's ``bind.split`` says N: when A is small enough to be packed once per batch point and
+kept for every K, or is at most 2 MiB under pre-packed weights); or a range of M rows each, in blocks of
+at most MC rows, sharing each (N block, K block) of packed B that they pack together into one of two
+buffers (one barrier per K block). K blocks are as the plan's ``k_blocks`` says: of equal size (at most
+KC), or one block of all of K (the chooser's when A is pre-packed and B's panels for all of K fit in
+L2: the weights then stream front to back, once), or that tested at run time when the sizes are
+symbolic (``kumiko.plan.packed``). The
 accumulator lives in a C scratch (row stride padded off multiples of 4 KiB) across K blocks; the
 micro-kernel zeroes its accumulators, prefetches its C tile and adds it at the end. After the last K
 block the rest of the region (the epilogue: bias, activation, cast; SRNF R3) runs on each thread's rows
@@ -39,20 +42,15 @@ from kumiko.kernel.lower_cpu import CpuLowering, parallelize
 from kumiko.kernel.micro import micro_name, stage_micro_name
 from kumiko.kernel.pack import PanelPacking, Side, advance_counter, panel_sides
 from kumiko.kernel.stage import Stage
+from kumiko.plan.packed import A_RESIDENT_FLOATS, ONE_K_BLOCK_FLOATS, SPLIT_LIMITS, prepackable, read_tensors
 from kumiko.plan.plan import Plan
 from kumiko.region.analysis import Contraction
 from kumiko.region.operands import stage_bounds
-from kumiko.region.srnf import children, free_axes
+from kumiko.region.srnf import children
 from kumiko.region.ssa import Binary, BroadcastInDim, Cast, Const, Read, Ref, RExpr, Unary, VType
 from kumiko.symbolic import Expr, prod
 
 _MACS_PER_THREAD = 1 << 17   # the least work (multiply-adds) worth another thread of a contraction
-_ARES = 65536              # floats of A a thread packs once per batch point for every K (half of a 512 KiB L2)
-_KONE = 1 << 19            # floats of packed B (a 2 MiB L2) for all of K: one K block under a pre-packed A
-#: the most floats of A (2 MiB) for which the threads split N under a pre-packed B (weights): each streams
-#: its own half of the panels (from DRAM in a network: BERT-base's 9.4 MB FFN weights) and packs all of A,
-#: instead of both streaming every panel; BERT-base b1 ran 0.90x, GPT-2 0.955x (2-core EPYC, A/B alternating)
-_BSPLIT = 1 << 19
 
 
 def _split(flat: str, names: tuple, sizes: list, out: list) -> None:
@@ -101,13 +99,8 @@ class ContractionLowering(PanelPacking):
 
     # constant operands ----------------------------------------------------------------------------------
     def _prepackable(self, sd: Side, constants: frozenset) -> bool:
-        """Is ``sd`` a function of constant inputs only, the same at every batch point? Then its panels, for
-        all rows and all of K, are packed once (``prepack``) and the kernel reads them in place. Not the B side
-        under a fused window (N blocks then hold whole window groups, not whole panels)."""
-        if sd.key == "b" and (self.c.outer is not None or self.nc % self.nr):
-            return False
-        reads = _read_tensors(sd.expr)
-        return bool(reads) and reads <= constants and not (free_axes(sd.expr) & set(self.c.batch))
+        """Are ``sd``'s panels packed once (``prepack``) and read in place (``kumiko.plan.packed.prepackable``)?"""
+        return prepackable(sd.key, sd.expr, self.c, self.nc, self.nr, constants)
 
     def _size_decls(self) -> list:
         c, mr = self.c, self.mr
@@ -284,6 +277,25 @@ class ContractionLowering(PanelPacking):
                     *([Raw("#pragma omp simd reduction(+:kk_acc)")] if wred else []), win) + body,
                     vector=int(simd and not wred)),)),))]
 
+    # the plan's rules (kumiko.plan.packed) ------------------------------------------------------------------
+    def _k_blocks(self, kc: int) -> str:
+        """C for the number of K blocks (``kk_nkb``) under the plan's ``k_blocks``."""
+        blocks = f"kk_K > 0 ? (kk_K + {kc - 1}) / {kc} : 1"
+        rule = self.plan.k_blocks or "kc"
+        if rule == "one":
+            return "1"
+        return f"kk_ncp * kk_K <= {ONE_K_BLOCK_FLOATS} ? 1 : {blocks}" if rule == "one_if_fits" else blocks
+
+    def _split_n(self) -> str:
+        """C that ORs into the N split's test under the plan's ``bind.split``: N where it splits about as
+        evenly as M (``"n"``), that when A is at most the rule's floats (run time), or nothing (``"m"``)."""
+        rule, even = self.plan.split or "m", "kk_wn * 10 <= kk_wm * 11"
+        if rule == "m":
+            return ""
+        if rule == "n":
+            return f" || {even}"
+        return f" || (kk_Mp * kk_K <= {SPLIT_LIMITS[rule]} && {even})"
+
     # the kernel -----------------------------------------------------------------------------------------
     def emit(self, epilogue) -> list:  # noqa: C901
         """The whole contraction as statements; ``epilogue()`` returns the per-element work (the current
@@ -317,11 +329,10 @@ class ContractionLowering(PanelPacking):
         s += [Decl("const long long", "kk_nun", "(kk_N + kk_un - 1) / kk_un"),
               Decl("const long long", "kk_ncp", f"(kk_nc + {nr - 1}) / {nr} * {nr}"),
               Decl("const long long", "kk_ldc", "kk_ncp % 1024 == 0 ? kk_ncp + 16 : kk_ncp"),
-              # K blocks of equal size, at most KC; one block of all of K when A is pre-packed and the B panels
-              # of all of K fit in L2: each A panel then streams once, front to back (ResNet-50's last 3x3
-              # convs stream 9.4 MB of weights a call), and the C tile stays in registers for all of K
-              Decl("const long long", "kk_nkb", (f"kk_ncp * kk_K <= {_KONE} ? 1 : " if "a" in self.pre else "") +
-                   f"kk_K > 0 ? (kk_K + {kc - 1}) / {kc} : 1"),
+              # the plan's k_blocks: K blocks of equal size, at most KC, or one block of all of K (the
+              # chooser's under a pre-packed A when the B panels of all of K fit in L2: each A panel then
+              # streams once, front to back, and the C tile stays in registers for all of K)
+              Decl("const long long", "kk_nkb", self._k_blocks(kc)),
               Decl("const long long", "kk_kc", "kk_K > 0 ? (kk_K + kk_nkb - 1) / kk_nkb : 1"),
               Decl("const long long", "kk_bsz", "kk_ncp * kk_kc"),
               # threads: at most one per _MACS_PER_THREAD multiply-adds (a small contraction does not wake
@@ -332,14 +343,11 @@ class ContractionLowering(PanelPacking):
               # the most rows x columns one thread computes when threads split M, or N
               Decl("const long long", "kk_wm", f"(kk_Mp / {mr} + kk_T - 1) / kk_T * {mr} * kk_N"),
               Decl("const long long", "kk_wn", "(kk_nun + kk_T - 1) / kk_T * kk_un * kk_Mp"),
-              # 2: whole batch points per thread; 1: a range of N per thread (when M splits unevenly, A is
-              # small enough to pack once, or B is pre-packed and A at most _BSPLIT); both with private
-              # buffers and no barrier. 0: a range of M rows of every block, whose B panels the threads pack
-              # together (a barrier per K block)
+              # 2: whole batch points per thread; 1: a range of N per thread (when M splits unevenly, or
+              # as the plan's bind.split says); both with private buffers and no barrier. 0: a range of M
+              # rows of every block, whose B panels the threads pack together (a barrier per K block)
               Decl("const int", "kk_mode", "kk_T > 1 && kk_B > 1 && (kk_B % kk_T == 0 || kk_B >= 4 * kk_T) ? 2 : "
-                   f"kk_T > 1 && (kk_wm * 20 > kk_wn * 21 || (kk_Mp * kk_K <= {_ARES} && kk_wn * 10 <= kk_wm * 11)"
-                   + (f" || (kk_Mp * kk_K <= {_BSPLIT} && kk_wn * 10 <= kk_wm * 11)" if "b" in self.pre else "") + ")"
-                   " ? 1 : 0"),
+                   f"kk_T > 1 && (kk_wm * 20 > kk_wn * 21{self._split_n()}) ? 1 : 0"),
               Decl("const long long", "kk_nbuf", "kk_mode ? kk_T : 1")]
         fills: list = []
         stg = self.stage
@@ -373,7 +381,7 @@ class ContractionLowering(PanelPacking):
             Decl("const long long", "kk_mblk",
                  f"kk_nmb > 0 ? ((kk_m1 - kk_m0 + kk_nmb - 1) / kk_nmb + {mr - 1}) / {mr} * {mr} : {mr}"),
             # pre-packed A: every panel resident, for all of K (the layout the resident path packs)
-            Decl("const int", "kk_ares", "1" if pre_a else f"(kk_m1 - kk_m0) * kk_K <= {_ARES}"),
+            Decl("const int", "kk_ares", "1" if pre_a else f"(kk_m1 - kk_m0) * kk_K <= {A_RESIDENT_FLOATS}"),
             Decl("const float* KUMIKO_RESTRICT", "kk_Ap", f"{self.pre['a']} + kk_m0 * kk_K") if pre_a else
             Decl("float* KUMIKO_RESTRICT", "kk_Ap", "(float*)kk_scratch(4, sizeof(float) * (size_t)(kk_ares ? "
                  f"(kk_m1 - kk_m0) * kk_K : {mc} * kk_kc))"),
@@ -475,7 +483,7 @@ def lower_contraction_kernels(lo: CpuLowering, plan: Plan, constants: frozenset 
     packs = []
     for key in sorted(cl.pre):
         sd = cl.a if key == "a" else cl.b
-        reads = tuple(sorted(_read_tensors(sd.expr)))
+        reads = tuple(sorted(read_tensors(sd.expr)))
         pk = dataclasses.replace(kern, name=f"{kern.name}__pack_{key}", body=tuple(cl.prepack(key)),
                                  params=tuple(dataclasses.replace(p, const=False) if p.name == cl.pre[key] else p
                                               for p in kern.params),
@@ -500,19 +508,6 @@ def _flat_span(e: RExpr, span: tuple, sizes: tuple, memrefs: dict) -> bool:
     if isinstance(e, (Unary, Binary, Cast, BroadcastInDim)):
         return all(_flat_span(k, span, sizes, memrefs) for k in children(e))
     return False
-
-
-def _read_tensors(e: RExpr) -> frozenset | None:
-    """The tensors ``e`` reads; None when it reads a let of the region (not memory alone)."""
-    reads, stack = set(), [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, Read):
-            reads.add(x.tensor)
-        elif isinstance(x, Ref):
-            return None
-        stack.extend(children(x))
-    return frozenset(reads)
 
 
 def _contraction_kernel(lo: CpuLowering, c: Contraction, cl: ContractionLowering) -> Kernel:

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from kumiko.kernel import cexpr as C
+from kumiko.symbolic import Expr
+
 
 @dataclass(frozen=True)
 class Decl:
@@ -64,6 +67,13 @@ class For:
     workshare: bool = False  # an ``omp for`` inside an enclosing parallel region
     tail: bool = False       # the scalar remainder of a vector loop (< KUMIKO_VW iterations): never parallel
     par_if: str = ""         # a parallel loop's OpenMP ``if``: threads only when this holds (enough work)
+    trips: int | None = None  # the trip count when known when compiling (``axis_loop``): a point's taps
+
+
+def axis_loop(var: str, extent, body: tuple) -> For:
+    """``for (var = 0; var < extent; ++var) body`` over a size expression, with its trip count when
+    ``extent`` is a constant (``For.trips``: what the parallel nests' work estimate counts)."""
+    return For(var, "0", C.index(extent, set()), body, trips=Expr.lift(extent).as_int())
 
 
 @dataclass(frozen=True)

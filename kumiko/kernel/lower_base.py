@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kumiko import dtypes
 from kumiko.kernel import cexpr as C
-from kumiko.kernel.loops import Assign, Block, Decl, For, If, Store
+from kumiko.kernel.loops import Assign, Block, Decl, If, Store, axis_loop
 from kumiko.region.analysis import RegionFacts, analyze
 from kumiko.region.ssa import (
     Binary,
@@ -161,7 +161,7 @@ class RegionEmitter:
         upd = C.reduce_update(e.op, acc, v, ct)
         inner: tuple = tuple(body) + (Assign(acc, upd),)
         for a in reversed(e.axes):
-            inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)
+            inner = (axis_loop(a.name, self.trip(a.name, a.size), inner),)
         for a in e.axes:
             self.red_axes.remove(a.name)
         out.append(Block(inner))

@@ -46,6 +46,7 @@ from kumiko.kernel.loops import (
     Scratch,
     Stmt,
     Store,
+    axis_loop,
 )
 from kumiko.kernel.lower_base import RegionEmitter
 from kumiko.kernel.lower_vec import NotVector, VectorCtx, VectorEmitter
@@ -249,7 +250,7 @@ class CpuLowering(VectorEmitter, RegionEmitter):
                                      lambda items=it.items, sub=sub: self._emit_items(items, sub))
         if loops is None:
             body = self._emit_items(it.items, sub)
-            loops = [For(it.axis, "0", C.index(self.trip(it.axis), set()), tuple(body))]
+            loops = [axis_loop(it.axis, self.trip(it.axis), tuple(body))]
         return loops
 
     def _fusable(self, it, path: tuple, nxt) -> bool:
@@ -315,10 +316,10 @@ class CpuLowering(VectorEmitter, RegionEmitter):
         last = dims[-1]
         body = self.vector_loop(last, self.trip(last), lambda: self.let_stmts(let)) if self._nest else None
         if body is None:
-            body = [For(last, "0", C.index(self.trip(last), set()), tuple(self.let_stmts(let)))]
+            body = [axis_loop(last, self.trip(last), tuple(self.let_stmts(let)))]
         loops: tuple = tuple(body)
         for a in reversed(dims[:-1]):
-            loops = (For(a, "0", C.index(self.trip(a), set()), loops),)
+            loops = (axis_loop(a, self.trip(a), loops),)
         return Block(loops)
 
     def lower(self) -> Kernel:
@@ -411,18 +412,12 @@ def _enough_work(s: For) -> str:
     return f"{points} >= {PARALLEL_MIN_POINTS}LL || {points} * {taps}LL >= {PARALLEL_MIN_WORK}LL"
 
 
-_INT = re.compile(r"-?\d+(LL)?")
-
-
 def _taps(body: tuple) -> int:
-    """The largest product of constant trip counts of loops nested in ``body`` (1: none)."""
+    """The largest product of constant trip counts (``For.trips``) of loops nested in ``body`` (1: none)."""
     best = 1
     for b in body:
         if isinstance(b, For):
-            trip = 1
-            if b.step == "1" and _INT.fullmatch(b.lo) and _INT.fullmatch(b.hi):
-                trip = max(1, int(b.hi.removesuffix("LL")) - int(b.lo.removesuffix("LL")))
-            best = max(best, trip * _taps(b.body))
+            best = max(best, max(1, b.trips or 1) * _taps(b.body))
         elif isinstance(b, If):
             best = max(best, _taps(b.then), _taps(b.other))
         elif isinstance(b, (Block, Parallel)):

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from kumiko import dtypes, ops
 from kumiko.kernel import cexpr as C
-from kumiko.kernel.loops import Assign, Block, Decl, For, If, Stmt, VecStore
+from kumiko.kernel.loops import Assign, Block, Decl, For, If, Stmt, VecStore, axis_loop
 from kumiko.region.srnf import children
 from kumiko.region.ssa import (
     Binary,
@@ -414,7 +414,7 @@ class VectorEmitter:
             self.red_axes.remove(a.name)
         inner: tuple = tuple(body)
         for a in reversed(e.axes):
-            inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)
+            inner = (axis_loop(a.name, self.trip(a.name, a.size), inner),)
         out.append(Block(inner))
         if nan is not None:
             out.append(Assign(acc, f"kv_select({nan}, kv_broadcast(NAN), {acc})"))
@@ -483,7 +483,7 @@ class VectorEmitter:
         self.red_axes = red
         inner: tuple = vloops + (For(last.name, f"({n}) / KUMIKO_VW * KUMIKO_VW", n, tuple(tail), tail=True),)
         for a in reversed(e.axes[:-1]):
-            inner = (For(a.name, "0", C.index(self.trip(a.name, a.size), set()), inner),)
+            inner = (axis_loop(a.name, self.trip(a.name, a.size), inner),)
         fin = C.reduce_update(e.op, res, ops.REDUCE_BY_FN[e.op].cv_h.format(acc=acc, nan=nan), ct)
         out.append(Block(tuple(pre) + inner + combine + (Assign(res, fin),)))
         self._fused = fuse is not None

@@ -9,16 +9,19 @@ MC x KC block of A in L2 (MC a multiple of MR near 120), NC large. These are upp
 evens the blocks out at run time (equal K blocks, the rows of each thread in equal MR-multiples, N blocks
 of whole window groups when a pooling window is fused). A region whose structure is a contraction (found
 by the region analysis, ``kumiko.region.analysis.find_contraction``, never by op name) gets the packed
-algorithm; every other region the generic loop nest with its outer loops in parallel.
+algorithm; every other region the generic loop nest with its outer loops in parallel. A packed plan also
+says how the kernel blocks K (``k_blocks``) and which axis its threads split (``bind.split``), from the
+sizes and which operands read only ``constants`` (pre-packed): ``kumiko.plan.packed``.
 """
 from __future__ import annotations
 
+from kumiko.plan.packed import k_blocks_rule, n_block_padded, prepackable, split_rule
 from kumiko.plan.plan import CacheBlock, Plan, RegisterBlock, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, analyze
 from kumiko.region.operands import Orientation, orient
 from kumiko.region.srnf import epilogue
 from kumiko.region.ssa import Program, Region
-from kumiko.symbolic import Expr
+from kumiko.symbolic import Expr, prod
 
 
 def machine_arch(features: dict) -> tuple[str, int]:
@@ -116,7 +119,28 @@ def _skinny(c: Contraction, facts: RegionFacts, o: Orientation, vw: int, cores: 
     return skinny_tile(vw, *_panel_extents(c, facts, o), cores)
 
 
-def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
+def _known(e) -> int | None:
+    return Expr.lift(e).as_int()
+
+
+def _packed_rules(c: Contraction, facts: RegionFacts, o: Orientation, mr: int, nr: int, nc: int,
+                  constants: frozenset) -> tuple[str, str, int | None]:
+    """(``k_blocks``, ``bind.split``, K when known) of a packed plan: the kernel's K blocking and thread split
+    (``kumiko.plan.packed``) for the operands that read only ``constants`` and the sizes known here."""
+    pre = {key for key, e in (("a", o.a), ("b", o.b)) if prepackable(key, e, c, nc, nr, constants)}
+    k = _known(prod([a.size for a in c.k_axes])) if c.k_axes else 1
+    m, n = _extent(c, facts, o.a_rows), _extent(c, facts, o.b_rows)
+    group = None
+    if c.outer is not None:        # N blocks hold whole window groups: the N axes from the first window axis in
+        wset = {a.name for a in c.outer.axes}
+        group = _extent(c, facts, o.b_rows[min(i for i, a in enumerate(o.b_rows) if a in wset):])
+    ncp = None if n is None or (c.outer is not None and group is None) else n_block_padded(n, nc, nr, group)
+    mp = None if m is None else (m + mr - 1) // mr * mr
+    return k_blocks_rule("a" in pre, ncp, k), split_rule("b" in pre, mp, k), k
+
+
+def choose_plan(region: Region, syms: tuple, features: dict, constants: frozenset = frozenset()) -> Plan:
+    """The region's plan on this machine; ``constants``: the inputs bound once (their operands pre-packed)."""
     arch, vw = machine_arch(features)
     facts = analyze(region)
     c = facts.contraction
@@ -135,15 +159,18 @@ def choose_plan(region: Region, syms: tuple, features: dict) -> Plan:
                          local_edges=({"from": c.let, "to": "epilogue",
                                        "buffer": "reg" if c.pointwise else "scratch"},))
     mr, nr = micro_tile(vw, *_panel_extents(c, facts, o))
-    mc = max(mr, 120 // mr * mr)
+    mc, nc = max(mr, 120 // mr * mr), 2048 // nr * nr
+    k_blocks, split, k = _packed_rules(c, facts, o, mr, nr, nc, constants)
+    kc = max(1, k) if k_blocks == "one" else 256       # one K block: KC is all of K
     return make_plan(arch, algo_choice={"contraction": "packed"}, register_block=RegisterBlock(mr, nr),
-                     cache_block=CacheBlock(mc, 2048 // nr * nr, 256), vectorize={"width": vw, "axis": lanes},
-                     bind={"m.o": "omp", "n.o(pack)": "omp"},
+                     cache_block=CacheBlock(mc, nc, kc), k_blocks=k_blocks, vectorize={"width": vw, "axis": lanes},
+                     bind={"m.o": "omp", "n.o(pack)": "omp", "split": split},
                      cache=({"tensor": "x", "where": "pack", "at": "k.o"},
                             {"tensor": "y", "where": "pack", "at": "k.o"}),
                      predicate_tail=tuple(c.m_axes + c.n_axes), epilogue=tuple(epilogue(region)),
                      local_edges=({"from": c.let, "to": "epilogue", "buffer": "reg" if c.pointwise else "scratch"},))
 
 
-def choose_plans(program: Program, syms: tuple, features: dict) -> dict[str, Plan]:
-    return {r.name: choose_plan(r, syms, features) for r in program.regions}
+def choose_plans(program: Program, syms: tuple, features: dict, constants: frozenset = frozenset()
+                 ) -> dict[str, Plan]:
+    return {r.name: choose_plan(r, syms, features, constants) for r in program.regions}

@@ -9,7 +9,8 @@ wastes lanes at the edges (padding fraction), and the uneven share of the busies
 splits whole MR row panels or NR column panels between threads, whichever is more even).
 
 ``candidates(plan)`` varies the cache blocks of a packed plan (10-20 points), pruned by the STOP
-conditions: the A block must fit in ~80% of L2, a B panel in ~80% of L1.
+conditions: the A block must fit in ~80% of L2, a B panel in ~80% of L1; a plan of one K block
+(``k_blocks`` "one") varies into KC-sized blocks.
 """
 from __future__ import annotations
 
@@ -116,7 +117,9 @@ def candidates(plan: Plan, m: Machine) -> list[Plan]:
             for nc in (nr * 64, nr * 128):
                 if mc * kc * 4 > 0.8 * m.l2_bytes or kc * nr * 4 > 0.8 * m.l1_bytes:
                     continue                                  # STOP: blocks spill out of the caches
-                p = replace(plan, cache_block=CacheBlock(mc, nc, kc))
+                # a plan of one K block varies into KC blocks (its KC is all of K, and "one" reads no KC)
+                p = replace(plan, cache_block=CacheBlock(mc, nc, kc),
+                            k_blocks="kc" if plan.k_blocks == "one" else plan.k_blocks)
                 if p not in out:
                     out.append(p)
     return out[:20]

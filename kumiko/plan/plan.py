@@ -5,8 +5,16 @@ Both backends' plans carry the seed's ``arch``, ``bind``, ``cache``, ``vectorize
 plan of the other leaves it at its default (its JSON omits it, ``check_fields`` rejects it):
 
 - CPU (``cpu-*`` arches), a packed contraction: ``cache_block`` (``CacheBlock``: MC, NC, KC, the cache
-  blocks over the contraction's M, N and K) and ``register_block`` (``RegisterBlock``: MR x NR, the
-  register micro-tile). ``bind`` names the loops OpenMP runs in parallel, ``cache`` the packed panels.
+  blocks over the contraction's M, N and K), ``register_block`` (``RegisterBlock``: MR x NR, the
+  register micro-tile) and ``k_blocks`` (how K is blocked: ``"kc"`` equal blocks of at most KC,
+  ``"one"`` one block of all of K, ``"one_if_fits"`` one block when B's panels for all of K fit in 2 MiB,
+  tested at run time; a skinny plan runs all of K at once and has none). ``bind`` names the loops OpenMP
+  runs in parallel and, in ``bind.split``, the axis the packed kernel's threads split when they do not
+  take whole batch points each: ``"m"`` (rows; N only where the rows split unevenly), ``"n"`` (N wherever
+  that is as even), or ``"n_if_a_resident"``/``"n_if_small_a"`` (``"n"`` when A, Mp x K floats, is at most
+  64 Ki / 512 Ki floats at run time, else ``"m"``). The chooser decides both from the sizes when they are
+  known when compiling and from which operands are constants (pre-packed): ``kumiko.plan.packed``.
+  ``cache`` names the packed panels.
 - GPU (``sm80``/``sm90``), the seed's names: ``tile`` (BM, BN, BK, an MMA plan's CTA tile), ``warp_tile``
   (``"WMxWN"``), ``stages`` (the cp.async ring), ``async`` (``async_`` here), ``barrier_model``,
   ``threads`` (a CTA's threads) and ``ptxas_fallback`` (set when ptxas rejected the chooser's plan and this
@@ -47,7 +55,7 @@ class RegisterBlock(NamedTuple):
 
 
 #: the fields only one backend's plans set (the others are both backends')
-CPU_FIELDS = ("cache_block", "register_block")
+CPU_FIELDS = ("cache_block", "register_block", "k_blocks")
 GPU_FIELDS = ("tile", "warp_tile", "stages", "async_", "barrier_model", "threads", "ptxas_fallback")
 #: ``layout_hints``' keys and the backend whose kernels read each
 LAYOUT_HINTS = {"group_m": "gpu"}
@@ -118,6 +126,7 @@ class Plan:
     # CPU: a packed contraction's blocks -----------------------------------------------------------------
     cache_block: CacheBlock | None = None          # (MC, NC, KC)
     register_block: RegisterBlock | None = None    # (MR, NR)
+    k_blocks: str | None = None                    # "kc", "one" or "one_if_fits" (kumiko.plan.packed)
     # GPU (seed 001 §8.1) --------------------------------------------------------------------------------
     tile: tuple = ()                   # an MMA plan's CTA tile (BM, BN, BK)
     warp_tile: str | None = None       # "WMxWN"
@@ -146,6 +155,11 @@ class Plan:
     @property
     def vector_width(self) -> int:
         return int(self.get("vectorize", "width", 1))
+
+    @property
+    def split(self) -> str | None:
+        """The axis a packed plan's threads split (``bind.split``, ``kumiko.plan.packed.SPLITS``)."""
+        return self.get("bind", "split", None)
 
     @property
     def lanes(self) -> str | None:

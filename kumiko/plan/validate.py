@@ -2,14 +2,19 @@
 
 A packed plan needs a contraction in the region, a ``register_block`` (MR, NR) whose NR is a whole number
 of vectors, a ``cache_block`` (MC, NC, KC) of whole register blocks (MC % MR == 0, NC % NR == 0), and a
-vector width the machine has; a skinny plan a contraction and such a ``register_block``, but no
-``cache_block`` (it runs all of K in one pass); any plan must be for this machine's arch family (a CUDA
-plan cannot drive the CPU backend) and set only a CPU plan's fields (``check_fields``).
+vector width the machine has; its ``k_blocks`` and ``bind.split`` must be rules the kernel knows
+(``kumiko.plan.packed``, on any plan), and a plan that leaves them out gets ``"kc"`` and ``"m"``; a plan
+that is not packed has neither (nothing reads them: a packed plan's file edited to another algorithm
+keeps working), and the plan returned says so. A skinny plan needs a contraction and such a
+``register_block``, but no ``cache_block`` (it runs all of K in one pass). Any plan must be for this
+machine's arch family (a CUDA plan cannot drive the CPU backend) and set only a CPU plan's fields
+(``check_fields``).
 """
 from __future__ import annotations
 
 from kumiko.diagnostics import KumikoError
 from kumiko.plan.choose import machine_arch
+from kumiko.plan.packed import K_BLOCKS, SPLITS
 from kumiko.plan.plan import Plan, check_fields
 from kumiko.region.analysis import analyze
 from kumiko.region.ssa import Region
@@ -24,6 +29,7 @@ def validate(plan: Plan, region: Region, syms: tuple, features: dict) -> Plan:
     if plan.vector_width > vw:
         raise KumikoError("E1801", at=at, why=f"vector width {plan.vector_width} exceeds this machine's {vw} floats",
                           suggestion=f"use a width of at most {vw} (arch {arch})")
+    plan = _packed_rules(plan, at)
     if plan.algo not in ("packed", "skinny"):
         return plan
     if analyze(region).contraction is None:
@@ -48,6 +54,27 @@ def validate(plan: Plan, region: Region, syms: tuple, features: dict) -> Plan:
         raise KumikoError("E1801", at=at, why=f"cache_block mc={mc}, nc={nc} must be positive multiples of "
                           f"register_block mr={mr}, nr={nr} (and kc={kc} positive)",
                           suggestion=f"e.g. mc={mr * 20}, nc={nr * 64}")
+    return plan
+
+
+def _packed_rules(plan: Plan, at: str) -> Plan:
+    """``k_blocks`` and ``bind.split``: known rules (E1801 otherwise); a packed plan that leaves them out gets
+    the plain ones (``"kc"``, ``"m"``), a plan of another algorithm none (no kernel of its reads them)."""
+    if plan.k_blocks is not None and plan.k_blocks not in K_BLOCKS:
+        raise KumikoError("E1801", at=at, why=f"k_blocks {plan.k_blocks!r} is not one of {list(K_BLOCKS)}",
+                          suggestion='"kc": blocks of at most cache_block.kc, "one": all of K at once, '
+                          '"one_if_fits": all of K when the B panels fit in 2 MiB (tested at run time)')
+    if plan.split is not None and plan.split not in SPLITS:
+        raise KumikoError("E1801", at=at, why=f"bind.split {plan.split!r} is not one of {list(SPLITS)}",
+                          suggestion='"m": threads split the rows, "n": the columns where that is as even, '
+                          '"n_if_a_resident"/"n_if_small_a": "n" when A is at most 64 Ki/512 Ki floats')
+    bind = {k: v for k, v in plan.bind if k != "split"}
+    if plan.algo != "packed":
+        return plan.with_(k_blocks=None, bind=bind) if plan.k_blocks or plan.split else plan
+    if plan.k_blocks is None:
+        plan = plan.with_(k_blocks="kc")
+    if plan.split is None:
+        plan = plan.with_(bind={**bind, "split": "m"})
     return plan
 
 

@@ -266,15 +266,24 @@ _BOUND_GEMM = r"""
 import numpy as np, kumiko
 from kumiko import Tensor
 rng = np.random.default_rng(3)
-for m, k, n in ((37, 300, 200), (130, 257, 3 * 48 + 5), (20, 1100, 97), (300, 700, 160)):
+even = "kk_wn * 10 <= kk_wm * 11"
+for m, k, n in ((37, 300, 200), (130, 257, 3 * 48 + 5), (20, 1100, 97), (300, 700, 160), (800, 700, 100),
+                ("M", 300, 70)):
     x = Tensor.input("x", (m, k))
     w = Tensor(rng.standard_normal((k, n)).astype(np.float32) * 0.1, name="w", role="param")
     b = Tensor(rng.standard_normal(n).astype(np.float32), name="b", role="param")
     g = ((x @ w) + b).relu().graph("y")
     exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
     src = exe._run.source
+    (plan,) = [p for p in exe._run.plans.values() if p.algo == "packed"]
     assert "kk_pkb" in src, "the weights are pre-packed B panels"
-    assert "|| (kk_Mp * kk_K <= 524288 && kk_wn * 10 <= kk_wm * 11)" in src, "threads split N under them"
+    if m == "M":      # A's size is known at run time only: the plan says the kernel tests it
+        assert plan.split == "n_if_small_a" and f"|| (kk_Mp * kk_K <= 524288 && {even})" in src
+        m = 29
+    else:             # the plan decided: N when A (Mp x K floats) is at most 2 MiB, the kernel tests no size
+        mr = plan.register_block.mr
+        assert plan.split == ("n" if -(-m // mr) * mr * k <= 524288 else "m"), (m, k, plan.split)
+        assert "kk_Mp * kk_K <=" not in src and (f"|| {even}" in src) == (plan.split == "n")
     X = rng.standard_normal((m, k)).astype(np.float32)
     for _ in range(2):
         a, e = np.asarray(exe(x=X)["y"], np.float64), np.asarray(ref(x=X)["y"], np.float64)
@@ -296,20 +305,31 @@ def test_bound_weights_split_by_columns_across_threads(threads):
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
 
 
-def test_prepacked_a_takes_one_k_block_when_b_fits():
+@pytest.mark.parametrize("known", [True, False])
+def test_prepacked_a_takes_one_k_block_when_b_fits(known):
     """Bound conv weights (pre-packed A) over K = 2304 take all of K in one block when B's panels fit 2 MiB
-    (the weights stream once); the same conv with the weights as an input keeps KC-sized blocks. Both
-    match the evaluator with the K blocks run as the generated test says."""
+    (the weights stream once): the plan says so (k_blocks "one", KC = K) when the pixels are known, or that
+    the kernel tests it at run time ("one_if_fits") when they are symbolic; the same conv with the weights
+    as an input keeps KC-sized blocks. All match the evaluator."""
     rng = np.random.default_rng(4)
-    x = Tensor.input("x", (1, 256, 9, 11))
+    x = Tensor.input("x", (1, 256, 9, 11) if known else ("N", 256, "H", "W"))
     w = rng.standard_normal((40, 256, 3, 3)).astype(np.float32) * 0.05
-    one = "kk_ncp * kk_K <= 524288 ? 1 : "
+    test = "kk_ncp * kk_K <= 524288 ? 1 : "
     for bound in (True, False):
         wt = Tensor(w, name="w", role="param") if bound else Tensor.input("w", w.shape)
         g = x.conv2d(wt, padding=1).relu().graph("y")
         exe = kumiko.compile(g, "cpu")
-        assert (one in exe._run.source) == bound
-        ins = {k: v for k, v in exe.random_inputs(1).items() if k != "w" or not bound}
+        (plan,) = exe._run.plans.values()
+        src = exe._run.source
+        if not bound:
+            assert plan.k_blocks == "kc" and plan.cache_block.kc == 256 and test not in src
+        elif known:
+            assert plan.k_blocks == "one" and plan.cache_block.kc == 2304
+            assert "kk_nkb = 1;" in src and test not in src
+        else:
+            assert plan.k_blocks == "one_if_fits" and plan.cache_block.kc == 256 and test in src
+        ins = {k: v for k, v in exe.random_inputs(1, None if known else {"N": 1, "H": 9, "W": 11}).items()
+               if k != "w" or not bound}
         if not bound:
             ins["w"] = w
         want = kumiko.compile(g, "eval")(**ins, **({"w": w} if bound else {}))["y"]
