@@ -47,7 +47,7 @@ class Op:
     np: Callable                      # numpy meaning on compute-dtype values
     c: Mapping[str, str] = field(default_factory=dict)
     c_cpu: str | None = None          # kumiko_cpu.h scalar twin of the vector spelling (fp32 CPU loop nests)
-    c_small_int: str | None = None    # fp32 spelling when ``b`` is a small integer constant ``{n}``
+    c_small_int: Callable | None = None   # (a, n, one) -> the spelling when ``b`` is a small integer constant n
     cv: str | None = None             # on kv_t float lanes
     cv_mask: str | None = None        # on kvi_t bool lane masks
     helpers: Mapping[str, str] = field(default_factory=dict)   # "c" | "cuda" | "typed" -> definitions
@@ -136,6 +136,19 @@ def _minmax(fn: str, op: str, identity: float, mask: str) -> dict:
             "nan_propagates": True}
 
 
+def _pow_chain(a: str, n: int, one: str) -> str:
+    """``a`` to the integer power ``n`` by binary exponentiation written out (x^3 = x * (x * x)); a negative ``n``
+    divides ``one`` by it. Within an ulp or two of powf, as the evaluator's bound allows."""
+    r, b, m = None, a, abs(n)
+    while m:
+        if m & 1:
+            r = b if r is None else f"({r} * {b})"
+        m >>= 1
+        if m:
+            b = f"({b} * {b})"
+    return f"({one} / {r})" if n < 0 else r
+
+
 _OPS = (
     Op("NEG", "neg", "unary", lambda x: -x, c={"": "(-({x}))"}, cv="(-({x}))", numeric=True),
     Op("EXP2", "exp2", "unary", np.exp2, c_cpu="kumiko_exp2({x})", **_math("exp2f({x})", "exp2({x})", "kv_exp2({x})")),
@@ -158,13 +171,11 @@ _OPS = (
        nan_propagates=True, float_only=True, **_infix("/")),
     Op("MAX", "max", "binary", np.maximum, **_minmax("max", ">", -INF, "({a} | {b})")),
     Op("MIN", "min", "binary", np.minimum, **_minmax("min", "<", INF, "({a} & {b})")),
-    # x**n for a small integer constant n: multiplies (inlined and unrolled: vectorisable, where powf is a call
-    # per element; GPT-2's tanh-GELU cubes every activation)
+    # x**n for a small integer constant n: a chain of multiplies written out (vectorisable in any loop, where
+    # powf is a call per element and a loop over n's bits kept gcc from vectorising GPT-2's tanh-GELU epilogue)
     Op("POW", "pow", "binary", np.power, c={"float": "powf({a}, {b})", "": "pow({a}, {b})"},
-       c_small_int="kk_pownf({a}, {n})", cv="kv_map2(powf, {a}, {b})", float_only=True, identity=1.0,
-       absorbing=(1.0,),
-       helpers={"typed": "{q} float kk_pownf(float x, int n) { float r = 1.0f, b = x; int m = n < 0 ? -n : n; "
-                "while (m) { if (m & 1) r *= b; b *= b; m >>= 1; } return n < 0 ? 1.0f / r : r; }"}),
+       c_small_int=lambda a, n, one: _pow_chain(a, n, one), cv="kv_map2(powf, {a}, {b})", float_only=True,
+       identity=1.0, absorbing=(1.0,)),
     Op("CMPLT", "lt", "compare", np.less, c=_infix("<")["c"], cv="({a} < {b})", cv_mask="(~{a} & {b})"),
     Op("CMPLE", "le", "compare", np.less_equal, c=_infix("<=")["c"], cv="({a} <= {b})", cv_mask="(~{a} | {b})"),
     Op("CMPEQ", "eq", "compare", np.equal, c=_infix("==")["c"], cv="({a} == {b})", cv_mask="({a} == {b})",

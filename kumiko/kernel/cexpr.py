@@ -195,7 +195,7 @@ def binary(fn: str, a: str, b: str, ct: str) -> str:
     op = ops.BY_FN[fn]
     n = _SMALL_INT.match(b) if op.c_small_int and ct == "float" else None
     if n is not None:
-        return op.c_small_int.format(a=a, n=n.group(1))
+        return op.c_small_int(a, int(n.group(1)), "1.0f")
     if ct == "float":
         sym = ">" if fn == "max" else "<"
         lit = _minmax_lit(fn, a, b, a, b, lambda c, x: f"({c} {sym} ({x}) ? {c} : ({x}))")
@@ -274,5 +274,10 @@ def vbinary(fn: str, a: str, b: str, kind: str) -> str | None:
         lit = _minmax_lit(fn, a, b, va and va.group(1), vb and vb.group(1), lambda c, x: f"kv_{fn}({c}, {x})")
         if lit is not None:
             return lit
+    if kind == "f" and op.c_small_int:
+        vb = _VEC_LIT.match(b)
+        n = _SMALL_INT.match(vb.group(1)) if vb else None
+        if n is not None:
+            return op.c_small_int(a, int(n.group(1)), "kv_broadcast(1.0f)")
     tmpl = op.cv_mask if kind == "m" else op.cv
     return tmpl.format(a=a, b=b) if tmpl is not None else None
