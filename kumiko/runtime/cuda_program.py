@@ -11,7 +11,9 @@ GPU runs the source the emulator tests. Only the build and the launch differ:
    Program's intermediates (``arena.plan_arena``), fp32 scratch for the two-kernel regions; outputs, arena
    and scratch poisoned with 0xFF bytes (NaN in every float dtype) before each run unless
    ``KUMIKO_SPEC=0``; ``cuLaunchKernel`` per launch with kernelParams packed from each kernel's ``Param``
-   list (``pack_params``: 8-byte device pointers, scalars in their C type); one ``cuCtxSynchronize``.
+   list (``pack_params``: 8-byte device pointers, scalars in their C type; an SM90 kernel's tensor maps,
+   encoded by ``cuTensorMapEncodeTiled`` over the device buffers, and its int scalars first); one
+   ``cuCtxSynchronize``. The Executable's params are copied to a set of buffers once (``Bound.resident``).
 
 ``kumiko.compile(g, "cuda", device=0, gpu_arch=None, sync_each=False, cuda_graph=None)``: with ``gpu_arch``
 given the cubin is built without opening a device (the device is opened at the first call); ``sync_each``
