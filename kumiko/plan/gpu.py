@@ -68,12 +68,20 @@ def _top_reduces(e: RExpr):
         yield from _top_reduces(c)
 
 
-def _last_indices(e: RExpr):
-    """The fastest-varying index of every Read in ``e``, when it is one bare axis (else None)."""
-    if isinstance(e, Read):
+def _last_indices(e: RExpr, varying: frozenset | None = None):
+    """The fastest-varying index of every Read in ``e``, when it is one bare axis (else None); with ``varying``,
+    of the Reads whose index uses one of those axes only (one that does not is read once per point)."""
+    if isinstance(e, Read) and (varying is None or any(
+            sym in varying for i in e.index for sym in Expr.lift(i).symbols())):
         yield None if e.flat or not e.index else Expr.lift(e.index[-1]).as_symbol()
     for c in children(e):
-        yield from _last_indices(c)
+        yield from _last_indices(c, varying)
+
+
+def _reduce_axes(e: RExpr) -> frozenset:
+    """The axes of every reduction in ``e``, nested ones included."""
+    own = frozenset(a.name for a in e.axes) if isinstance(e, Reduce) else frozenset()
+    return own.union(*(_reduce_axes(c) for c in children(e)))
 
 
 def simt_binding(region: Region, precomputed=()) -> str:
@@ -97,7 +105,8 @@ def simt_binding(region: Region, precomputed=()) -> str:
             lasts = set(_last_indices(r.body))
             if lasts & axes:
                 along.append(prod([a.size for a in r.axes]))
-            across |= bool(outer) and outer[-1] in lasts
+            # along the last outer iter, as the reduction runs (a bias read once per point does not count)
+            across |= bool(outer) and outer[-1] in set(_last_indices(r.body, _reduce_axes(r)))
     if not along or across:
         return "thread"
     return "thread" if all(isinstance(n, int) and n < WARP for n in along) else "warp"
@@ -179,14 +188,9 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
             return choose_sm90_plan(region, g, c)
         arch = "sm80"
     dt = mma_operand_dtype(facts, c) if c is not None else None
-    if c is not None and dt is not None and c.outer is not None and _window_tile(c, 64) is None:
-        # a window reduction after the contraction whose windows no power-of-two M tile up to MAX_WINDOW_BM holds
-        # whole (a 7x7 global pool: 49 rows a window) runs on the SIMT kernel, a warp per output point: its lanes
-        # split the window (each lane's K loop is the whole contraction; a thread per point ran 49 of them in
-        # series: 3.5 of ResNet-50's 6.3 ms on an H200)
-        return make_plan(arch, algo_choice={"region": "simt"}, threads=256, bind={"point": "warp"},
-                         epilogue=tuple(epilogue(region)))
-    if c is None or dt is None:
+    if c is None or dt is None or (c.outer is not None and _window_tile(c, 64) is None):
+        # (a window reduction after the contraction whose windows no power-of-two M tile up to MAX_WINDOW_BM holds
+        # whole, e.g. a 7x7 global pool: 49 rows a window, runs on the SIMT kernel)
         return make_plan(arch, algo_choice={"region": "simt"}, threads=256, bind={"point": simt_binding(region)},
                          epilogue=tuple(epilogue(region)))
     sizes = facts.sizes
