@@ -77,24 +77,18 @@ KUMIKO_KERNEL tmpcache(void** b, const long long* s) {
     kumiko_tmp_free(0);                                      /* free(NULL) semantics */
     return 0;
 }
-/* exp2: vector body, scalar tail (must agree bit for bit), and a scalar-only copy */
-KUMIKO_KERNEL exp2v(void** b, const long long* s) {
-    const float* x = b[0]; float* y = b[1]; float* z = b[2];
-    long long n = s[0], i = 0;
-    for (; i + KUMIKO_VW <= n; i += KUMIKO_VW) kv_store(y + i, kv_exp2(kv_load(x + i)));
-    if (i < n) kv_store_partial(y + i, kv_exp2(kv_loadu_partial(x + i, (int)(n - i))), (int)(n - i));
-    for (i = 0; i < n; i++) z[i] = kumiko_exp2(x[i]);
-    return 0;
+/* a function's vector body and vector tail into y, its scalar twin into z (they must agree bit for bit) */
+#define KUMIKO_TEST_VS(name, vf, sf) \
+KUMIKO_KERNEL name(void** b, const long long* s) { \
+    const float* x = b[0]; float* y = b[1]; float* z = b[2]; \
+    long long n = s[0], i = 0; \
+    for (; i + KUMIKO_VW <= n; i += KUMIKO_VW) kv_store(y + i, vf(kv_load(x + i))); \
+    if (i < n) kv_store_partial(y + i, vf(kv_loadu_partial(x + i, (int)(n - i))), (int)(n - i)); \
+    for (i = 0; i < n; i++) z[i] = sf(x[i]); \
+    return 0; \
 }
-/* erf: vector body, scalar tail (must agree bit for bit), and a scalar-only copy */
-KUMIKO_KERNEL erfv(void** b, const long long* s) {
-    const float* x = b[0]; float* y = b[1]; float* z = b[2];
-    long long n = s[0], i = 0;
-    for (; i + KUMIKO_VW <= n; i += KUMIKO_VW) kv_store(y + i, kv_erf(kv_load(x + i)));
-    if (i < n) kv_store_partial(y + i, kv_erf(kv_loadu_partial(x + i, (int)(n - i))), (int)(n - i));
-    for (i = 0; i < n; i++) z[i] = kumiko_erff(x[i]);
-    return 0;
-}
+KUMIKO_TEST_VS(exp2v, kv_exp2, kumiko_exp2)
+KUMIKO_TEST_VS(erfv, kv_erf, kumiko_erff)
 /* exp2 of dead lanes (x <= -150: a masked score's -inf) and of the smallest live ones, vector and scalar:
  * out[0] = 1 when computing the dead ones raised the underflow flag (an assist per vector on Intel cores) */
 KUMIKO_KERNEL exp2uf(void** b, const long long* s) {
