@@ -542,6 +542,31 @@ def test_gpu_bench_tile_specs(bench_gpu):
             mod.parse_tile(bad)
 
 
+def test_gpu_bench_sm90_and_attention_specs(bench_gpu):
+    """--tiles wg:BMxBN/S[/fN][/p] sets an sm90 plan's tile, ring, wgmma groups in flight and persistence;
+    at:BMxBN the streaming attention plan's tile; --archs lists plan archs. Each result is a plan the cuda
+    backend validates and builds (sm_90a, no device)."""
+    mod = bench_gpu
+    assert mod.parse_wgmma_tile("wg:128x256/3/f0/p") == {"bm": 128, "bn": 256, "stages": 3, "in_flight": 0,
+                                                         "persistent": True}
+    assert mod.parse_attention_tile("at:128x64") == (128, 64)
+    assert mod.parse_args(["--archs", "sm90,sm80", "--tiles", "wg:64x64/2,at:64x128"]).archs == ["sm90", "sm80"]
+    for bad in ("wg:128/3", "wg:128x256/3/q", "at:128"):
+        with pytest.raises(SystemExit, match="--tiles"):
+            mod.parse_args(["--tiles", bad])
+    g = (Tensor.input("A", (300, 136), dtype="fp16") @ Tensor.input("B", (136, 264), dtype="fp16")).graph("y")
+    (name, plan), = compile_cuda(g, "sm90").plans.items()
+    p = mod.apply_tile(plan, "wg:128x256/3/f0/p")
+    assert (p.tile, p.stages, p.threads, p.warp_tile) == ((128, 256, 64), 3, 384, "64x256")
+    assert p.get("async_", "wgmma_in_flight") == 0 and p.get("async_", "epilogue_overlap") is True
+    assert compile_cuda(g, "sm90", plans={name: p}).launches[0].persistent == 1
+    att = graph("attention_causal", "fp16")
+    chosen = compile_cuda(att.tiny).plans
+    plans = {n: mod.apply_tile(q, "at:128x64") if q.algo == "streaming_softmax" else q for n, q in chosen.items()}
+    assert {q.tile for q in compile_cuda(att.tiny, plans=plans).plans.values() if q.algo == "streaming_softmax"} \
+        == {(128, 64, 16)}
+
+
 @needs_gxx
 @pytest.mark.parametrize("key", ["softmax-8192", "layernorm-8192"])
 def test_gpu_bench_row_workloads_match_torch_on_the_emulator(bench_gpu, gpu_cache, key):
@@ -583,3 +608,20 @@ def test_gpu_bench_conv_workload_matches_on_the_emulator(bench_gpu, gpu_cache):
         return
     want = wl.torch(torch, {k: torch.from_numpy(v).float() for k, v in ins.items()}, wl.quick).numpy()
     assert rel_l2(out, want) < bench_gpu.REL_L2_LIMIT
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="a GPU is present: bench/models_gpu.py measures there")
+def test_models_gpu_exits_cleanly_without_a_gpu(tmp_path, capsys):
+    """bench/models_gpu.py (the networks on the cuda target against PyTorch) says there is no GPU, writes
+    nothing and exits 0 (it needs torch for the networks' definitions)."""
+    pytest.importorskip("torch")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("kumiko_models_gpu", EXAMPLES.parent / "bench" / "models_gpu.py")
+    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)      # (its dataclass looks itself up)
+    try:
+        spec.loader.exec_module(mod)
+        results = tmp_path / "RESULTS.md"
+        assert mod.main(["--results", str(results), "--models", "resnet50"]) == 0
+        assert "no GPU" in capsys.readouterr().out and not results.exists()
+    finally:
+        del sys.modules[spec.name]
