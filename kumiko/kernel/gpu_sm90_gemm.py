@@ -173,9 +173,11 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
         # next tile's stages while the consumers store this one's epilogue (async.epilogue_overlap).
         gm = int(plan.get("layout_hints", "group_m", 8))
         tm, tn, gx = v("kk_tm"), v("kk_tn"), v("gridDim.x")
-        tile, width = v("blockIdx.x") + v("tl") * gx, tn * gm
-        rows = (tm - (tile // width) * gm).min(gm)
-        where = (Let("kk_by", (tile // width) * gm + (tile % width) % rows), Let("kk_bx", (tile % width) // rows))
+        tile, width = v("kk_tile"), tn * gm
+        first, rows = v("kk_gfirst"), v("kk_grows")      # the tile's run: its first M tile, and how many M tiles
+        where = (Let("kk_tile", v("blockIdx.x") + v("tl") * gx), Let("kk_gfirst", (tile // width) * gm),
+                 Let("kk_grows", (tm - first).min(gm)),
+                 Let("kk_by", first + (tile % width) % rows), Let("kk_bx", (tile % width) // rows))
         count = (Let("kk_tm", (v("kk_M") + (bm - 1)) // bm), Let("kk_tn", (v("kk_N") + (bn - 1)) // bn),
                  Let("kk_ntl", (tm * tn - v("blockIdx.x") + gx - 1) // gx))
 

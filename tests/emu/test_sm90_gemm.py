@@ -193,9 +193,12 @@ def test_nvcc_builds_it_for_sm90a_without_spills():
     (name, plan), = c.plans.items()
     r = c.program.regions[0]
     wide_plan = {name: sm90_plan(r, analyze(r).contraction, 128, 256, 3)}
+    from kumiko import Tensor
+    symbolic = (Tensor.input("A", ("M", "K"), dtype="fp16") @ Tensor.input("B", ("K", "N"), dtype="fp16")).graph("y")
     for g, plans in ((gemm_graph((256, 256), (256, 256), "bf16", bias_relu=True), None),
-                     (gemm_graph((3, 37, 72), (3, 72, 48), "fp16"), None), (wide, wide_plan)):
-        c = compile_cuda(g.tiny, "sm90", plans=plans)
+                     (gemm_graph((3, 37, 72), (3, 72, 48), "fp16"), None), (wide, wide_plan),
+                     (symbolic, None)):                 # the persistent 128x256 kernel and its SM80 twin
+        c = compile_cuda(g, "sm90", plans=plans)
         res = nvcc_check(c, "sm_90a")
         for instr in ("cp.async.bulk.tensor.2d" if len(c.kernels[0].maps[0].box) == 2 else "cp.async.bulk.tensor.3d",
                       "wgmma.mma_async.sync.aligned", "setmaxnreg.inc.sync.aligned.u32", "mbarrier.try_wait.parity"):
