@@ -53,6 +53,7 @@ from kumiko.kernel.gpu_ir import (
     StGlobal,
     TileRef,
     Token,
+    VecAccess,
     WaitGroup,
 )
 from kumiko.kernel.gpu_mma import PAD, _vec_access
@@ -64,7 +65,7 @@ from kumiko.plan.gpu import FUSED, MMA_DTYPES, STREAMING, WARP_ROWS
 from kumiko.plan.plan import Plan, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, chained_contractions
 from kumiko.region.srnf import children
-from kumiko.region.ssa import Binary, BroadcastInDim, Const, Program, Reduce, Ref, RExpr, Unary
+from kumiko.region.ssa import Binary, BroadcastInDim, Const, Program, Read, Reduce, Ref, RExpr, Unary
 from kumiko.symbolic import Expr
 
 
@@ -172,6 +173,34 @@ def _row_program(f0: RegionFacts, c0: Contraction, n: str):
     return tuple(score), z, k2
 
 
+def strided_tile(memrefs: dict, e: RExpr, rows: tuple, cols: tuple) -> int | None:
+    """The row step (elements) when ``e`` reads a 16-bit tile whose element offset is ``base + row * step + col``
+    for its one row axis and one column axis (columns contiguous), with the step and the base multiples of 8
+    halves (16-byte rows for cp.async): a head of a projection's output ``[tokens, heads * d]`` read as
+    ``[tokens, d]``, as well as a plain ``[..., rows, d]`` tile; else None."""
+    if not isinstance(e, Read) or e.flat or len(rows) != 1 or len(cols) != 1:
+        return None
+    m = memrefs[e.tensor]
+    if m.dtype.name not in MMA_DTYPES:
+        return None
+    off = C.offset_expr(e.index, m.shape)
+    (r,), (c,) = rows, cols
+    step = off.coeff(r)
+    if off.coeff(c) != 1 or step <= 0 or step % 8:
+        return None
+    rest = off - Expr.sym(r) * step - Expr.sym(c)
+    if rest.symbols() & {r, c} or rest.const % 8 or any(coef % 8 for _, coef in rest.terms):
+        return None
+    return step
+
+
+def _operand_tiles(f0: RegionFacts, c0: Contraction, f1: RegionFacts, c1: Contraction) -> list:
+    """Q's, K's and V's row steps (``strided_tile``): Q, K [rows, head dim], V [keys, head dim]; None where not."""
+    k0, k1 = tuple(a.name for a in c0.k_axes), tuple(a.name for a in c1.k_axes)
+    return [strided_tile(f0.memrefs, c0.x, c0.m_axes, k0), strided_tile(f0.memrefs, c0.y, c0.n_axes, k0),
+            strided_tile(f1.memrefs, c1.y, k1, c1.n_axes)]
+
+
 def find_attention_pair(program: Program, k: int) -> AttentionPair | None:
     """The attention pair of regions ``k`` and ``k + 1``, when their structure is one (module docstring)."""
     ch = chained_contractions(program, k)
@@ -186,7 +215,7 @@ def find_attention_pair(program: Program, k: int) -> AttentionPair | None:
     if len(c0.k_axes) != 1 or not d or d % 16 or d > 256 or not dv or dv % 16 or dv > 256:
         return None
     rp = _row_program(f0, c0, n0)
-    if rp is None:
+    if rp is None or None in _operand_tiles(f0, c0, f1, c1):
         return None
     guards = acc_guards(r0.lets, c0.let, tuple(y.src for y in r0.yields)) or ()
     if guards and masked_elision(r0.lets, c0.let, n0, guards, r0.yields[0].src, f0.types) is None:
@@ -339,6 +368,12 @@ def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tup
     k0, k1 = tuple(a.name for a in c0.k_axes), tuple(a.name for a in c1.k_axes)
     acc = [_vec_access(lo0, c0.x, c0.m_axes, k0), _vec_access(lo0, c0.y, c0.n_axes, k0),
            _vec_access(lo1, c1.y, c1.n_axes, k1)]
+    # an operand that is not a whole row-major tile may still be one with a row step (a head of a projection)
+    for i, (steps, layout, e, lo) in enumerate(zip(_operand_tiles(pair.f0, c0, pair.f1, c1), ("sk", "sk", "ks"),
+                                                   (c0.x, c0.y, c1.y), (lo0, lo0, lo1))):
+        if (acc[i] is None or acc[i][0] != layout) and steps is not None:
+            st = (f"{steps}LL", "1") if layout == "sk" else ("1", f"{steps}LL")
+            acc[i] = (layout, VecAccess(lo.cname[e.tensor], "true", "0", *st))
     at = f"region {pair.f0.region.name}"
     if [a and a[0] for a in acc] != ["sk", "sk", "ks"]:
         raise KumikoError("E1801", at=at, why=f"the {STREAMING} kernel copies Q, K as row-major [rows, head dim] "
@@ -352,6 +387,10 @@ def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tup
     decompose(lo0, "(long long)blockIdx.y", c0.batch, setup)
     batch1: list = []                   # the consumer's batch axes (its names may differ: declared in a scope)
     decompose(lo1, "(long long)blockIdx.y", c1.batch, batch1)
+    # a size-1 iter that is none of batch, M or N (an ONNX batch of one) is 0 wherever an operand reads it
+    for lo, c, out in ((lo0, c0, setup), (lo1, c1, batch1)):
+        out += [Decl("const long long", a.name, "0") for a in lo.r.iters
+                if lo.sizes.get(a.name) == 1 and a.name not in c.batch + c.m_axes + c.n_axes]
     loads = []
     for ring, (layout, vec), e, lo, rows, cols in zip(("sQ", "sK", "sV"), acc, (c0.x, c0.y, c1.y), (lo0, lo0, lo1),
                                                       (c0.m_axes, c0.n_axes, k1), (k0, k0, c1.n_axes)):

@@ -180,12 +180,13 @@ def find_contraction(facts: RegionFacts) -> Contraction | None:
         if not m_axes or not n_axes:
             continue
         others = [x2 for x2 in r.lets if x2.name != let.name]
-        full = len(facts.iters)
         unit = {a.name for a in r.iters if facts.sizes.get(a.name) == 1}     # points compare modulo size-1 axes
+        # the other lets are computed at each point of the contraction's output: any that uses fewer axes (a bias
+        # read and cast to fp32 before it is added) is recomputed there, which costs a read
         pointwise = tuple(a for a in facts.types[let.name].axes if a not in unit) == tuple(
             a.name for a in r.iters if a.name not in unit) and all(
-            facts.level(o.name) == full and not contains(o.expr, (Reduce,)) and all(
-                not red for _, red in let_refs(o.expr)) for o in others) and r.lets.index(let) == 0
+            not contains(o.expr, (Reduce,)) and all(not red for _, red in let_refs(o.expr))
+            for o in others) and r.lets.index(let) == 0
         if outer is not None and not pointwise:
             continue
         return Contraction(let.name, x, y, batch, m_axes, n_axes, e.axes, pointwise, outer, f)
@@ -280,19 +281,24 @@ def chained_contractions(program: Program, k: int) -> ChainedContractions | None
         return None
     (m0,), (n0,) = c0.m_axes, c0.n_axes
     iters0 = tuple(a.name for a in r0.iters)
-    if iters0 != (*c0.batch, m0, n0) or set(f0.types[c0.let].axes) != set(iters0):
+    # an ONNX batch of one is a size-1 iter that is none of batch, M or N: P's index there is 0
+    unit = {a for a in iters0 if f0.sizes.get(a) == 1 and a not in (*c0.batch, m0, n0)}
+    core = tuple(a for a in iters0 if a not in unit)
+    if core != (*c0.batch, m0, n0) or set(f0.types[c0.let].axes) - unit != set(core):
         return None       # P is laid out [batch..., M, N]: a block's rows are one contiguous slab
     x1 = c1.x
     if not isinstance(x1, Read) or x1.tensor != p or x1.flat or p in reads(c1.y) or \
             any(p in reads(x.expr) for x in r1.lets if x.name != c1.let):
         return None
-    names = [Expr.lift(e).as_symbol() for e in x1.index]
-    if None in names or len(names) != len(iters0):
+    if len(x1.index) != len(iters0) or any(Expr.lift(e).as_int() != 0 for a, e in zip(iters0, x1.index) if a in unit):
         return None
-    to1 = dict(zip(iters0, names))
+    names = [Expr.lift(e).as_symbol() for a, e in zip(iters0, x1.index) if a not in unit]
+    if None in names:
+        return None
+    to1 = dict(zip(core, names))
     if to1[n0] != c1.k_axes[0].name or to1[m0] != c1.m_axes[0] or tuple(to1[a] for a in c0.batch) != c1.batch:
         return None
     size1 = dict(f1.sizes, **{a.name: a.size for a in c1.k_axes})
-    if any(Expr.lift(f0.sizes[a]) != Expr.lift(size1[to1[a]]) for a in iters0):
+    if any(Expr.lift(f0.sizes[a]) != Expr.lift(size1[to1[a]]) for a in core):
         return None
     return ChainedContractions(f0, c0, f1, c1, p, m0, n0, iters0)

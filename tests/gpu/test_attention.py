@@ -91,6 +91,41 @@ def test_fused_attention_matches_the_evaluator(progs, case):
     _check(c, g, "deferred", case[2])
 
 
+def _projected_heads(causal: bool, heads: int = 3, d: int = 64, s: int = 40):
+    """What an exported transformer holds at batch 1: Q, K, V are heads of one [1, S, 3 * H * d] projection,
+    reshaped and permuted to [1, H, S, d] (each a strided tile: rows 3 * H * d apart), constant sizes with a leading
+    batch axis of one."""
+    x = Tensor.input("X", (1, s, 3 * heads * d), dtype="fp16")
+    q, k, v = (x[:, :, i * heads * d:(i + 1) * heads * d].reshape(1, s, heads, d).permute(0, 2, 1, 3)
+               for i in range(3))
+    return q.scaled_dot_product_attention(k, v, is_causal=causal, scale=0.125).graph("O", name="heads")
+
+
+@needs_gxx
+@pytest.mark.parametrize("causal", [False, True])
+def test_batch_of_one_and_projected_heads_are_fused(gpu_cache, causal):
+    """A size-1 batch axis (none of batch, M or N) and Q/K/V read as heads of a projection with a row step (not whole
+    row-major tiles) still make an attention pair: one fused kernel, matching the evaluator in every schedule."""
+    g = _projected_heads(causal)
+    c = compile_cuda(g.tiny)
+    assert [type(x).__name__ for x in c.kernels] == ["AttentionKernel"], [type(x).__name__ for x in c.kernels]
+    for emu in ("deferred", "reversed", "random"):
+        errs = run_and_compare(c, g, emu, 3)
+        assert all(e <= bound("fp16") for e in errs.values()), (emu, errs)
+    q = Tensor.input("Q", (1, 2, 40, 64), dtype="fp16")
+    k, v = (Tensor.input(n, (1, 2, 40, 64), dtype="fp16") for n in "KV")
+    one = compile_cuda(q.scaled_dot_product_attention(k, v, is_causal=causal).graph("O").tiny)
+    assert [type(x).__name__ for x in one.kernels] == ["AttentionKernel"]
+
+
+def test_a_head_whose_rows_are_not_16_byte_aligned_is_not_fused():
+    """A row step that is not a multiple of 8 halves cannot be copied by cp.async: the MMA path runs it."""
+    x = Tensor.input("X", (1, 40, 3 * 2 * 64 + 4), dtype="fp16")
+    q, k, v = (x[:, :, i * 128:(i + 1) * 128].reshape(1, 40, 2, 64).permute(0, 2, 1, 3) for i in range(3))
+    c = compile_cuda(q.scaled_dot_product_attention(k, v).graph("O").tiny)
+    assert not any(isinstance(x, AttentionKernel) for x in c.kernels)
+
+
 @needs_gxx
 @pytest.mark.parametrize("emu", ["eager", "reversed", "random", "asan"])
 @pytest.mark.parametrize("case", [(64, True, "fp16"), (128, False, "bf16")], ids=["d64-causal-fp16", "d128-full-bf16"])

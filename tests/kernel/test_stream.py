@@ -50,6 +50,20 @@ def test_fused_attention_matches_the_evaluator(causal, shapes):
     assert len(_steps(exe)) == 1
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_batch_of_one_and_projected_heads_fuse(causal):
+    """An exported transformer's attention at batch 1: a leading size-1 axis that is none of batch, M or N, and
+    Q/K/V heads of one [1, S, 3 * H * d] projection (the shapes are constants): still one fused step."""
+    x = Tensor.input("X", (1, 45, 3 * 3 * 32))
+    q, k, v = (x[:, :, i * 96:(i + 1) * 96].reshape(1, 45, 3, 32).permute(0, 2, 1, 3) for i in range(3))
+    g = q.scaled_dot_product_attention(k, v, is_causal=causal, scale=0.2).graph("y", name="heads")
+    exe = check(g, seed=4)
+    assert any(len(st.regions) == 2 for st in _steps(exe)) and "row-block pipeline" in exe._run.source
+    q1, k1, v1 = (Tensor.input(n, (1, 2, 37, 32)) for n in ("Q", "K", "V"))
+    exe = check(q1.scaled_dot_product_attention(k1, v1, is_causal=causal).graph("y", name="one"), seed=5)
+    assert len(_steps(exe)) == 1
+
+
 @pytest.mark.parametrize("d", [40, 64])
 @pytest.mark.parametrize("causal", [False, True])
 def test_each_contraction_keeps_its_own_micro_tile(d, causal):
