@@ -100,6 +100,22 @@ def _conv(sz):
     return x.conv2d(w, padding=1).graph("y", name="conv3x3")
 
 
+def _conv_fixed(sz):
+    """A 3x3 convolution + bias + ReLU at constant sizes (what an imported network holds, so the plan chooser sees
+    them: a batch-1 ResNet stage's few output tiles over a long K get split-K)."""
+    x = Tensor.input("X", (sz["N"], sz["C"], sz["H"], sz["W"]), dtype="fp16")
+    w = Tensor.input("Wt", (sz["Co"], sz["C"], 3, 3), dtype="fp16")
+    b = Tensor.input("b", (sz["Co"],), dtype="fp16")
+    return x.conv2d(w, b, padding=1).relu().graph("y", name="conv3x3_bias_relu")
+
+
+def _linear(sz):
+    """``x @ W + b`` at constant sizes (a transformer projection at a few tokens)."""
+    x = Tensor.input("x", (sz["M"], sz["K"]), dtype="fp16")
+    w = Tensor.input("W", (sz["K"], sz["N"]), dtype="fp16")
+    return (x @ w + Tensor.input("b", (sz["N"],), dtype="fp16")).graph("y", name="linear")
+
+
 def _conv_flops(sz):
     return 2.0 * sz["N"] * sz["Co"] * sz["H"] * sz["W"] * sz["C"] * 9
 
@@ -132,6 +148,8 @@ def _rows_flops(sz):                        # memory-bound: ~5 operations an ele
 
 ATTN = {"B": 8, "H": 16, "S": 2048, "D": 64}
 ATTN_QUICK = {"B": 1, "H": 2, "S": 128, "D": 64}
+ATTN_128 = {"B": 4, "H": 16, "S": 4096, "D": 128}         # issue 24's attention workload
+ATTN_QUICK_128 = {"B": 1, "H": 2, "S": 128, "D": 128}
 WORKLOADS = {w.key: w for w in [
     Workload("gemm-4096", "fp16 GEMM 4096^3", {"M": 4096, "N": 4096, "K": 4096}, {"M": 256, "N": 256, "K": 256},
              _gemm(False), lambda t, i, sz: t.matmul(i["A"], i["B"]), _gemm_flops),
@@ -147,6 +165,16 @@ WORKLOADS = {w.key: w for w in [
     Workload("conv3x3", "fp16 conv 3x3 s1 p1 N=32 C=128 H=W=56 Co=128 (implicit GEMM)",
              {"N": 32, "C": 128, "H": 56, "W": 56, "Co": 128}, {"N": 2, "C": 8, "H": 9, "W": 7, "Co": 24}, _conv,
              lambda t, i, sz: t.nn.functional.conv2d(i["X"], i["Wt"], padding=1), _conv_flops),
+    Workload("attn-d128", "fp16 attention B=4 H=16 S=4096 D=128", ATTN_128, ATTN_QUICK_128, _attn(False),
+             _torch_attn(False), _attn_flops),
+    Workload("attn-d128-causal", "fp16 causal attention B=4 H=16 S=4096 D=128", ATTN_128, ATTN_QUICK_128, _attn(True),
+             _torch_attn(True), _attn_flops),
+    Workload("conv3x3-s4b1", "fp16 conv 3x3 + bias + ReLU N=1 C=512 H=W=7 Co=512 (ResNet-50 stage 4, batch 1)",
+             {"N": 1, "C": 512, "H": 7, "W": 7, "Co": 512}, {"N": 1, "C": 64, "H": 7, "W": 7, "Co": 64}, _conv_fixed,
+             lambda t, i, sz: t.relu(t.nn.functional.conv2d(i["X"], i["Wt"], i["b"], padding=1)), _conv_flops),
+    Workload("linear-128", "fp16 Linear 128 x 3072 -> 768 + bias (BERT-base FFN out at 128 tokens)",
+             {"M": 128, "K": 3072, "N": 768}, {"M": 16, "K": 256, "N": 64}, _linear,
+             lambda t, i, sz: t.addmm(i["b"], i["x"], i["W"]), _gemm_flops),
     Workload("softmax-8192", "fp16 softmax over the last axis, 8192 x 8192 (memory-bound)", {"M": 8192, "N": 8192},
              {"M": 64, "N": 1000}, _rows("softmax"), _torch_rows("softmax"), _rows_flops),
     Workload("layernorm-8192", "fp16 layernorm over the last axis, 8192 x 8192 (memory-bound)",
@@ -183,11 +211,13 @@ def _timer(dev: CudaDevice, torch):
     return lambda fn, reps, warmup: dev.time_ms(fn, reps=reps, warmup=warmup)
 
 
-TILE_SPEC = "BMxBNxBK/WMxWN/STAGES[/gGROUP_M][/registers|/merged|/trailing] (e.g. 128x128x32/64x64/4/g8/registers)"
+TILE_SPEC = ("BMxBNxBK/WMxWN/STAGES[/gGROUP_M][/sSPLIT_K][/registers|/merged|/trailing] "
+             "(e.g. 128x128x32/64x64/4/g8/registers; a tile without /s keeps the plan's split_k)")
 
 
 def parse_tile(spec: str) -> dict:
-    """``BMxBNxBK/WMxWN/S`` with optional ``/gN`` (CTA runs of N M tiles: layout_hints.group_m) and
+    """``BMxBNxBK/WMxWN/S`` with optional ``/gN`` (CTA runs of N M tiles: layout_hints.group_m), ``/sN`` (split-K
+    over N CTAs a tile: split_k) and
     ``/registers``, ``/merged`` or ``/trailing`` (async.release) -> the MMA plan fields it sets (the plan's other
     layout hints and async fields are kept by the caller)."""
     try:
@@ -201,6 +231,8 @@ def parse_tile(spec: str) -> dict:
                 out["release"] = r
             elif r.startswith("g"):
                 out["group_m"] = int(r[1:])
+            elif r.startswith("s"):
+                out["split_k"] = int(r[1:])
             else:
                 raise ValueError(r)
         return out

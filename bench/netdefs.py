@@ -251,7 +251,9 @@ class GPT2Block(nn.Module):
         q, k, v = self._split(q), self._split(k), self._split(v)
         w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.d)
         s = q.shape[-2]
-        w = torch.where(self.bias[:, :, :s, :s], w, torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype))
+        # the fill on w's device: a CPU scalar here is a host-to-device copy that a CUDA Graph cannot capture
+        low = torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device)
+        w = torch.where(self.bias[:, :, :s, :s], w, low)
         ctx = torch.matmul(torch.softmax(w, dim=-1), v)
         b = ctx.shape[0]
         return self.attn_proj(ctx.permute(0, 2, 1, 3).contiguous().view(b, s, self.heads * self.d))

@@ -20,6 +20,8 @@
 - ``KUMIKO_SPEC``: verifier strictness at stage boundaries: 0 off, 1 (default) the cheap checks and the verifiers
   of a stage read from a file (``--resume``), 2 every stage's verifiers on every compile (``pipeline.verify``).
 - ``KUMIKO_CUDA_GRAPH``: 1 makes the ``cuda`` target replay each program's launches as a CUDA Graph (default 0).
+- ``KUMIKO_SPLIT_K``: the most CTAs the GPU plan chooser divides one output tile's K among (split-K, ``Plan.split_k``;
+  default 16, 1 turns it off): for comparing plans on a device.
 - ``KUMIKO_BUILD_TIMEOUT``: seconds one external compiler run (gcc, g++, nvcc) may take before E1706 (default 600).
 - ``KUMIKO_MAX_BYTES``: the largest total of buffers one call may allocate before E1017 (default: 3/4 of the
   machine's physical memory).
@@ -48,6 +50,10 @@ def spec() -> int:
 
 def program_cache() -> bool:
     return _int("KUMIKO_PROGRAM_CACHE", 1) >= 1
+
+
+def split_k(default: int) -> int:
+    return max(1, _int("KUMIKO_SPLIT_K", default))
 
 
 def cuda_graph() -> bool:

@@ -31,7 +31,7 @@ from kumiko.plan.plan import GPU_ARCHS, Plan
 from kumiko.region.ssa import Program
 from kumiko.render.cuda import render_cuda
 from kumiko.runtime.emu_program import EMU_CONFIGS, CompiledCuda, safe_name
-from kumiko.symbolic import prod
+from kumiko.symbolic import Expr, prod
 from kumiko.util.log import stage
 
 
@@ -189,6 +189,10 @@ def _buf_args(region, lowered_params) -> tuple:
             out.append(("scratch", p.name))
         elif p.name == "kk_status":
             out.append(("status", p.name))
+        elif p.name == "kk_ws":                 # split-K's partial sums (gpu_ir.SplitK)
+            out.append(("scratch", p.name))
+        elif p.name == "kk_cnt":                # split-K's per-tile counters, zero between launches
+            out.append(("counter", p.name))
         else:
             out.append(("buf", names[int(p.name[1:])]))
     return tuple(out)
@@ -245,15 +249,22 @@ def _lower_region(r, syms: tuple, name: str, plan: Plan, kernels: list, launches
         for a in c.k_axes + (c.outer.axes if c.outer is not None else ()):
             lo_sizes[a.name] = a.size
         bm, bn, _ = kern.tile
-        grid = ((prod([lo_sizes[a] for a in c.n_axes]), bn), (prod([lo_sizes[a] for a in c.m_axes]), bm),
-                (prod([lo_sizes[a] for a in c.batch]) if c.batch else 1, 1))
+        splits = kern.split.splits if kern.split else 1
+        n, m = prod([lo_sizes[a] for a in c.n_axes]), prod([lo_sizes[a] for a in c.m_axes])
+        batch = prod([lo_sizes[a] for a in c.batch]) if c.batch else 1
+        grid = ((n, bn), (m, bm), (batch * splits, 1))
         scratch = ()
         if low.scratch is not None:
             var, _, axes = low.scratch
             scratch = ((var, tuple(lo_sizes[a] for a in axes)),)
+        counters = ()
+        if kern.split:                  # a slab of BM x BN floats per output tile and split, a counter per tile
+            tiles = (Expr.lift(n).ceildiv(bn), Expr.lift(m).ceildiv(bm), batch)
+            scratch += ((kern.split.workspace, tiles + (splits * bm * bn,)),)
+            counters = ((kern.split.counters, tiles),)
         kernels.append(kern)
         launches.append(Launch(r.name, name, grid, kern.threads, kern.smem_bytes, _buf_args(r, kern.params),
-                               scratch))
+                               scratch, counters=counters))
         if low.scratch is not None:
             var, let, axes = low.scratch
             rest = lower_simt(r, syms, name + "_rest", {let: ("array", var, axes)}, threads=256,

@@ -17,6 +17,7 @@
 //   warp_sum_f32 / warp_max_f32(v)          warp: butterfly reductions (every lane gets the result)
 //   pack_half2 / pack_bfloat162(lo, hi) -> uint32_t; unpack_half2 / unpack_bfloat162(u) -> float2
 //   st_global_v2(p, lo, hi)                 one store of two adjacent uint16_t (b32) or floats (v2.f32)
+//   ld_global_cg(p) -> float                ld.global.cg: another CTA's fenced store, read past L1
 //   st_shared_16(smem, a, b, c, d)          st.shared.v4.b32: 16 bytes (a at the lowest address), 16-byte aligned
 //   lane_id(), warp_id()
 //   SM90 (sm_90a): mbarrier, TMA, bulk groups, fence.proxy.async, wgmma, setmaxnreg - the list is in
@@ -226,6 +227,14 @@ __device__ __forceinline__ void st_global_v2(float* p, float lo, float hi) {
   __builtin_memcpy(p, v, 8);
 #else
   *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
+#endif
+}
+// ld.global.cg: a float another CTA stored (and fenced) in this launch, read from L2, past this SM's L1.
+__device__ __forceinline__ float ld_global_cg(const float* p) {
+#if defined(KUMIKO_EMU)
+  return *p;
+#else
+  return __ldcg(p);
 #endif
 }
 

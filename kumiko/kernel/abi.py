@@ -86,7 +86,8 @@ def region_steps(program: Program, fn_names: Mapping[str, str], fused: tuple = (
 class Launch:
     """One GPU kernel launch: grid extents as symbolic sizes (``ceil(extent / tile)`` each), block, dynamic
     shared memory, and where each parameter comes from: ("buf", name) | ("scratch", var) | ("sym", name) |
-    ("status", name). The CUDA lowering makes them; the emulator's and the device's runners read them."""
+    ("status", name) | ("counter", var). The CUDA lowering makes them; the emulator's and the device's runners read
+    them."""
     region: str
     kernel: str
     grid: tuple                     # ((extent, tile), ...) x, y, z
@@ -105,6 +106,9 @@ class Launch:
     #: a persistent kernel: CTAs a multiprocessor runs at once (0: one CTA per tile); it is launched with
     #: min(tiles, that x the device's SMs) CTAs in x, each striding over the tiles ``grid`` counts
     persistent: int = 0
+    #: (var, sizes): int32 words the launch's kernel leaves zero (split-K's per-tile counters, ``gpu_ir.SplitK``); the
+    #: runtime zeroes them once when it allocates them, like scratch keyed by region
+    counters: tuple = ()
 
     def dims(self, env, sms: int) -> tuple[int, int, int]:
         """The grid at bound sizes on a device of ``sms`` multiprocessors."""
@@ -131,6 +135,8 @@ class Launch:
             out["guard"] = {"multiples_of_8": [str(e) for e in self.guard[0]], "run": self.guard[1]}
         if self.persistent:
             out["persistent"] = {"ctas_per_sm": self.persistent}
+        if self.counters:
+            out["counters"] = [[v, [str(d) for d in sizes]] for v, sizes in self.counters]
         if self.maps:
             out["maps"] = [{"name": d.name, "buffer": buf, "box": list(d.box), "swizzle": d.swizzle}
                            for d, buf in self.maps]

@@ -250,6 +250,21 @@ class StGlobal:
     width: int = 1
 
 
+@dataclass(frozen=True)
+class SplitK:
+    """Split-K (``Plan.split_k``): an output tile's K tiles are divided among ``splits`` CTAs (grid z = batch x
+    splits; split ``blockIdx.z % splits`` runs K tiles ``[split * per, (split + 1) * per)``, ``per`` = the tiles
+    over ``splits`` rounded up, so only split 0 holds K's partial tile). After its K loop each CTA writes its fp32
+    accumulators to its slab of ``workspace`` (BM x BN floats per tile and split), fences, and counts itself in the
+    tile's ``counters`` word; the last to arrive adds every split's slab, its own from registers, in split order
+    (so the sum does not depend on which arrives last), sets the word back to 0 for the next launch and runs the
+    epilogue; the others exit. The counters are zero before a program's first launch (the runtime allocates them
+    so) and each launch leaves them zero."""
+    splits: int
+    workspace: str                  # Param: float*, splits x BM x BN per output tile
+    counters: str                   # Param: int*, one per output tile
+
+
 GpuStmt = Union[LoadTile, CommitGroup, WaitGroup, Barrier, Compute, LoadFrag, MmaFrag, KLoop, Epilogue, StGlobal]
 
 
@@ -283,6 +298,7 @@ class MmaKernel:
     regs_budget: int = 255
     group_m: int = 1                # CTA rasterisation: runs of group_m M tiles walk N together (L2 reuse)
     gather_check: bool = False      # a data-dependent index is checked: ``kk_bad`` -> ``*kk_status`` (gpu_simt)
+    split: SplitK | None = None     # K divided among CTAs (the epilogue runs in the last of a tile's CTAs)
 
     @property
     def threads(self) -> int:

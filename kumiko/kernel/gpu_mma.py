@@ -39,6 +39,7 @@ from kumiko.kernel.gpu_ir import (
     OperandLoad,
     Param,
     SmemRing,
+    SplitK,
     StGlobal,
     TileRef,
     Token,
@@ -54,7 +55,7 @@ from kumiko.plan.plan import Plan
 from kumiko.region.analysis import Contraction, analyze
 from kumiko.region.operands import table_form
 from kumiko.region.ssa import Cast, Read, Ref, Region, RExpr, VType
-from kumiko.symbolic import Expr, Sym
+from kumiko.symbolic import Expr, FloorDiv, Sym
 
 PAD = 8                     # halves of padding per smem row: rows stay 16-byte aligned, banks rotate
 
@@ -105,10 +106,17 @@ def _below(size, limit: int) -> bool:
 
 def _bound(e: Expr, sizes: dict, axes: set, scope: set) -> str | None:
     """C text (64-bit) bounding ``|e|`` while its ``axes`` range over ``[0, size)`` (sizes are positive): a term
-    is a number times sizes times at most one axis; None when an axis occurs otherwise (squared, in a floor
-    division)."""
+    is a number times sizes times at most one axis, or a number times the floor division of such an expression by
+    a constant (a flattened K split back into a head and its offset: ``floor(r0/64)``); None when an axis occurs
+    otherwise (squared, a floor division times another factor)."""
     parts = [f"{abs(e.const)}LL"] if e.const else []
     for mono, coef in e.terms:
+        if len(mono) == 1 and isinstance(mono[0], FloorDiv) and mono[0].num.symbols() & axes:
+            inner = _bound(mono[0].num, sizes, axes, scope)
+            if inner is None:
+                return None
+            parts.append(f"{abs(coef)}LL * ({inner} / {mono[0].den}LL + 1LL)")
+            continue
         ax = [a for a in mono if isinstance(a, Sym) and a.name in axes]
         if any(not isinstance(a, Sym) and set(a.num.symbols()) & axes for a in mono) or len(ax) > 1:
             return None
@@ -228,11 +236,13 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
     ld_y, lay_y = _operand(lo, c, "y", "sB", allow_ks=True, mma_dt=dt)
     ring_x = SmemRing("sA", "x", "sk", bm, bk, PAD, stages)
     ring_y = SmemRing("sB", "y", lay_y, bk if lay_y == "ks" else bn, bn if lay_y == "ks" else bk, PAD, stages)
-    # the batch is the grid's z (its axes are decomposed from blockIdx.z below)
+    # the batch is the grid's z (its axes are decomposed from blockIdx.z below); split-K CTAs of one output tile
+    # are consecutive in z
+    splits = int(plan.split_k)
     setup: list = [Decl("const long long", "kk_M", extent(lo, c.m_axes)),
                    Decl("const long long", "kk_N", extent(lo, c.n_axes)),
                    Decl("const long long", "kk_K", extent(lo, tuple(a.name for a in c.k_axes)))]
-    decompose(lo, "(long long)blockIdx.z", c.batch, setup)
+    decompose(lo, "(long long)blockIdx.z" if splits == 1 else f"(long long)(blockIdx.z / {splits}u)", c.batch, setup)
     # a size-1 iter that no operand reads is none of batch, M or N: it is 0 wherever the epilogue uses it
     setup += [Decl("const long long", a.name, "0") for a in region.iters
               if lo.sizes.get(a.name) == 1 and a.name not in c.batch + c.m_axes + c.n_axes]
@@ -317,10 +327,14 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
         f"MMA skeleton: contraction {c.let}, batch {list(c.batch)}, M {list(c.m_axes)}, N {list(c.n_axes)}, "
         f"K {[a.name for a in c.k_axes]}; x by {'cp.async' if ld_x.vec else 'gather'}, "
         f"y by {'cp.async' if ld_y.vec else 'gather'} ({lay_y})",)
+    split = None
+    if splits > 1:
+        split = SplitK(splits, "kk_ws", "kk_cnt")
+        extra += (Param("kk_ws", "float"), Param("kk_cnt", "int"))
     kern = MmaKernel(name, plan.arch, kernel_params(lo, extra + status_params(lo)), (bm, bn, bk), (bm // wm, bn // wn),
                      stages,
                      (ring_x, ring_y), (ld_x, ld_y), tuple(prologue), KLoop("kt", tuple(body)), drain, epi,
                      StGlobal(t_epi, width=2 if epi.mode == "fragment" else 1), tuple(setup), tuple(decl_m),
                      tuple(decl_n), notes, group_m=int(plan.get("layout_hints", "group_m", 1)),
-                     gather_check=lo.uses_gather)
+                     gather_check=lo.uses_gather, split=split)
     return MmaLowering(kern, c, scratch)

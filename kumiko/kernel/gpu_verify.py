@@ -19,6 +19,9 @@ It rejects (E1801, ``details["hazard"]`` says which):
 - ``token_flow``: the epilogue / store do not consume the tokens the MMA / epilogue produce;
 - ``epilogue_smem``: an epilogue that reuses the ring's shared memory starts before every group landed
   and a barrier passed;
+- ``split_k``: a K split whose partial sums cannot be summed: the epilogue is not on the accumulator fragments (a
+  window epilogue reads the tile through shared memory), fewer than 2 splits, or the workspace or counters are
+  not kernel parameters;
 - ``smem_budget``, ``register_budget``, ``shape``: the plan does not fit the arch or the MMA shape.
 
 The emulator catches the same bugs at run time; the verifier catches them before any code exists.
@@ -204,9 +207,24 @@ def check_tokens(k: MmaKernel) -> None:
                     f"{k.epilogue.out_token}")
 
 
+def check_split(k: MmaKernel) -> None:
+    sp = k.split
+    if sp is None:
+        return
+    params = {p.name: p for p in k.params}
+    ws, cnt = params.get(sp.workspace), params.get(sp.counters)
+    if k.epilogue.mode != "fragment" or sp.splits < 2:
+        raise _fail(k, "split_k", f"{sp.splits} K splits with a {k.epilogue.mode} epilogue: a split kernel sums "
+                    "2 or more partial accumulators in registers, then runs a fragment epilogue")
+    if ws is None or cnt is None or (ws.ctype, cnt.ctype) != ("float", "int") or not (ws.pointer and cnt.pointer):
+        raise _fail(k, "split_k", f"the split's workspace {sp.workspace!r} (float*) and counters {sp.counters!r} "
+                    "(int*) must be kernel parameters")
+
+
 def verify_mma(k: MmaKernel) -> MmaKernel:
     """Raise E1801 (with ``hazard``) unless the kernel's schedule and budget are sound; return it."""
     check_shape(k)
+    check_split(k)
     check_budget(k)
     check_tokens(k)
     check_schedule(k)

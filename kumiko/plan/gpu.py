@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kumiko import knobs
 from kumiko.diagnostics import KumikoError
 from kumiko.plan.gpu_sm90 import choose_sm90_plan, sm90_operands, validate_sm90_plan
 from kumiko.plan.plan import GPU_ARCHS, Plan, check_fields, make_plan
@@ -162,6 +163,22 @@ def _fills_gpu(m: int | None, n: int | None, batch: int | None) -> bool:
     return tiles[0] * tiles[1] * tiles[2] >= BIG_TILE_CTAS
 
 
+#: split-K (``Plan.split_k``): a problem of known sizes whose output tiles are at most half this many CTAs splits its K
+#: tiles among up to MAX_SPLIT_K CTAs a tile, toward this many CTAs (an H100's SMs), each over at least
+#: MIN_SPLIT_TILES K tiles (ResNet-50's last convs at batch 1: 8 output tiles over K = 4608); ``KUMIKO_SPLIT_K`` lowers
+#: the cap
+SPLIT_TARGET_CTAS = 132
+MAX_SPLIT_K = 16
+MIN_SPLIT_TILES = 4
+
+
+def split_k_for(tiles: int | None, k: int | None, bk: int) -> int:
+    """The chooser's K split for ``tiles`` output tiles (batch included) over K = ``k`` in BK-wide K tiles (1: none)."""
+    if tiles is None or k is None or 2 * tiles > SPLIT_TARGET_CTAS:
+        return 1
+    return max(1, min(-(-SPLIT_TARGET_CTAS // tiles), -(-k // bk) // MIN_SPLIT_TILES, knobs.split_k(MAX_SPLIT_K)))
+
+
 #: the largest M tile the MMA skeleton takes to hold whole windows of a reduction after the contraction
 MAX_WINDOW_BM = 256
 
@@ -215,6 +232,9 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         group_m = 1
         release = "registers"           # 32 accumulators: room for two sets of fragments (~124 registers)
     buffer = "reg" if c.pointwise else "smem" if c.outer is not None else "gmem"
+    kk = _const(prod([a.size for a in c.k_axes]))
+    tiles = None if m is None or n is None or batch is None else -(-m // bm) * -(-n // bn) * batch
+    split = 1 if c.outer is not None else split_k_for(tiles, kk, 32)
     bind = {"n.o": "block.x", "m.o": "block.y", "batch": "block.z", "m.i.o": "warp.y", "n.i.o": "warp.x"}
     if buffer == "gmem":                # the SIMT kernel for the rest: a thread or a warp per row
         bind["rest.point"] = simt_binding(region, (c.let,))
@@ -227,7 +247,7 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         epilogue=tuple(epilogue(region)), layout_hints={"group_m": group_m},
         algo_choice={"contraction": "mma"}, local_edges=({"from": c.let, "to": "epilogue", "buffer": buffer},),
         async_={"enable": True, "prefetch_depth": stages - 1, "epilogue_overlap": False, "release": release},
-        barrier_model="cp_async_group", threads=mma_threads((bm, bn), f"{wm}x{wn}"))
+        barrier_model="cp_async_group", threads=mma_threads((bm, bn), f"{wm}x{wn}"), split_k=split)
 
 
 # -- the attention pair's plans (made by kernel.gpu_attention.pair_attention) -------------------------------
@@ -290,6 +310,10 @@ def validate_gpu_plan(plan: Plan, region: Region, syms: tuple) -> Plan:
     if release == "registers" and bk % 32:
         raise KumikoError("E1801", at=at, why=f"async.release 'registers' alternates two fragment buffers over the "
                           f"k16 steps of a tile: BK={bk} must be a multiple of 32", suggestion="use BK 32 or 64")
+    if type(plan.split_k) is not int or not 1 <= plan.split_k <= 64 or (plan.split_k > 1 and c.outer is not None):
+        raise KumikoError("E1801", at=at, why=f"split_k={plan.split_k!r}: 1 to 64 CTAs an output tile, and 1 when a "
+                          "window reduction follows the contraction (its epilogue reads the tile from shared memory)",
+                          suggestion="split_k 1")
     group_m = plan.get("layout_hints", "group_m", 1)
     if not isinstance(group_m, int) or not 1 <= group_m <= 64:
         raise KumikoError("E1801", at=at, why=f"layout_hints.group_m={group_m!r}: CTA runs are 1 to 64 M tiles")
@@ -326,6 +350,8 @@ def describe_gpu_plan(plan: Plan) -> str:
         return f"a {plan.get('bind', 'point', 'thread')} per point"
     out = (f"tile {'x'.join(map(str, plan.tile))} warps {plan.warp_tile} {plan.stages} stages "
            f"g{plan.get('layout_hints', 'group_m', 1)} {ring_release(plan)}")
+    if plan.split_k > 1:
+        out += f" split K x{plan.split_k}"
     rest = plan.get("bind", "rest.point")
     return out + (f", then SIMT: a {rest} per point" if rest else "")
 

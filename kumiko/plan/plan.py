@@ -17,8 +17,10 @@ plan of the other leaves it at its default (its JSON omits it, ``check_fields`` 
   ``cache`` names the packed panels.
 - GPU (``sm80``/``sm90``), the seed's names: ``tile`` (BM, BN, BK, an MMA plan's CTA tile), ``warp_tile``
   (``"WMxWN"``), ``stages`` (the cp.async ring), ``async`` (``async_`` here), ``barrier_model``,
-  ``threads`` (a CTA's threads) and ``ptxas_fallback`` (set when ptxas rejected the chooser's plan and this
-  one replaced it: the hazard, the GPU arch, how many steps down).
+  ``threads`` (a CTA's threads), ``split_k`` (an MMA plan's CTAs per output tile, each summing a share of the
+  K tiles; the last to finish adds the others' partial sums and runs the epilogue) and ``ptxas_fallback`` (set
+  when ptxas rejected the chooser's plan and this one replaced it: the hazard, the GPU arch, how many steps
+  down).
 
 ``layout_hints`` holds typed hints only (``LAYOUT_HINTS``: ``group_m``, a GPU MMA plan's CTA swizzle),
 never notes. Mappings are stored as sorted tuples so plans hash and compare by value; JSON keeps the
@@ -56,7 +58,7 @@ class RegisterBlock(NamedTuple):
 
 #: the fields only one backend's plans set (the others are both backends')
 CPU_FIELDS = ("cache_block", "register_block", "k_blocks")
-GPU_FIELDS = ("tile", "warp_tile", "stages", "async_", "barrier_model", "threads", "ptxas_fallback")
+GPU_FIELDS = ("tile", "warp_tile", "stages", "async_", "barrier_model", "threads", "split_k", "ptxas_fallback")
 #: ``layout_hints``' keys and the backend whose kernels read each
 LAYOUT_HINTS = {"group_m": "gpu"}
 #: the fields that are mappings in JSON (``{}`` when empty)
@@ -134,6 +136,7 @@ class Plan:
     async_: tuple = ()                 # (("enable", True), ("prefetch_depth", 2), ("release", "merged"), ...)
     barrier_model: str | None = None
     threads: int = 0                   # a CTA's threads (0: the SIMT default)
+    split_k: int = 1                   # an MMA plan's CTAs per output tile, each over a share of K (gpu_ir.SplitK)
     ptxas_fallback: tuple = ()         # (("gpu_arch", "sm_90a"), ("hazard", "spill"), ("steps", 2))
 
     def __post_init__(self) -> None:

@@ -52,6 +52,10 @@ class _MmaRenderer:
         self.rings = {r.operand: r for r in k.rings}
         dt = next(s.mma.dtype for s in k.loop.body if isinstance(s, (Compute, MmaFrag)))
         self.cvt = cexpr.HALF[dt][1]      # the gather's float -> the MMA's 16-bit type
+        # split-K: loop tiles are this CTA's (``KT`` of them from K tile ``kk_t0``); only split 0 holds K's partial
+        # tile, so the copies' K-before-0 test reads ``kk_kd0`` (0 for the other splits)
+        self.t0 = "kk_t0 + " if k.split else ""
+        self.kd = "kk_kd0" if k.split else "kk_kd"
 
     # loads -------------------------------------------------------------------------------------------
     def load_operand(self, ld: OperandLoad, s: LoadTile, pad: str, aligned: bool) -> list[str]:
@@ -83,11 +87,12 @@ class _MmaRenderer:
         ch, _, rows = self.chunks(ld)
         first = s.pred_k and s.tile.may_be_first        # K's partial tile: indices before 0 are zero-filled
         if sk:      # rows are the operand's M/N (rows left below chunk 0: kk_l), columns K (one per thread)
-            conds = ([f"kk_l{o} > kk_i * {rows}"] if s.pred_rows else []) + ([f"kk_c0{o} >= kk_kd"] if first else [])
+            conds = [f"kk_l{o} > kk_i * {rows}"] if s.pred_rows else []
+            conds += [f"kk_c0{o} >= {self.kd}"] if first else []
             count = f"({' && '.join(conds)}) ? 8 : 0" if conds else "8"
         else:       # rows are K, columns the operand's N (the chunk's valid halves: kk_l)
             full = f"kk_l{o}" if s.pred_rows else "8"
-            count = f"kk_r >= kk_kd ? {full} : 0" if first else full
+            count = f"kk_r >= {self.kd} ? {full} : 0" if first else full
         return [f"{ind}const uint16_t* const kk_src = kk_p{o} + (long long){s.tile.c()} * kk_ks{o};",
                 f"{ind}#pragma unroll",
                 f"{ind}for (int kk_i = 0; kk_i < {ch}; ++kk_i) {{",
@@ -284,7 +289,8 @@ class _MmaRenderer:
                f"  const long long kk_gs{o} = {s0} + {f'kk_r0{o}' if sk else f'kk_c0{o}'};",
                f"  {bound}",
                "  {",
-               f"    const long long kk_s{o} = kk_gs{o}, kk_gk = {f'kk_c0{o}' if sk else f'kk_r0{o}'} - kk_kd;"]
+               f"    const long long kk_s{o} = kk_gs{o}, kk_gk = {f'kk_c0{o}' if sk else f'kk_r0{o}'}"
+               f"{f' + (long long)kk_t0 * {self.bk}' if self.k.split else ''} - kk_kd;"]
         out += code(ld.decl_s + ld.decl_k, 2)
         out += [f"    kk_p{o} = {vec.buf} + {vec.offset};", "  }"]
         return out
@@ -292,7 +298,8 @@ class _MmaRenderer:
     def load_tile(self, s: LoadTile, pad: str, aligned: bool) -> list[str]:
         out = [f"{pad}if ({s.tile.c()} < KT) {{  // {s.out_token.kind} {s.out_token.name}[{s.tile.c()}]"]
         if any(self.gathered(ld, aligned) for ld in self.k.loads):      # a gather's K index
-            out.append(f"{pad}  const long long kk_k0 = (long long){s.tile.c()} * {self.bk} - kk_kd;")
+            tile = f"({self.t0}{s.tile.c()})" if self.k.split else s.tile.c()
+            out.append(f"{pad}  const long long kk_k0 = (long long){tile} * {self.bk} - kk_kd;")
         for ld in self.k.loads:
             out += self.load_operand(ld, s, pad + "  ", aligned)
         out.append(f"{pad}}}")
@@ -476,6 +483,57 @@ class _MmaRenderer:
         out += ["    }", "  }", "  }"]
         return out
 
+    def k_tiles(self) -> list[str]:
+        """``KT``, the K tiles this CTA runs, and ``kk_kd``, how far K tile 0 starts before K index 0; with split-K the
+        CTA's split, its first K tile ``kk_t0`` and ``kk_kd0`` (``SplitK``)."""
+        bk, sp = self.bk, self.k.split
+        kd = (f"  const int kk_kd = (int)(({bk} - kk_K % {bk}) % {bk});  "
+              "// K tiles start kk_kd before 0: the partial one is the first")
+        if sp is None:
+            return [f"  const int KT = (int)((kk_K + {bk - 1}) / {bk});", kd]
+        return [f"  const int kk_kt = (int)((kk_K + {bk - 1}) / {bk}), "
+                f"kk_per = (kk_kt + {sp.splits - 1}) / {sp.splits};",
+                f"  const int kk_split = (int)(blockIdx.z % {sp.splits}u), kk_t0 = kk_split * kk_per;  "
+                f"// split-K: {sp.splits} CTAs a tile",
+                "  const int KT = max(0, min(kk_per, kk_kt - kk_t0));", kd,
+                "  const int kk_kd0 = kk_t0 ? 0 : kk_kd;  // only split 0 holds the partial K tile"]
+
+    def split_reduce(self) -> list[str]:
+        """Split-K (``SplitK``): the partial accumulators to the workspace, the tile's counter, and in the last CTA
+        to arrive the sum of every split's slab in split order (its own read back too, so the sum's order never
+        depends on which CTA is last, and no second set of accumulators is live); the others exit."""
+        sp, k = self.k.split, self.k
+        if sp is None:
+            return []
+        nf = self.mt * self.nt * 4
+        loops = ["    #pragma unroll", f"    for (int mt = 0; mt < {self.mt}; ++mt)",
+                 "      #pragma unroll", f"      for (int nt = 0; nt < {self.nt}; ++nt)",
+                 "        #pragma unroll", "        for (int e = 0; e < 4; ++e)"]
+        slot = f"((mt * {self.nt} + nt) * 4 + e) * {k.threads}"
+        return (["  // split-K: this CTA's partial sums to its workspace slab; the last of the tile's CTAs adds them",
+                 "  {",
+                 "    __shared__ int kk_last;",
+                 "    const long long kk_tile = ((long long)(blockIdx.z / "
+                 f"{sp.splits}u) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;",
+                 f"    float* const kk_wt = {sp.workspace} + kk_tile * {sp.splits * self.bm * self.bn}LL + tid;",
+                 f"    float* const kk_mine = kk_wt + (long long)kk_split * {nf * k.threads};"]
+                + loops + [f"          kk_mine[{slot}] = acc[mt][nt][e];"]
+                + ["    __threadfence();  // the slab is visible device-wide before the count",
+                   "    __syncthreads();",
+                   f"    if (tid == 0) kk_last = atomicAdd({sp.counters} + kk_tile, 1) == {sp.splits - 1};",
+                   "    __syncthreads();",
+                   "    if (!kk_last) {"]
+                + ["  " + x for x in _status_close(k)]
+                + ["      return;", "    }",
+                   "    __threadfence();  // every split's slab, read past L1"]
+                + loops + ["          acc[mt][nt][e] = 0.0f;",
+                           "    #pragma unroll 1",
+                           f"    for (int kk_s = 0; kk_s < {sp.splits}; ++kk_s) {{",
+                           f"      const float* const kk_p = kk_wt + (long long)kk_s * {nf * k.threads};"]
+                + ["  " + x for x in loops] + [f"            acc[mt][nt][e] += ld_global_cg(kk_p + {slot});", "    }"]
+                + [f"    if (tid == 0) {sp.counters}[kk_tile] = 0;  // zero again for the next launch",
+                   "  }"])
+
     def main_loop(self, pad: str, aligned: bool) -> list[str]:
         """The prologue's loads, the K loop and the drain."""
         k = self.k
@@ -509,10 +567,8 @@ class _MmaRenderer:
         else:
             mo, no = "blockIdx.y", "blockIdx.x"
         out += _status_open(k)
-        out += [f"  const long long m0 = (long long){mo} * {self.bm}, n0 = (long long){no} * {self.bn};",
-                f"  const int KT = (int)((kk_K + {self.bk - 1}) / {self.bk});",
-                f"  const int kk_kd = (int)(({self.bk} - kk_K % {self.bk}) % {self.bk});  "
-                "// K tiles start kk_kd before 0: the partial one is the first"]
+        out += [f"  const long long m0 = (long long){mo} * {self.bm}, n0 = (long long){no} * {self.bn};"]
+        out += self.k_tiles()
         for ld in k.loads:
             if ld.vec is not None:
                 out.append(f"  const bool kk_vec_{ld.operand} = {ld.vec.aligned};")
@@ -544,6 +600,7 @@ class _MmaRenderer:
             out.append("  }")
         else:
             out += self.main_loop("  ", False)
+        out += self.split_reduce()
         out += self.epilogue()
         out += _status_close(k)
         out += close_kernel(k)

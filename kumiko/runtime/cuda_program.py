@@ -143,6 +143,12 @@ def _scratch_key(ln, var: str) -> str:
     own (``a_out``), so a key without the region handed a later, larger contraction an earlier one's array."""
     return f"scratch:{ln.region}:{var}"
 
+
+def _counter_key(ln, var: str) -> str:
+    """A region's split-K counters (``Launch.counters``)."""
+    return f"counter:{ln.region}:{var}"
+
+
 class Backend(Protocol):
     """What CudaProgram needs from a device: ``CudaDevice`` implements it."""
 
@@ -230,7 +236,7 @@ class CudaProgram:
                 if isinstance(p, str):
                     fits, what = kind == p, p
                 else:
-                    fits, what = (kind in ("buf", "scratch", "status")) == bool(p.pointer), \
+                    fits, what = (kind in ("buf", "scratch", "status", "counter")) == bool(p.pointer), \
                         f"{p.name} ({p.ctype}{'*' if p.pointer else ''})"
                 if not fits:
                     raise KumikoError("E1703", at=ln.kernel, why=f"argument {kind} {name!r} does not fit parameter "
@@ -243,7 +249,9 @@ class CudaProgram:
                 raise KumikoError("E1801", at=f"kernel {kernel}", hazard="smem", why=f"{nbytes} bytes of dynamic "
                                   f"shared memory, the device allows {backend.smem_optin} per block",
                                   suggestion="use fewer stages or a smaller tile")
-            if nbytes > 48 * 1024:
+            if nbytes > 32 * 1024:
+                # past 48 KiB less the kernel's static shared memory (split-K's flag word) a launch needs the
+                # opt-in, which ResNet-50's 48 KiB rings plus 128 static bytes showed: raised for any large ring
                 backend.set_dynamic_smem(self.functions[kernel], kernel, nbytes)
         self._bound: OrderedDict[tuple, Bound] = OrderedDict()
         self._call_lock = threading.Lock()
@@ -276,7 +284,8 @@ class CudaProgram:
                 try:
                     values = [self._map(ln, name, ints, b) if kind == TMAP else ints[name] if kind == INT
                               else b.ptrs[name] if kind == "buf" else b.ptrs[_scratch_key(ln, name)]
-                              if kind == "scratch" else b.ptrs["status:"] if kind == "status" else syms[name]
+                              if kind == "scratch" else b.ptrs["status:"] if kind == "status"
+                              else b.ptrs[_counter_key(ln, name)] if kind == "counter" else syms[name]
                               for kind, name in ln.args]
                 except KeyError as e:
                     raise KumikoError("E1703", at=ln.kernel, why=f"argument {e.args[0]!r} is neither a program "
@@ -323,6 +332,11 @@ class CudaProgram:
                     nbytes = max(1, math.prod(dim_eval(s, env) for s in sizes)) * 4
                     b.poison.append((alloc(_scratch_key(ln, var), nbytes, f"scratch {var}"), nbytes,
                                      f"scratch {var}"))
+            for var, sizes in ln.counters:         # zeroed once: each launch leaves its counters zero
+                if _counter_key(ln, var) not in b.ptrs:
+                    nbytes = max(1, math.prod(dim_eval(s, env) for s in sizes)) * 4
+                    self.backend.fill(alloc(_counter_key(ln, var), nbytes, f"counters {var}"), 0, nbytes,
+                                      f"counters {var}")
 
     def _free(self, b: Bound) -> None:
         if b.graph is not None:

@@ -118,6 +118,7 @@ class GpuRunner(CpuProgram):
             # a region's accumulator scratch, shared by its two launches; keyed by region too, since every
             # region names its own ``a_out`` (one array shared across regions overflowed in the larger one)
             scratch: dict[tuple[str, str], np.ndarray] = {}
+            counters: dict[tuple[str, str], np.ndarray] = {}     # split-K's, zero (each launch leaves them so)
             status = np.zeros(1, np.int32)       # set by a kernel that met an out-of-range gather index
             timed = enabled(2)
             for ln in self.launches:
@@ -125,6 +126,10 @@ class GpuRunner(CpuProgram):
                     if (ln.region, var) not in scratch:
                         scratch[ln.region, var] = np.full(max(1, math.prod(dim_eval(s, env) for s in sizes)), np.nan,
                                                np.float32)
+                for var, sizes in ln.counters:
+                    if (ln.region, var) not in counters:
+                        counters[ln.region, var] = np.zeros(max(1, math.prod(dim_eval(s, env) for s in sizes)),
+                                                            np.int32)
                 grid = ln.dims(env, EMU_SMS)
                 if min(grid) == 0 or not ln.runs(env):
                     continue
@@ -137,6 +142,8 @@ class GpuRunner(CpuProgram):
                         args.append(scratch[ln.region, name])
                     elif kind == "status":
                         args.append(status)
+                    elif kind == "counter":
+                        args.append(counters[ln.region, name])
                     elif kind == "tmap":
                         desc, buf = ln.maps[name]
                         args.append(TensorMapArg(desc.encoding(ints), bufs[buf]))
@@ -150,6 +157,12 @@ class GpuRunner(CpuProgram):
                     log(2, f"cuda-emu {ln.kernel} grid {list(grid)} block {ln.block} smem {ln.smem}: "
                         f"{(time.perf_counter() - t0) * 1e3:.3f} ms")
             check_status(int(status[0]), self.program.name, env)
+            for (region, var), words in counters.items():      # what the device's next launch would start from
+                if words.any():
+                    raise KumikoError("E1704", at=f"region {region}", why=f"the split-K counters {var} are not zero "
+                                      f"after the launches ({int(np.count_nonzero(words))} of {words.size}): a tile's "
+                                      "last CTA did not reset its counter, or not every split ran",
+                                      suggestion="report this: it is a bug of the CUDA lowering")
         return {n: bufs[n] for n, _ in self.program.outputs}
 
 

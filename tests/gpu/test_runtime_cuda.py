@@ -10,6 +10,7 @@ cuLaunchKernel and host memory for device memory. tests/gpu/test_runtime_gpu.py 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import shutil
 import subprocess
@@ -37,6 +38,7 @@ from kumiko.runtime.cuda_program import (
 )
 from kumiko.runtime.ptxas import nvcc_path
 from kumiko.runtime.tensormap import emu_encode
+from kumiko.symbolic import dim_eval
 
 from .conftest import EXAMPLES, STEMS, graph, rel_l2
 
@@ -438,6 +440,39 @@ def test_cuda_program_replays_a_captured_graph(gpu_cache, monkeypatch):
 
 
 @needs_gxx
+@pytest.mark.parametrize("replay", [False, True])
+def test_cuda_program_split_k_counters_stay_zero_between_calls(gpu_cache, monkeypatch, replay):
+    """Split-K through CudaProgram: the per-tile counters are allocated zeroed once per bound sizes (not poisoned,
+    not zeroed again) and every call's launches, one by one or replayed as a graph, leave them zero, so the next
+    call sums right; the ring of 48 KiB or more gets the dynamic shared memory opt-in (the kernel's static flag word
+    puts it past the default limit)."""
+    a = Tensor.input("A", (70, 600), dtype="fp16")
+    b = Tensor.input("B", (600, 72), dtype="fp16")
+    g = ((a @ b) + Tensor.input("bias", (72,), dtype="fp16")).relu().graph("y", name="split")
+    prog0 = compile_cuda(g.tiny)
+    plans = {k: p.with_(split_k=5, tile=(128, 64, 32), stages=4, threads=256) for k, p in prog0.plans.items()}
+    c = compile_cuda(g.tiny, plans=plans)
+    assert any(ln.counters for ln in c.launches)
+    be = EmuLaunches(c.module("deferred"))
+    raised = []
+    monkeypatch.setattr(be, "set_dynamic_smem", lambda fn, kernel, nbytes: raised.append(nbytes))
+    prog = CudaProgram(c, be, be.functions({ln.kernel for ln in c.launches}), graph=replay)
+    assert raised == [c.launches[0].smem] and raised[0] > 32 * 1024
+    ref = kumiko.compile(g, "eval")
+    for seed in range(3):
+        ins = ref.random_inputs(seed)
+        out = prog(ins, ref.bind(ins, None))
+        assert rel_l2(out["y"], ref(**ins)["y"]) < 2e-3, seed
+        (bound,) = prog._bound.values()
+        (key,) = [k for k in bound.ptrs if k.startswith("counter:")]
+        n = math.prod(dim_eval(d, bound.env) for d in c.launches[0].counters[0][1])
+        words = np.zeros(n, np.int32)
+        be.download(words, bound.ptrs[key], "counters")
+        assert not words.any(), (seed, words)
+    prog.release()
+
+
+@needs_gxx
 def test_cuda_program_fp32_and_zero_sizes(gpu_cache):
     prog, _ = _emu_program("gemm_bias_relu", "fp32")
     g = graph("gemm_bias_relu", "fp32")
@@ -537,6 +572,8 @@ def test_gpu_bench_tile_specs(bench_gpu):
     assert dict(p.layout_hints) == {"group_m": 4}
     assert p.get("async_", "release") == "trailing" and p.get("async_", "prefetch_depth") == 2
     assert mod.parse_tile("128x128x32/64x64/4/registers")["release"] == "registers"
+    assert mod.apply_tile(plan, "64x64x32/32x32/3/s8").split_k == 8
+    assert mod.apply_tile(plan.with_(split_k=4), "64x64x32/32x32/3").split_k == 4      # kept without /s
     for bad in ("128x128/64x64/4", "128x128x32/64x64", "axbxc/1x1/2", "128x128x32/64x64/4/q3"):
         with pytest.raises(SystemExit, match="--tiles"):
             mod.parse_tile(bad)

@@ -151,6 +151,33 @@ def test_attention_sizes(gpu_cache, causal):
         assert err < 1e-2, (b, h, s, causal, err)
 
 
+@pytest.mark.parametrize("graph_replay", [False, True])
+def test_split_k_on_the_device(gpu_cache, graph_replay):
+    """Split-K (``Plan.split_k``) where the chooser picks it: a batch-1 ResNet stage-4 conv and a 128-token
+    projection on the SM80 skeleton. Three calls on fresh inputs each match numpy: the per-tile counters (zeroed
+    once when allocated) are left zero by every launch, also when the launches replay as a CUDA Graph."""
+    x = Tensor.input("X", (1, 512, 7, 7), dtype="fp16")
+    w = Tensor.input("Wt", (512, 512, 3, 3), dtype="fp16")
+    b = Tensor.input("b", (512,), dtype="fp16")
+    conv = kumiko.compile(x.conv2d(w, b, padding=1).relu().graph("y"), "cuda", arch="sm80", cuda_graph=graph_replay)
+    a = Tensor.input("A", (128, 3072), dtype="fp16")
+    wl = Tensor.input("W", (3072, 768), dtype="fp16")
+    lin = kumiko.compile((a @ wl).graph("y"), "cuda", arch="sm80", cuda_graph=graph_replay)
+    for exe in (conv, lin):
+        assert any(p.split_k > 1 for p in exe._run.plans.values()), exe._run.plans
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        xs, ws, bs = (rng.standard_normal(s, np.float32).astype(np.float16) for s in ((1, 512, 7, 7),
+                                                                                      (512, 512, 3, 3), (512,)))
+        want = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(xs.astype(np.float32)),
+                                                     torch.from_numpy(ws.astype(np.float32)),
+                                                     torch.from_numpy(bs.astype(np.float32)), padding=1)).numpy()
+        assert rel_l2(conv(X=xs, Wt=ws, b=bs)["y"], want) < 2e-3
+        am, wm = (rng.standard_normal(s, np.float32).astype(np.float16) for s in ((128, 3072), (3072, 768)))
+        assert rel_l2(lin(A=am, W=wm)["y"], am.astype(np.float32) @ wm.astype(np.float32)) < 2e-3
+
+
 # ------------------------------------------------------------------------------------------------
 # buffers, poisoning, the cache
 
