@@ -26,7 +26,7 @@ from kumiko.kernel.gpu_sm90_gemm import lower_sm90_gemm, scalar_sizes
 from kumiko.kernel.gpu_verify import verify_mma
 from kumiko.kernel.gpu_verify_attention import verify_attention
 from kumiko.kernel.gpu_verify_sm90 import verify_sm90
-from kumiko.plan.gpu import FUSED, STREAMING, choose_gpu_plan, fallback_gpu_plan, validate_gpu_plan
+from kumiko.plan.gpu import FUSED, STREAMING, choose_gpu_plan, fallback_gpu_plan, simt_threads, validate_gpu_plan
 from kumiko.plan.plan import GPU_ARCHS, Plan
 from kumiko.region.ssa import Program
 from kumiko.render.cuda import render_cuda
@@ -266,18 +266,25 @@ def _lower_region(r, syms: tuple, name: str, plan: Plan, kernels: list, launches
         launches.append(Launch(r.name, name, grid, kern.threads, kern.smem_bytes, _buf_args(r, kern.params),
                                scratch, counters=counters))
         if low.scratch is not None:
-            var, let, axes = low.scratch
-            rest = lower_simt(r, syms, name + "_rest", {let: ("array", var, axes)}, threads=256,
-                              bind=plan.get("bind", "rest.point", "thread"))
-            kernels.append(rest)
-            launches.append(Launch(r.name, rest.name, ((_simt_extent(r, rest), rest.points_per_block), (1, 1),
-                                                       (1, 1)), rest.threads, 0, _buf_args(r, rest.params),
-                                   scratch))
+            _simt_rest(r, syms, name, plan, low.scratch, kernels, launches, scratch[:1])
         return
     kern = lower_simt(r, syms, name, threads=plan.threads or 256, bind=plan.get("bind", "point", "thread"))
     kernels.append(kern)
     launches.append(Launch(r.name, name, ((_simt_extent(r, kern), kern.points_per_block), (1, 1), (1, 1)),
                            kern.threads, 0, _buf_args(r, kern.params)))
+
+
+def _simt_rest(r, syms: tuple, name: str, plan: Plan, acc: tuple, kernels: list, launches: list, scratch: tuple,
+               guard: tuple = ()) -> None:
+    """The SIMT kernel for what follows a contraction whose accumulator went to scratch ``acc`` (var, let, axes),
+    and its launch (under the contraction's launch ``guard``)."""
+    var, let, axes = acc
+    point = plan.get("bind", "rest.point", "thread")
+    rest = lower_simt(r, syms, name + "_rest", {let: ("array", var, axes)}, threads=256, bind=point)
+    rest = replace(rest, threads=simt_threads(_simt_extent(r, rest), point))
+    kernels.append(rest)
+    launches.append(Launch(r.name, rest.name, ((_simt_extent(r, rest), rest.points_per_block), (1, 1), (1, 1)),
+                           rest.threads, 0, _buf_args(r, rest.params), scratch, guard=guard))
 
 
 def _sm90_launch(region, syms: tuple, name: str, plan: Plan, kernels: list, launches: list) -> None:
@@ -294,8 +301,12 @@ def _sm90_launch(region, syms: tuple, name: str, plan: Plan, kernels: list, laun
     guard = (g.align, True) if g.align else ()
     kernels.append(kern)
     persistent = 1 if plan.get("async_", "epilogue_overlap", False) else 0    # one CTA an SM (__launch_bounds__)
+    sizes_of = {a.name: a.size for a in region.iters}
+    scratch = () if low.scratch is None else ((low.scratch[0], tuple(sizes_of[a] for a in low.scratch[2])),)
     launches.append(Launch(region.name, name, ((g.n, bn), (g.m, bm), (g.batch, 1)), kern.threads, kern.smem_bytes,
-                           args, maps=maps, map_sizes=sizes, guard=guard, persistent=persistent))
+                           args, scratch, maps=maps, map_sizes=sizes, guard=guard, persistent=persistent))
+    if low.scratch is not None:         # the rest of the region on the SIMT kernel, from the accumulator's scratch
+        _simt_rest(region, syms, name, plan, low.scratch, kernels, launches, scratch, guard)
     if g.align:
         k0, l0 = len(kernels), len(launches)
         _lower_region(region, syms, name + "_sm80", choose_gpu_plan(region, "sm80", syms), kernels, launches)

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kumiko.diagnostics import KumikoError
+from kumiko.kernel import cexpr as C
+from kumiko.kernel.gpu_ir import Param
 from kumiko.kernel.gpu_ir_sm90 import (
     BarDecl,
     BarRef,
@@ -57,7 +59,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     layout_smem,
 )
 from kumiko.kernel.gpu_simt import decompose, kernel_params, status_params
-from kumiko.kernel.loops import Decl
+from kumiko.kernel.loops import Decl, Store
 from kumiko.kernel.lower_base import RegionEmitter
 from kumiko.plan.gpu_sm90 import CONSUMER_REGS, PRODUCER_REGS, SM90_BK, Sm90Gemm, TmaOperand, sm90_operands
 from kumiko.plan.plan import Plan
@@ -77,11 +79,13 @@ def ceil_div(x, d: int):
 
 @dataclass(frozen=True)
 class Sm90Lowering:
-    """The kernel, the contraction, and for each tensor map the region input it maps (in the kernel's order)."""
+    """The kernel, the contraction, and for each tensor map the region input it maps (in the kernel's order); for a
+    two-kernel region the scratch array the accumulator goes to (``scratch``: (param name, let, axes))."""
     kernel: Sm90Kernel
     contraction: Contraction
     gemm: Sm90Gemm
     map_bufs: tuple
+    scratch: tuple | None = None
 
 
 def _map(name: str, op: TmaOperand, dtype: str, box: tuple) -> TensorMapDesc:
@@ -146,7 +150,15 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
     decls: list = []
     decompose(lo, "kk_gm", c.m_axes, decls)
     decompose(lo, "kk_gn", c.n_axes, decls)
-    code = tuple(lo.point_code(c.let, "kk_acc"))
+    scratch, extra = None, ()
+    if c.pointwise:
+        code = tuple(lo.point_code(c.let, "kk_acc"))
+    else:                               # the accumulator to an fp32 scratch; the SIMT kernel runs the rest
+        axes = lo.types[c.let].axes
+        var = f"a_{c.let}"
+        code = (Store(var, C.offset(tuple(Expr.sym(a) for a in axes), tuple(lo.sizes[a] for a in axes), set(axes)),
+                      "kk_acc"),)
+        scratch, extra = (var, c.let, axes), (Param(var, "float"),)
     db = (MatDesc(SmemRef("sB", st), "128B", 64 * bk * 2, 1024, "MN", ks * 16 * 128) if mn else
           MatDesc(SmemRef("sB", st), "128B", 16, 1024, "K", ks * 32))
 
@@ -209,7 +221,7 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
         f"{consumers} consumer warpgroup(s), {in_flight} wgmma group(s) in flight past each wait"
         + (", persistent (grid = the device's SMs, grouped tile order, the producer runs into the next tile while "
            "the consumers store this one)" if persistent else ""),)
-    params = kernel_params(lo, status_params(lo))
+    params = kernel_params(lo, extra + status_params(lo))
     kern = Sm90Kernel(name, 128 * (1 + consumers), maps, SCALARS, smem,
                       (BarDecl("kk_full", S), BarDecl("kk_empty", S)), (("acc", bn),), body,
                       rings=(Ring(("sA", "sB"), "kk_full", "kk_empty", S),),
@@ -217,7 +229,7 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
                           (("kk_M", (bm, 3 * bm)), ("kk_N", (bn,)), ("gridDim.x", (1, 2))) if persistent else ()),
                       notes=notes,
                       params=params, setup=tuple(setup))
-    return Sm90Lowering(kern, c, g, (g.x.buf, g.y.buf))
+    return Sm90Lowering(kern, c, g, (g.x.buf, g.y.buf), scratch)
 
 
 def scalar_sizes(g: Sm90Gemm) -> tuple:

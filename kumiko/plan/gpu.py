@@ -179,6 +179,17 @@ def split_k_for(tiles: int | None, k: int | None, bk: int) -> int:
     return max(1, min(-(-SPLIT_TARGET_CTAS // tiles), -(-k // bk) // MIN_SPLIT_TILES, knobs.split_k(MAX_SPLIT_K)))
 
 
+def simt_threads(points, bind: str) -> int:
+    """A SIMT kernel's threads a block for ``points`` points (an int when known) bound to a ``"warp"`` or a
+    ``"thread"`` each: 256, less (down to one warp) while its blocks would not reach SPLIT_TARGET_CTAS SMs. A
+    LayerNorm over BERT's 128 rows, a warp a row, ran as 16 blocks of 8 warps (13.6 us on an H100)."""
+    if not isinstance(points, int) or points <= 0:
+        return 256
+    per = WARP if bind == "warp" else 1
+    want = -(-points // SPLIT_TARGET_CTAS) * per
+    return min(256, max(WARP, -(-want // WARP) * WARP))
+
+
 #: the largest M tile the MMA skeleton takes to hold whole windows of a reduction after the contraction
 MAX_WINDOW_BM = 256
 
@@ -202,14 +213,19 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
     if arch == "sm90":          # the SM90 GEMM skeleton where TMA can read the operands, else the SM80 one's plan
         g = sm90_operands(region, facts, c)
         if g is not None:
-            return choose_sm90_plan(region, g, c)
+            plan = choose_sm90_plan(region, g, c)
+            if not c.pointwise:         # the accumulator to scratch, the rest on the SIMT kernel (a warp a row)
+                plan = plan.with_(bind={**dict(plan.bind), "rest.point": simt_binding(region, (c.let,))})
+            return plan
         arch = "sm80"
     dt = mma_operand_dtype(facts, c) if c is not None else None
     if c is None or dt is None or (c.outer is not None and _window_tile(c, 64) is None):
         # (a window reduction after the contraction whose windows no power-of-two M tile up to MAX_WINDOW_BM holds
         # whole, e.g. a 7x7 global pool: 49 rows a window, runs on the SIMT kernel)
-        return make_plan(arch, algo_choice={"region": "simt"}, threads=256, bind={"point": simt_binding(region)},
-                         epilogue=tuple(epilogue(region)))
+        point = simt_binding(region)
+        points = prod([facts.sizes[a] for a in row_axes(region)[1]])
+        return make_plan(arch, algo_choice={"region": "simt"}, threads=simt_threads(points, point),
+                         bind={"point": point}, epilogue=tuple(epilogue(region)))
     sizes = facts.sizes
     m = _const(prod([sizes[a] if a in sizes else 1 for a in c.m_axes]))
     n = _const(prod([sizes[a] for a in c.n_axes]))

@@ -1,9 +1,10 @@
 """SM90 plans: the warp-specialised TMA + mbarrier + wgmma GEMM skeleton (issue 24, ``kernel/gpu_sm90_gemm``).
 
 A region gets it (arch ``sm90``, ``algo_choice {"contraction": "wgmma"}``) when its contraction is a plain or
-batched GEMM whose operands TMA can describe: one M, one N and one K axis, no window reduction after it, a
-pointwise epilogue, fp16/bf16 operands that are each a Read of a row-major input whose trailing indices are
-(M, K) for x and (K, N) or (N, K) for y, bare, over the whole extents, and whose leading indices are the batch
+batched GEMM whose operands TMA can describe: one M, one N and one K axis, no window reduction after it (a
+pointwise epilogue runs on the accumulator; any other rest - a LayerNorm over N - gets the accumulator in an fp32
+scratch and a SIMT kernel, as on the SM80 skeleton), fp16/bf16 operands that are each a Read of a row-major input
+whose trailing indices are (M, K) for x and (K, N) or (N, K) for y, bare, over the whole extents, and whose leading indices are the batch
 axes in order (after leading dimensions of size 1 read at index 0, which drop out: an ONNX batch of one); the
 contiguous extent a constant multiple of 8 elements (TMA's 16-byte strides) - or symbolic, when the launch checks
 it and runs an SM80 kernel of the region instead when it does not hold. ``sm90_operands`` says how (or None),
@@ -94,7 +95,7 @@ def _operand(region: Region, e, s_axis: str, k_axis: str, batch: tuple, allow_mn
 
 def sm90_operands(region: Region, facts: RegionFacts, c: Contraction | None) -> Sm90Gemm | None:
     """How the SM90 GEMM skeleton reads ``c``'s operands, or None when it does not apply (module docstring)."""
-    if c is None or c.outer is not None or not c.pointwise:
+    if c is None or c.outer is not None:
         return None
     if len(c.m_axes) != 1 or len(c.n_axes) != 1 or len(c.k_axes) != 1:
         return None
@@ -145,7 +146,8 @@ def sm90_plan(region: Region, c: Contraction, bm: int, bn: int, stages: int) -> 
         cache=({"tensor": "x", "where": "smem", "at": "k.o", "stages": stages},
                {"tensor": "y", "where": "smem", "at": "k.o", "stages": stages}),
         predicate_tail=tuple(c.m_axes + c.n_axes), epilogue=tuple(epilogue(region)),
-        algo_choice={"contraction": "wgmma"}, local_edges=({"from": c.let, "to": "epilogue", "buffer": "reg"},),
+        algo_choice={"contraction": "wgmma"},
+        local_edges=({"from": c.let, "to": "epilogue", "buffer": "reg" if c.pointwise else "gmem"},),
         async_={"enable": True, "prefetch_depth": stages, "epilogue_overlap": False, "producer": "tma",
                 "wgmma_in_flight": 1},
         barrier_model="mbarrier", threads=128 * (1 + bm // 64))

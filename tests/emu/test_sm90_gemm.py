@@ -292,3 +292,28 @@ def test_persistent_plans_are_validated_and_the_verifier_follows_the_ring_across
     with pytest.raises(KumikoError) as e:
         compile_cuda(batched.tiny, "sm90", plans=_persistent(batched))
     assert e.value.code == "E1801" and "batch" in e.value.why
+
+
+@pytest.mark.parametrize("shape", [(128, 768, 768), (100, 200, 136), ("M", "K", 136)])
+def test_a_gemm_followed_by_layernorm_takes_wgmma_and_a_simt_rest(shape):
+    """A contraction whose rest is not pointwise (residual + LayerNorm over N, BERT's projections) takes the SM90
+    skeleton with its accumulator in an fp32 scratch, then the SIMT kernel a warp a row (one-warp blocks for 128
+    rows); symbolic sizes keep the guarded SM80 twin with its own rest. Matches the evaluator in two schedules."""
+    m, k, n = shape
+    x = kumiko.Tensor.input("X", (m, k), dtype="fp16")
+    w = kumiko.Tensor.input("W", (k, n), dtype="fp16")
+    r = kumiko.Tensor.input("R", (m, n), dtype="fp16")
+    g = (x @ w + r).layernorm(-1).graph("y", name="proj_ln")
+    c = compile_cuda(g.tiny, arch="sm90")
+    kinds = [type(q).__name__ for q in c.kernels]
+    assert kinds[:2] == ["Sm90Kernel", "SimtKernel"], kinds
+    (plan,) = c.plans.values()
+    assert plan.algo == "wgmma" and plan.get("bind", "rest.point") == "warp"
+    assert c.launches[0].scratch and c.launches[1].scratch == c.launches[0].scratch
+    if m == 128:
+        assert c.kernels[1].threads == 32
+    ref = kumiko.compile(g, "eval")
+    for emu in ("deferred", "random"):
+        ins = ref.random_inputs(1, {"M": 70, "K": 88} if m == "M" else None)
+        out = c.runner(emu)(ins, ref.bind(ins, None))
+        assert rel_l2(out["y"], ref(**ins)["y"]) < 2e-3, emu

@@ -16,7 +16,7 @@ from kumiko.diagnostics import KumikoError
 from kumiko.frontend.tensor import Tensor
 from kumiko.kernel.gpu_verify import verify_mma
 from kumiko.pipeline import compile_cuda
-from kumiko.plan.gpu import choose_gpu_plan, describe_gpu_plan, split_k_for, validate_gpu_plan
+from kumiko.plan.gpu import choose_gpu_plan, describe_gpu_plan, simt_threads, split_k_for, validate_gpu_plan
 from kumiko.runtime.program import program_symbols
 from tests.gpu.conftest import needs_gxx, rel_l2, run_and_compare
 
@@ -147,3 +147,20 @@ def test_a_bias_cast_to_fp32_keeps_the_epilogue_on_the_fragments():
     c = compile_cuda(_conv(1, 16, 9, 24, 3, 1).tiny)
     assert [type(k).__name__ for k in c.kernels] == ["MmaKernel"]
     assert all(not ln.scratch or all(v == "kk_ws" for v, _ in ln.scratch) for ln in c.launches)
+
+
+def test_simt_blocks_shrink_until_the_points_fill_the_gpu():
+    """A SIMT kernel with few points (a LayerNorm over 128 rows, a warp a row) runs one warp a block, so its blocks
+    spread over the SMs; many points keep 256 threads; unknown counts keep 256."""
+    assert simt_threads(128, "warp") == 32
+    assert simt_threads(128 * 12, "warp") == 256
+    assert simt_threads(2048, "thread") == 32 and simt_threads(98304, "thread") == 256
+    assert simt_threads(None, "warp") == 256 and simt_threads(0, "thread") == 256
+    x = Tensor.input("X", (128, 768), dtype="fp16")
+    w = Tensor.input("W", (768, 768), dtype="fp16")
+    g = (x @ w + x).layernorm(-1).graph("y", name="proj_ln")
+    c = compile_cuda(g.tiny)
+    rest = [k for k in c.kernels if k.name.endswith("_rest")]
+    assert rest and all(k.threads == 32 and k.warp for k in rest), [(k.name, k.threads) for k in c.kernels]
+    errs = run_and_compare(c, g, "deferred", 1)
+    assert all(e < 2e-3 for e in errs.values()), errs
