@@ -1,15 +1,14 @@
 """SM90 plans: the warp-specialised TMA + mbarrier + wgmma GEMM skeleton (issue 24, ``kernel/gpu_sm90_gemm``).
 
-A region gets it (arch ``sm90``, ``algo_choice {"contraction": "wgmma"}``) when its contraction is a plain or
-batched GEMM whose operands TMA can describe: one M, one N and one K axis, no window reduction after it (a
-pointwise epilogue runs on the accumulator; any other rest - a LayerNorm over N - gets the accumulator in an fp32
-scratch and a SIMT kernel, as on the SM80 skeleton), fp16/bf16 operands that are each a Read of a row-major input
-whose trailing indices are (M, K) for x and (K, N) or (N, K) for y, bare, over the whole extents, and whose
-leading indices are the batch axes in order (after leading dimensions of size 1 read at index 0, which drop out:
-an ONNX batch of one); the contiguous extent a constant multiple of 8 elements (TMA's 16-byte strides) - or symbolic, when the launch checks
-it and runs an SM80 kernel of the region instead when it does not hold. ``sm90_operands`` says how (or None),
-the chooser and the lowering both read it. Everything else keeps the SM80 skeleton (an ``sm80`` plan runs on an
-H100 too).
+A region gets it (arch ``sm90``, ``algo_choice {"contraction": "wgmma"}``) when its contraction is a plain or batched
+GEMM whose operands TMA can describe: one M, one N and one K axis, no window reduction after it (a pointwise epilogue
+runs on the accumulator; any other rest - a LayerNorm over N - gets the accumulator in an fp32 scratch and a SIMT
+kernel, as on the SM80 skeleton), fp16/bf16 operands that are each a Read of a row-major input whose trailing indices
+are (M, K) for x and (K, N) or (N, K) for y, bare, over the whole extents, and whose leading indices are the batch
+axes in order (after leading dimensions of size 1 read at index 0, which drop out: an ONNX batch of one); the
+contiguous extent a constant multiple of 8 elements (TMA's 16-byte strides) - or symbolic, when the launch checks it
+and runs an SM80 kernel of the region instead when it does not hold. ``sm90_operands`` says how (or None), the chooser
+and the lowering both read it. Everything else keeps the SM80 skeleton (an ``sm80`` plan runs on an H100 too).
 
 The plan (``choose_sm90_plan``): tile [BM, 64 <= BN <= 256 (step 64), 64]; 128x256, 4 stages and persistent
 (``async_.epilogue_overlap``, without batch axes) for a large or symbolic GEMM; else BM = 128 (two consumer
