@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -61,13 +62,37 @@ def _load(path: str, dtype: str | None = None):
 
 
 def _run_options(args: argparse.Namespace) -> dict:
-    """``--emu`` for the cuda-emu target (an emulator configuration), refused elsewhere."""
+    """``--emu`` for the cuda-emu target (an emulator configuration), refused elsewhere; ``--gpu-arch``
+    (``_gpu_arch_options``)."""
+    opts = _gpu_arch_options(args)
     if args.emu is None:
-        return {}
+        return opts
     if args.target != "cuda-emu":
         raise KumikoError("E1010", at="--emu", why=f"--emu picks the CUDA emulator's configuration; the target is "
                           f"{args.target}", suggestion="add --target cuda-emu")
-    return {"emu": args.emu}
+    return {**opts, "emu": args.emu}
+
+
+def _gpu_arch_options(args: argparse.Namespace) -> dict:
+    """``--gpu-arch``: for ``cuda`` the cubin's arch (and the plans that go with it), for ``cuda-emu`` the plans an
+    arch gets (``sm_90a``: the SM90 skeleton; any other: SM80's), refused for the other targets."""
+    arch = getattr(args, "gpu_arch", None)
+    if not arch:
+        return {}
+    if args.target not in ("cuda", "cuda-emu") or not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
+        raise KumikoError("E1010", at="--gpu-arch", why=f"--gpu-arch {arch!r} with --target {args.target}: it names "
+                          "an NVIDIA arch (sm_80, sm_90a, ...) for --target cuda (the cubin) or cuda-emu (the plans)",
+                          suggestion="e.g. --target cuda-emu --gpu-arch sm_90a")
+    if args.target == "cuda":
+        return {"gpu_arch": arch}
+    from kumiko.runtime.cuda_driver import plan_arch_for
+    return {"arch": plan_arch_for(arch)}
+
+
+def _gpu_arch_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu-arch", help="--target cuda: build for this arch (sm_80, sm_90a, ...) with nvcc, without a "
+                   "GPU (default: the device's); --target cuda-emu: plan for it (sm_90a: the SM90 skeleton, TMA + "
+                   "wgmma; default sm_80's mma.sync)")
 
 
 def _program(args: argparse.Namespace) -> tuple[object, dict]:
@@ -266,11 +291,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         opts["tune"] = True
     if args.shapes:
         opts["shapes"] = _shapes(args.shapes)
-    if args.gpu_arch:
-        if args.target != "cuda":
-            raise KumikoError("E1010", at="--gpu-arch", why=f"--gpu-arch builds a cubin for --target cuda, not "
-                              f"{args.target}", suggestion="add --target cuda (nvcc must be on PATH)")
-        opts["gpu_arch"] = args.gpu_arch
+    opts.update(_gpu_arch_options(args))
     t0 = time.perf_counter()
     exe = kcompile(program, target=args.target, start=start, want=tuple(DUMPS[s] for s in stages if s in DUMPS),
                    **opts)
@@ -428,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--bisect", action="store_true", help="also compile with every intermediate tensor exposed, "
                    "compare each one with the evaluator and print the table, naming the first wrong node and the "
                    "kernel it runs in; a mismatch is E1705 (docs/debugging.md)")
+    _gpu_arch_option(r)
     r.add_argument("--emu", choices=("deferred", "eager", "reversed", "random", "asan"),
                    help="--target cuda-emu: the emulator's configuration (default deferred: cp.async lands at "
                    "wait_group, round-robin threads; eager: copies land at issue, warp 0 runs ahead between "
@@ -464,8 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--out", help="directory for dumps")
     _dtype_option(k)
     _resume_options(k)
-    k.add_argument("--gpu-arch", help="--target cuda: build for this arch (sm_80, sm_90a, ...) with nvcc, "
-                   "without a GPU (default: the device's)")
+    _gpu_arch_option(k)
 
     _command(sub, "explain", cmd_explain,
              help="show the kernels (regions) a graph becomes and why each boundary is there",

@@ -5,7 +5,8 @@ through memory) and §15.3 (attention as ``streaming_softmax``).
 The pair is found from the regions' structure, never from op names:
 
 - the **producer** ``k0`` is a contraction ``c0`` (batch, one M axis, one N axis, K) followed by a *row
-  program*: lets whose reductions run only over the N axis (a row softmax, a row normalisation, ...). It
+  program*: lets whose reductions run only over the N axis (a row softmax, a row normalisation, ...), at least
+  one (two GEMMs with only a pointwise map between them stay two kernels, each with its constants pre-packed). It
   yields one fp32 buffer ``P[batch, M, N]`` that is ``deferred`` (read by the next region only);
 - the **consumer** ``k1`` is a contraction ``c1`` whose M-side operand is exactly ``P`` read at
   (batch, M, K1) - the same batch and row axes, with P's N axis as its reduce axis - plus a pointwise
@@ -126,6 +127,11 @@ def find_pipe(program: Program, k: int, syms: tuple, plans: dict) -> RowPipe | N
     iters0 = list(ch.iters0)
     rest = [x for x in r0.lets if x.name != c0.let]
     if any(not reused_reduce_axes(x.expr, set(iters0)) <= {n0} for x in rest):
+        return None
+    # no row program (two GEMMs with a pointwise map between, a transformer's MLP): the pair keeps nothing out of
+    # memory the plain path would not keep in cache, and it would pack c1's N side on every call where the plain
+    # path reads a constant's panels packed once (GPT-2's MLP at batch 1: 73.6 ms a call against about 10)
+    if not any(reused_reduce_axes(x.expr, set(iters0)) for x in rest):
         return None
     guards = acc_guards(r0.lets, c0.let, tuple(y.src for y in r0.yields)) or ()
     elide, bound = None, ""

@@ -15,7 +15,7 @@ from kumiko.runtime import cubin as kc
 from kumiko.runtime.cuda_program import check_cubin
 from kumiko.runtime.ptxas import nvcc_path
 
-from .conftest import EXAMPLES, graph
+from .conftest import EXAMPLES, graph, needs_gxx
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")]
 
@@ -224,3 +224,24 @@ def test_cli_compiles_for_cuda_without_a_device(cache, tmp_path, capsys):
     assert res["gpu_arch"] == "sm_80" and [ln["ptxas"]["spill_stores"] for ln in res["launches"]] == [0]
     assert main(["compile", str(f), "--gpu-arch", "sm_80"]) == 2
     assert "E1010" in capsys.readouterr().err
+
+
+@needs_gxx
+def test_cli_runs_the_sm90_skeleton_on_the_emulator(cache, capsys):
+    """``kumiko run FILE --target cuda-emu --gpu-arch sm_90a --dtype fp16 --check`` plans for Hopper (the SM90
+    skeleton: TMA + wgmma) and checks against the evaluator; sm_80 keeps mma.sync; a name that is no arch, or the
+    option on another target, is E1010."""
+    from kumiko.cli import main
+    f = str(EXAMPLES / "gemm_bias_relu.json")
+    assert main(["--json", "run", f, "--target", "cuda-emu", "--gpu-arch", "sm_90a", "--dtype", "fp16", "--check"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert all(c["ok"] for c in res["check"].values())
+    assert main(["--json", "compile", f, "--target", "cuda-emu", "--gpu-arch", "sm_90a", "--dtype", "fp16"]) == 0
+    assert {p["algo_choice"].get("contraction") for p in json.loads(capsys.readouterr().out)["plans"].values()} == {
+        "wgmma"}
+    assert main(["--json", "compile", f, "--target", "cuda-emu", "--gpu-arch", "sm_80", "--dtype", "fp16"]) == 0
+    assert {p["algo_choice"].get("contraction") for p in json.loads(capsys.readouterr().out)["plans"].values()} == {
+        "mma"}
+    for bad in (["--target", "cuda-emu", "--gpu-arch", "hopper"], ["--target", "cpu", "--gpu-arch", "sm_90a"]):
+        assert main(["run", f, *bad]) == 2
+        assert "E1010" in capsys.readouterr().err
