@@ -91,6 +91,9 @@ class Sm90Lowering:
 def _map(name: str, op: TmaOperand, dtype: str, box: tuple) -> TensorMapDesc:
     """A row-major (rows x cols) operand, batched or not, as a 2-D / 3-D tiled map with the 128-byte swizzle."""
     v = IExpr.var
+    if op.head:             # x over [H, M, D]: (D, M, H), a box of one head's 64 columns
+        return TensorMapDesc(name, op.buf, dtype, (IExpr.const(op.head), v("kk_M"), v("kk_K") // op.head),
+                             (IExpr.const(op.head * 2), v("kk_M") * (op.head * 2)), box + (1,), "128B")
     rows, cols = ("kk_M", "kk_K") if name == "tmA" else (("kk_N", "kk_K") if op.major == "K" else ("kk_K", "kk_N"))
     dims, strides = (v(cols), v(rows)), (v(cols) * 2,)
     if op.batched:
@@ -137,7 +140,11 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
     def coords(op: TmaOperand, *xy) -> tuple:
         return xy + ((bz,) if op.batched else ())
 
-    loads = [TmaLoad("tmA", SmemRef("sA", st), full(st), coords(g.x, kt * bk, by * bm))]
+    if g.x.head:            # K tile kt: head kt // (D / BK), its columns from kt % (D / BK) * BK
+        per = g.x.head // bk
+        loads = [TmaLoad("tmA", SmemRef("sA", st), full(st), ((kt % per) * bk, by * bm, kt // per))]
+    else:
+        loads = [TmaLoad("tmA", SmemRef("sA", st), full(st), coords(g.x, kt * bk, by * bm))]
     if mn:
         loads += [TmaLoad("tmB", SmemRef("sB", st, j * 64 * bk * 2), full(st), coords(g.y, bx * bn + 64 * j, kt * bk))
                   for j in range(bn // 64)]

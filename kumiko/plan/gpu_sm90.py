@@ -42,6 +42,7 @@ class TmaOperand:
     cols: object                    # the contiguous extent (an int or a symbolic size)
     major: str
     batched: bool
+    head: int = 0                   # x only: K is (heads, head) with head = ``head`` contiguous (``_head_operand``)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,32 @@ def _operand(region: Region, e, s_axis: str, k_axis: str, batch: tuple, allow_mn
     return TmaOperand(e.tensor, shape[-1], major, bool(lead))
 
 
+def _head_operand(region: Region, e, s_axis: str, k_axis: str, sizes: dict) -> TmaOperand | None:
+    """x read as ``buf[..., k // D, m, k % D]`` over a ``[..., H, M, D]`` input with H x D = K and D a multiple of
+    SM90_BK (leading dimensions of size 1 at index 0 dropped): the heads of attention's output merged into a
+    projection's rows (BERT's and GPT-2's attention output projections). A 3-D map (D, M, H) loads K tile ``kt`` as
+    head ``kt // (D / 64)``, columns ``kt % (D / 64) * 64``."""
+    if not isinstance(e, Read) or e.flat:
+        return None
+    mem = dict(region.inputs).get(e.tensor)
+    if mem is None or mem.dtype.name not in ("fp16", "bf16") or len(mem.shape) != len(e.index) or len(e.index) < 3:
+        return None
+    lead = list(zip(mem.shape[:-3], e.index[:-3]))
+    if any(Expr.lift(d).as_int() != 1 or Expr.lift(x).as_int() != 0 for d, x in lead):
+        return None
+    h, m, d = (Expr.lift(x) for x in mem.shape[-3:])
+    dh = d.as_int()
+    if not dh or dh % SM90_BK:
+        return None
+    k = Expr.sym(k_axis)
+    want = (k.floordiv(dh), Expr.sym(s_axis), k - k.floordiv(dh) * dh)
+    if tuple(Expr.lift(x) for x in e.index[-3:]) != want:
+        return None
+    if m != Expr.lift(sizes[s_axis]) or h * dh != Expr.lift(sizes[k_axis]):
+        return None
+    return TmaOperand(e.tensor, dh, "K", False, dh)
+
+
 def sm90_operands(region: Region, facts: RegionFacts, c: Contraction | None) -> Sm90Gemm | None:
     """How the SM90 GEMM skeleton reads ``c``'s operands, or None when it does not apply (module docstring)."""
     if c is None or c.outer is not None:
@@ -104,6 +131,8 @@ def sm90_operands(region: Region, facts: RegionFacts, c: Contraction | None) -> 
     sizes = {**facts.sizes, c.k_axes[0].name: c.k_axes[0].size}
     dims = [sizes[a] for a in (c.m_axes[0], c.n_axes[0], c.k_axes[0].name)]
     x = _operand(region, c.x, c.m_axes[0], c.k_axes[0].name, c.batch, False, sizes)
+    if x is None and not c.batch:
+        x = _head_operand(region, c.x, c.m_axes[0], c.k_axes[0].name, sizes)
     y = _operand(region, c.y, c.n_axes[0], c.k_axes[0].name, c.batch, True, sizes)
     if x is None or y is None:
         return None

@@ -317,3 +317,31 @@ def test_a_gemm_followed_by_layernorm_takes_wgmma_and_a_simt_rest(shape):
         ins = ref.random_inputs(1, {"M": 70, "K": 88} if m == "M" else None)
         out = c.runner(emu)(ins, ref.bind(ins, None))
         assert rel_l2(out["y"], ref(**ins)["y"]) < 2e-3, emu
+
+
+@pytest.mark.parametrize("heads, seq, d, n, layernorm", [(4, 40, 64, 72, False), (3, 130, 128, 64, True)])
+def test_merged_heads_are_read_by_a_3d_tensor_map(heads, seq, d, n, layernorm):
+    """Attention's output [1, H, S, D] read as a projection's rows [S, H * D] (a permute and a reshape: K is (head,
+    d)) takes the SM90 skeleton through a 3-D tensor map (D, S, H), K tile kt loading head kt // (D / 64): every
+    K tile one box, rows past S zero-filled. D = 128 takes two K tiles a head; a LayerNorm rest goes to the SIMT
+    kernel."""
+    ctx = kumiko.Tensor.input("C", (1, heads, seq, d), dtype="fp16")
+    w = kumiko.Tensor.input("W", (heads * d, n), dtype="fp16")
+    r = kumiko.Tensor.input("R", (1, seq, n), dtype="fp16")
+    y = ctx.permute(0, 2, 1, 3).reshape(1, seq, heads * d) @ w + r
+    g = (y.layernorm(-1) if layernorm else y).graph("y", name="merge_heads")
+    c = compile_cuda(g.tiny, arch="sm90")
+    k = c.kernels[0]
+    assert isinstance(k, Sm90Kernel) and k.maps[0].rank == 3 and k.maps[0].box[2] == 1
+    ref = kumiko.compile(g, "eval")
+    for emu in ("deferred", "random"):
+        ins = ref.random_inputs(2)
+        out = c.runner(emu)(ins, ref.bind(ins, None))
+        assert rel_l2(out["y"], ref(**ins)["y"]) < 2e-3, emu
+
+
+def test_a_head_other_than_a_multiple_of_64_keeps_the_sm80_gather():
+    ctx = kumiko.Tensor.input("C", (1, 4, 40, 32), dtype="fp16")
+    w = kumiko.Tensor.input("W", (128, 64), dtype="fp16")
+    g = (ctx.permute(0, 2, 1, 3).reshape(1, 40, 128) @ w).graph("y", name="merge_heads32")
+    assert [type(x).__name__ for x in compile_cuda(g.tiny, arch="sm90").kernels] == ["MmaKernel"]

@@ -143,3 +143,23 @@ def test_persistent_kernel_on_the_device(mnk, tile):
     tiles = -(-m // tile[0]) * -(-n // tile[1])
     b = next(reversed(exe._run.runner()._bound.values()))
     assert b.launches[0].grid == (min(tiles, CudaDevice.get(0).sm_count), 1, 1)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_merged_attention_heads_through_a_3d_tensor_map(d):
+    """An attention output [1, H, S, D] read as a projection's rows (BERT's and GPT-2's output projections at batch
+    1) takes the SM90 skeleton through a 3-D tensor map (D, S, H), with a residual + LayerNorm rest; against
+    numpy."""
+    heads, seq, n = 12, 130, 768
+    ctx = Tensor.input("C", (1, heads, seq, d), dtype="fp16")
+    w = Tensor.input("W", (heads * d, n), dtype="fp16")
+    r = Tensor.input("R", (1, seq, n), dtype="fp16")
+    g = (ctx.permute(0, 2, 1, 3).reshape(1, seq, heads * d) @ w + r).layernorm(-1).graph("y", name="merge")
+    exe = kumiko.compile(g, "cuda")
+    assert "Sm90Kernel" in kinds(exe)
+    rng = np.random.default_rng(d)
+    c, wm, rm = (rng.standard_normal(s, np.float32).astype(np.float16)
+                 for s in ((1, heads, seq, d), (heads * d, n), (1, seq, n)))
+    y = c.astype(np.float32).transpose(0, 2, 1, 3).reshape(1, seq, heads * d) @ wm.astype(np.float32) + rm
+    want = (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-5)
+    assert rel_l2(exe(C=c, W=wm, R=rm)["y"], want) < TOL["fp16"]
