@@ -252,7 +252,7 @@ def _lower_region(r, syms: tuple, name: str, plan: Plan, kernels: list, launches
         splits = kern.split.splits if kern.split else 1
         n, m = prod([lo_sizes[a] for a in c.n_axes]), prod([lo_sizes[a] for a in c.m_axes])
         batch = prod([lo_sizes[a] for a in c.batch]) if c.batch else 1
-        grid = ((n, bn), (m, bm), (batch * splits, 1))
+        grid = ((n, bn), (m, kern.m_rows), (batch * splits, 1))
         scratch = ()
         if low.scratch is not None:
             var, _, axes = low.scratch

@@ -299,10 +299,17 @@ class MmaKernel:
     group_m: int = 1                # CTA rasterisation: runs of group_m M tiles walk N together (L2 reuse)
     gather_check: bool = False      # a data-dependent index is checked: ``kk_bad`` -> ``*kk_status`` (gpu_simt)
     split: SplitK | None = None     # K divided among CTAs (the epilogue runs in the last of a tile's CTAs)
+    m_step: int = 0                 # rows between consecutive M tiles when not BM: a window epilogue whose windows
+                                    # do not divide BM starts each tile at a whole window (``m_rows``)
 
     @property
     def threads(self) -> int:
         return self.warps[0] * self.warps[1] * 32
+
+    @property
+    def m_rows(self) -> int:
+        """The M rows one CTA's output covers: BM, or a whole number of windows below it (``m_step``)."""
+        return self.m_step or self.tile[0]
 
     @property
     def warp_tile(self) -> tuple:

@@ -252,6 +252,7 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
     decompose(lo, "kk_gn", c.n_axes, decl_n)
     scratch = None
     extra: tuple = ()
+    m_step = 0
     t_mma, t_epi = Token("tC", "TokCompute"), Token("tE", "TokEpilogue")
     overlap = bool(plan.get("async_", "epilogue_overlap", False))
     ops = tuple(plan.epilogue)
@@ -274,6 +275,7 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
             ws *= int(a.size)
         epi = Epilogue(ops, t_mma, t_epi, "smem_window", ws, code, tuple(wcode), c.outer.op,
                        C.literal(c.outer.init, c.outer.dtype), overlap)
+        m_step = bm // ws * ws if bm % ws else 0     # tiles start whole windows apart (a 49-row pool, BM 64)
     else:
         decompose(lo, "kk_gm", c.m_axes, decl_m)
         if c.pointwise:
@@ -336,5 +338,5 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
                      (ring_x, ring_y), (ld_x, ld_y), tuple(prologue), KLoop("kt", tuple(body)), drain, epi,
                      StGlobal(t_epi, width=2 if epi.mode == "fragment" else 1), tuple(setup), tuple(decl_m),
                      tuple(decl_n), notes, group_m=int(plan.get("layout_hints", "group_m", 1)),
-                     gather_check=lo.uses_gather, split=split)
+                     gather_check=lo.uses_gather, split=split, m_step=m_step)
     return MmaLowering(kern, c, scratch)

@@ -50,8 +50,11 @@ def check_shape(k: MmaKernel) -> None:
         if ring.cols % 8 or chunks % k.threads or k.threads % (ring.cols // 8):
             raise _fail(k, "shape", f"{ring.name}: {ring.rows}x{ring.cols} halves is not a whole number of 16-byte "
                         f"chunks per thread, or {k.threads} threads do not cover whole rows of {ring.cols // 8} chunks")
-    if k.epilogue.mode == "smem_window" and bm % k.epilogue.window:
-        raise _fail(k, "shape", f"BM={bm} is not a multiple of the window ({k.epilogue.window} rows)")
+    if k.epilogue.mode == "smem_window" and (k.m_rows % k.epilogue.window or not 0 < k.m_rows <= bm):
+        raise _fail(k, "shape", f"a tile's {k.m_rows} output rows (BM={bm}) are not whole windows of "
+                    f"{k.epilogue.window} rows within the tile")
+    if k.m_step and k.epilogue.mode != "smem_window":
+        raise _fail(k, "shape", f"m_step={k.m_step}: only a window epilogue starts M tiles other than BM apart")
 
 
 def check_budget(k: MmaKernel) -> None:

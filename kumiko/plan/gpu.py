@@ -196,13 +196,20 @@ MAX_WINDOW_BM = 256
 
 def _window_tile(c, bm: int) -> int | None:
     """The smallest M tile ``bm * 2^i`` up to MAX_WINDOW_BM that holds whole windows of ``c.outer`` (the window
-    reduction after the contraction: a tile's rows must cover its windows), or None."""
+    reduction after the contraction: a tile's rows must cover its windows): one they divide, else the smallest
+    that holds one (a 7x7 global pool's 49 rows in a 64-row tile: consecutive tiles then start a whole number
+    of windows apart, ``MmaKernel.m_rows``); None when the window is larger than MAX_WINDOW_BM rows."""
     ws = _const(prod([a.size for a in c.outer.axes]))
-    while ws is not None and bm <= MAX_WINDOW_BM:
-        if bm % ws == 0:
-            return bm
+    if ws is None:
+        return None
+    t = bm
+    while t <= MAX_WINDOW_BM:
+        if t % ws == 0:
+            return t
+        t *= 2
+    while bm < ws:
         bm *= 2
-    return None
+    return bm if bm <= MAX_WINDOW_BM else None
 
 
 def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
@@ -220,8 +227,8 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         arch = "sm80"
     dt = mma_operand_dtype(facts, c) if c is not None else None
     if c is None or dt is None or (c.outer is not None and _window_tile(c, 64) is None):
-        # (a window reduction after the contraction whose windows no power-of-two M tile up to MAX_WINDOW_BM holds
-        # whole, e.g. a 7x7 global pool: 49 rows a window, runs on the SIMT kernel)
+        # (a window reduction after the contraction whose window is longer than MAX_WINDOW_BM rows runs on the SIMT
+        # kernel)
         point = simt_binding(region)
         points = prod([facts.sizes[a] for a in row_axes(region)[1]])
         return make_plan(arch, algo_choice={"region": "simt"}, threads=simt_threads(points, point),
@@ -244,7 +251,8 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         bm = 128 if (m or 0) >= 128 and (n or 0) >= 128 else 64
         if c.outer is not None:
             bm = _window_tile(c, bm)
-        wm, wn, stages = min(bm, 32), min(bn, 32), 3
+        # (a 256-row window tile takes 64-row warp tiles: eight warps, not sixteen, which the rings' chunks divide)
+        wm, wn, stages = min(bm, 32) if bm <= 128 else 64, min(bn, 32), 3
         group_m = 1
         release = "registers"           # 32 accumulators: room for two sets of fragments (~124 registers)
     buffer = "reg" if c.pointwise else "smem" if c.outer is not None else "gmem"

@@ -469,7 +469,7 @@ class _MmaRenderer:
         out += ["  {", "  float* const kk_cs = reinterpret_cast<float*>(kk_smem);"] + frag
         out += [f"        kk_cs[({row}) * {ldc} + {col}] = acc[mt][nt][e];", "      }",
                 "  __syncthreads();  // the accumulator tile is in shared memory",
-                f"  for (int kk_i = tid; kk_i < {self.bm // ws * self.bn}; kk_i += {k.threads}) {{",
+                f"  for (int kk_i = tid; kk_i < {k.m_rows // ws * self.bn}; kk_i += {k.threads}) {{",
                 f"    const int kk_r = kk_i / {self.bn}, kk_c = kk_i % {self.bn};",
                 f"    const long long kk_go = m0 / {ws} + kk_r, kk_gn = n0 + kk_c;",
                 f"    if ({' && '.join(conds) or 'true'}) {{"]
@@ -567,7 +567,7 @@ class _MmaRenderer:
         else:
             mo, no = "blockIdx.y", "blockIdx.x"
         out += _status_open(k)
-        out += [f"  const long long m0 = (long long){mo} * {self.bm}, n0 = (long long){no} * {self.bn};"]
+        out += [f"  const long long m0 = (long long){mo} * {k.m_rows}, n0 = (long long){no} * {self.bn};"]
         out += self.k_tiles()
         for ld in k.loads:
             if ld.vec is not None:

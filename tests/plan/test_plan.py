@@ -238,13 +238,14 @@ def test_plan_says_which_side_the_lanes_hold_and_the_kernel_follows(c, co, hw, k
 
 
 @pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the CUDA emulator needs g++")
-@pytest.mark.parametrize("hw, algo", [(7, "simt"), (4, "mma")])
+@pytest.mark.parametrize("hw, algo", [(7, "mma"), (4, "mma"), (17, "simt")])
 def test_gpu_plan_for_a_window_no_mma_tile_holds(hw, algo):
     """ResNet-50's last block at 224x224: conv + bias + residual + ReLU + a 7x7 global average pool feeding the FC
-    layer. The pool's 49-row windows fit no power-of-two M tile, so the region runs on the SIMT kernel (the
-    chooser looped forever doubling the tile before), a warp per output point: the bias is read once per point,
-    not along the window, so it does not make the point a thread's (which ran 49 contractions in series: 3.5 of
-    ResNet-50's 6.3 ms on an H200). A 4x4 pool's 16-row windows keep the MMA skeleton."""
+    layer. The pool's 49-row windows divide no power-of-two M tile: the MMA skeleton takes a 64-row tile whose
+    tiles start 49 rows apart (the chooser looped forever doubling the tile once; then the region ran on the SIMT
+    kernel, 69.5 us of ResNet-50's 0.97 ms on an H100). A 4x4 pool's 16-row windows divide the tile. A 17x17
+    pool's 289 rows exceed the largest window tile: the SIMT kernel, a warp per output point (the bias is read once
+    per point, not along the window, so it does not make the point a thread's)."""
     from kumiko.accuracy import rel_l2
     x, r = Tensor.input("x", (1, 32, hw, hw), dtype="fp16"), Tensor.input("r", (1, 64, hw, hw), dtype="fp16")
     w, fc = Tensor.input("w", (64, 32, 1, 1), dtype="fp16"), Tensor.input("fc", (64, 10), dtype="fp16")
@@ -254,6 +255,8 @@ def test_gpu_plan_for_a_window_no_mma_tile_holds(hw, algo):
     pooled = exe._run.program.regions[0]
     plan = exe._run.plans[pooled.name]
     assert plan.algo == algo and (algo == "mma" or plan.get("bind", "point") == "warp")
+    if hw == 7:
+        assert exe._run.kernels[0].m_rows == 49 and exe._run.kernels[0].tile[0] == 64
     ref = kumiko.compile(g, "eval")
     ins = ref.random_inputs(1)
     assert rel_l2(exe(**ins)["y"], ref(**ins)["y"]) < 2e-3
