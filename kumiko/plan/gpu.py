@@ -13,8 +13,10 @@ set of fragments), the small plan's 32x32 ones "registers". The tile
 follows the problem: one large enough for about two 128x128 CTAs per SM (or of unknown M/N) gets
 128x128x32 with 64x64 warp tiles and 4 stages; otherwise BN = 32 when N is a constant <= 32 (an
 attention head), else 64, BM = 64 (128 when M and N are constants of at least 128), BK = 32, 32x32
-warp tiles and 3 stages. Every other region (elementwise, row softmax/layernorm, pooling, fp32
-contractions) gets the SIMT skeleton.
+warp tiles and 3 stages; a window reduction after the contraction takes the smallest tile that holds a window
+(``_window_tile``). Few output tiles over a long K, sizes known, get split-K (``split_k_for``). Every other region
+(elementwise, row softmax/layernorm, pooling, fp32 contractions) gets the SIMT skeleton, its blocks down to one warp
+when its points are few (``simt_threads``).
 
 ``validate_gpu_plan`` rejects a plan that cannot be instantiated (E1801), ``check_resources`` one whose
 nvcc build spills or overflows shared memory, with the numbers from ptxas; for a plan the chooser made,
