@@ -4,7 +4,9 @@ emulator against the Tiny IR evaluator - GEMMs with bias and ReLU, an implicit-G
 GEMM, a contraction whose rest runs on the SIMT kernel (the accumulator through scratch), symbolic sizes - in every
 schedule, with the split's counters checked zero after every run (``GpuRunner``). The chooser splits small-M, long-K
 problems (a ResNet-50 stage-4 conv at batch 1) and nothing else; the verifier and the validator reject splits that
-cannot be summed; a launch that does not run every split leaves the output poisoned."""
+cannot be summed; a launch that does not run every split is reported by the runner (its counters stay non-zero, no
+epilogue runs). Also here: an fp16 bias cast to fp32 keeps the epilogue on the fragments, and SIMT kernels with few
+points run one-warp blocks."""
 from __future__ import annotations
 
 from dataclasses import replace
