@@ -5,6 +5,8 @@
 #   tests  pytest -m gpu (test_runtime_gpu, test_sm90_gpu, test_fp64_gpu) -> $OUT/gpu_tests.log
 #   bench  bench/bench_gpu.py, every workload against torch   -> $OUT/RESULTS_gpu.md, bench_gpu.json, bench.log
 #   sweep  the GEMM tile sweep (TILES below)                  -> $OUT/RESULTS_tiles.md, tiles.json, tiles.log
+#   nets   bench/models_gpu.py: the four networks in fp16, batch 1, against PyTorch eager and CUDA Graphs
+#                                                             -> $OUT/RESULTS_nets.md, nets.json, nets.log
 #
 # Each phase fits one call's 10 minutes on an H100; run them as separate calls (or `tests,bench` together
 # when the cubin cache is warm). Wheels in .whl/ (islpy, and cuda-bindings where the image lacks it) are
@@ -35,8 +37,11 @@ for phase in ${1//,/ }; do
     sweep)
       python3 bench/bench_gpu.py --workloads gemm-4096,gemm-8192 --reps 10 --no-append --tiles "$TILES" \
         --results "$OUT/RESULTS_tiles.md" --json "$OUT/tiles.json" 2>&1 | tee "$OUT/tiles.log" || rc=1 ;;
+    nets)
+      python3 bench/models_gpu.py --reps 20 --cuda-graph --profile 8 --no-append --cache "$OUT/onnx" \
+        --results "$OUT/RESULTS_nets.md" --json "$OUT/nets.json" 2>&1 | tee "$OUT/nets.log" || rc=1 ;;
     *)
-      echo "usage: bash bench/gpu_session.sh tests|bench|sweep[,...]" >&2; exit 2 ;;
+      echo "usage: bash bench/gpu_session.sh tests|bench|sweep|nets[,...]" >&2; exit 2 ;;
   esac
 done
 exit $rc

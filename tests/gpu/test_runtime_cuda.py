@@ -10,6 +10,7 @@ cuLaunchKernel and host memory for device memory. tests/gpu/test_runtime_gpu.py 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import math
 import os
 import shutil
@@ -555,6 +556,9 @@ def test_gpu_session_script_runs_every_phase_without_a_gpu(tmp_path):
     r = subprocess.run(["bash", str(script), "bench"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "nothing measured" in (tmp_path / "bench.log").read_text() and (tmp_path / "device.txt").exists()
+    if importlib.util.find_spec("torch") is not None:         # the networks' definitions need torch
+        r = subprocess.run(["bash", str(script), "nets"], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "no GPU" in (tmp_path / "nets.log").read_text(), r.stdout + r.stderr
     r = subprocess.run(["bash", str(script), "nonsense"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "usage" in r.stderr
 
