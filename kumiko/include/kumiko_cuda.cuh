@@ -332,7 +332,7 @@ inline const char* signature(void (*)(P...)) {
 #define KUMIKO_ENTRY(NAME)                                                                         \
   extern "C" int kumiko_launch_##NAME(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, \
                                       unsigned bz, unsigned smem, void** args, void* stream) {     \
-    if (smem > 48u * 1024u) {                                                                      \
+    if (smem > 0u) { /* the default limit is 48 KiB less the kernel's static shared memory */    \
       cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(&NAME),                   \
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)); \
       if (e != cudaSuccess) return int(e);                                                         \

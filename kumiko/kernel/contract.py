@@ -315,8 +315,7 @@ class ContractionLowering(PanelPacking):
                            f"blocks MC<={mc} NC<={nc} KC<={kc}"),
                    *self._size_decls()]
         # a size-1 iter that no operand reads is none of batch, M or N: it is 0 wherever the epilogue uses it
-        s += [Decl("const long long", a.name, "0") for a in lo.r.iters
-              if lo.sizes.get(a.name) == 1 and a.name not in c.batch + A.rows + B.rows]
+        s += lo.unit_decls(c)
         if win:       # N blocks and thread ranges hold whole window groups (the N axes from the first window axis in)
             first = min(B.rows.index(a.name) for a in c.outer.axes)
             s += [Decl("const long long", "kk_G", f"{self.size(B.rows[first:])} > 0 ? {self.size(B.rows[first:])} : 1"),

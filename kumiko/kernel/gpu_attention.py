@@ -387,10 +387,8 @@ def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tup
     decompose(lo0, "(long long)blockIdx.y", c0.batch, setup)
     batch1: list = []                   # the consumer's batch axes (its names may differ: declared in a scope)
     decompose(lo1, "(long long)blockIdx.y", c1.batch, batch1)
-    # a size-1 iter that is none of batch, M or N (an ONNX batch of one) is 0 wherever an operand reads it
-    for lo, c, out in ((lo0, c0, setup), (lo1, c1, batch1)):
-        out += [Decl("const long long", a.name, "0") for a in lo.r.iters
-                if lo.sizes.get(a.name) == 1 and a.name not in c.batch + c.m_axes + c.n_axes]
+    setup += lo0.unit_decls(c0)
+    batch1 += lo1.unit_decls(c1)
     loads = []
     for ring, (layout, vec), e, lo, rows, cols in zip(("sQ", "sK", "sV"), acc, (c0.x, c0.y, c1.y), (lo0, lo0, lo1),
                                                       (c0.m_axes, c0.n_axes, k1), (k0, k0, c1.n_axes)):

@@ -243,9 +243,7 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
                    Decl("const long long", "kk_N", extent(lo, c.n_axes)),
                    Decl("const long long", "kk_K", extent(lo, tuple(a.name for a in c.k_axes)))]
     decompose(lo, "(long long)blockIdx.z" if splits == 1 else f"(long long)(blockIdx.z / {splits}u)", c.batch, setup)
-    # a size-1 iter that no operand reads is none of batch, M or N: it is 0 wherever the epilogue uses it
-    setup += [Decl("const long long", a.name, "0") for a in region.iters
-              if lo.sizes.get(a.name) == 1 and a.name not in c.batch + c.m_axes + c.n_axes]
+    setup += lo.unit_decls(c)
     window = tuple(a.name for a in c.outer.axes) if c.outer is not None else ()
     decl_m: list = []
     decl_n: list = []

@@ -59,7 +59,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     layout_smem,
 )
 from kumiko.kernel.gpu_simt import decompose, kernel_params, status_params
-from kumiko.kernel.loops import Decl, Store
+from kumiko.kernel.loops import Store
 from kumiko.kernel.lower_base import RegionEmitter
 from kumiko.plan.gpu_sm90 import CONSUMER_REGS, PRODUCER_REGS, SM90_BK, Sm90Gemm, TmaOperand, sm90_operands
 from kumiko.plan.plan import Plan
@@ -220,8 +220,7 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
                    *(Role(f"consumer{i}", 1 + i, 1, consumer(i)) for i in range(consumers)))))
     setup: list = []
     decompose(lo, "(long long)blockIdx.z", c.batch, setup)
-    setup += [Decl("const long long", a.name, "0") for a in region.iters
-              if lo.sizes.get(a.name) == 1 and a.name not in c.batch + c.m_axes + c.n_axes]
+    setup += lo.unit_decls(c)
     notes = tuple(region.notes) + (
         f"SM90 GEMM skeleton: contraction {c.let}, batch {list(c.batch)}, M {list(c.m_axes)}, N {list(c.n_axes)}, "
         f"K {[a.name for a in c.k_axes]}; tile {bm}x{bn}x{bk}, {S} stages, A K-major, B {g.y.major}-major, "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from kumiko import dtypes
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import Assign, Block, Decl, If, Store, axis_loop
-from kumiko.region.analysis import RegionFacts, analyze
+from kumiko.region.analysis import Contraction, RegionFacts, analyze, unit_iters
 from kumiko.region.ssa import (
     Binary,
     BroadcastInDim,
@@ -56,6 +56,11 @@ class RegionEmitter:
         self.red_axes: list = []                 # reduce axes (and gather vars) in scope while emitting
         self.uses_gather = False                 # the kernel checks data-dependent indices (kk_bad)
         self.reversed_reduce = False             # a scalar reduction reads backwards (Kernel.no_loop_vectorize)
+
+    def unit_decls(self, c: Contraction) -> list:
+        """``const long long a = 0`` for each size-1 iter that is none of ``c``'s batch, M or N axes
+        (``region.analysis.unit_iters``): an operand or the epilogue may read it."""
+        return [Decl("const long long", a, "0") for a in unit_iters(self.facts, c)]
 
     def trip(self, axis: str, size=None):
         """How far the loops over ``axis`` run: its size, unless ``extent`` cuts them short (a caller that

@@ -48,8 +48,7 @@ class SkinnyLowering(ContractionLowering):
                            f"({'pre-packed panels' if pre_b else 'packed per panel'}), K {list(k_axes)}; "
                            f"micro {mr}x{nr} over all of K, threads split the panels"),
                    *self._size_decls()]
-        s += [Decl("const long long", a.name, "0") for a in lo.r.iters
-              if lo.sizes.get(a.name) == 1 and a.name not in c.batch + A.rows + B.rows]
+        s += lo.unit_decls(c)
         s += [Decl("const long long", "kk_np", f"(kk_N + {nr - 1}) / {nr}"),
               Decl("const long long", "kk_U", "kk_B * kk_np"),
               Decl("const long long", "kk_ldc", str(nr)),

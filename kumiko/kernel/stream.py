@@ -230,7 +230,7 @@ def lower_pipe(pipe: RowPipe, plan0: Plan, plan1: Plan, syms: tuple, name: str, 
     for c, cl, ybuf, npad, ksz, kaxes, w in ((c0, cl0, "kk_Y0", "kk_N0p", "kk_K0", k0, nr),
                                              (c1, cl1, "kk_Y1", "kk_N1p", "kk_K1", (k1,), nr1)):
         nsz = "kk_N0" if c is c0 else "kk_N1"
-        bat: list = _units(cl, c)
+        bat: list = cl.lo.unit_decls(c)
         cl.decompose("kk_b", c.batch, bat)
         pk: list = []
         cl.decompose("p", kaxes, pk)
@@ -263,7 +263,7 @@ def lower_pipe(pipe: RowPipe, plan0: Plan, plan1: Plan, syms: tuple, name: str, 
                                            f"s_kk_nh = {pipe.bound};\n"
                                            "s_kk_nh = s_kk_nh > kk_N0 ? kk_N0 : s_kk_nh < 1 ? 1 : s_kk_nh;"),)))
     # 2a. pack the block's rows of c0's M-side operand: panels [ir][p][MR] over the full K0
-    bat0: list = _units(cl0, c0)
+    bat0: list = lo0.unit_decls(c0)
     cl0.decompose("kk_b", c0.batch, bat0)
     ma: list = []
     cl0.decompose("kk_ic + ir + i", c0.m_axes, ma)
@@ -440,19 +440,13 @@ def _append_in_loop(stmts: tuple, var: str, names: list, stmt) -> tuple:
     return out
 
 
-def _units(cl: ContractionLowering, c: Contraction) -> list:
-    """A size-1 iter that is none of batch, M or N (an ONNX batch of one) is 0 wherever an operand reads it."""
-    return [Decl("const long long", a.name, "0") for a in cl.lo.r.iters
-            if cl.lo.sizes.get(a.name) == 1 and a.name not in c.batch + c.m_axes + c.n_axes]
-
-
 def _epilogue1(c: Contraction, cl1: ContractionLowering) -> For:
     lo = cl1.lo
     ep: list = []
     cl1.decompose("kk_ic + ii", c.m_axes, ep)
     en: list = []
     cl1.decompose("jj", c.n_axes, en)
-    bat: list = _units(cl1, c)
+    bat: list = lo.unit_decls(c)
     cl1.decompose("kk_b", c.batch, bat)
     out = pointwise_epilogue(lo, c)
     body = tuple(en) + (Decl("float", "kk_acc", "kk_O[ii*kk_N1p + jj]"),) + tuple(out)

@@ -29,7 +29,7 @@ from typing import Any
 
 from kumiko import knobs
 from kumiko.diagnostics import KumikoError
-from kumiko.plan.gpu_sm90 import choose_sm90_plan, sm90_operands, validate_sm90_plan
+from kumiko.plan.gpu_sm90 import FILL_CTAS, choose_sm90_plan, sm90_operands, validate_sm90_plan
 from kumiko.plan.plan import GPU_ARCHS, Plan, check_fields, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, analyze, row_axes
 from kumiko.region.srnf import children, epilogue
@@ -165,30 +165,29 @@ def _fills_gpu(m: int | None, n: int | None, batch: int | None) -> bool:
     return tiles[0] * tiles[1] * tiles[2] >= BIG_TILE_CTAS
 
 
-#: split-K (``Plan.split_k``): a problem of known sizes whose output tiles are at most half this many CTAs splits its K
-#: tiles among up to MAX_SPLIT_K CTAs a tile, toward this many CTAs (an H100's SMs), each over at least
+#: split-K (``Plan.split_k``): a problem of known sizes whose output tiles are at most half FILL_CTAS (the SMs of an
+#: H100 or H200) splits its K tiles among up to MAX_SPLIT_K CTAs a tile, toward FILL_CTAS CTAs, each over at least
 #: MIN_SPLIT_TILES K tiles (ResNet-50's last convs at batch 1: 8 output tiles over K = 4608); ``KUMIKO_SPLIT_K`` lowers
 #: the cap
-SPLIT_TARGET_CTAS = 132
 MAX_SPLIT_K = 16
 MIN_SPLIT_TILES = 4
 
 
 def split_k_for(tiles: int | None, k: int | None, bk: int) -> int:
     """The chooser's K split for ``tiles`` output tiles (batch included) over K = ``k`` in BK-wide K tiles (1: none)."""
-    if tiles is None or k is None or 2 * tiles > SPLIT_TARGET_CTAS:
+    if tiles is None or k is None or 2 * tiles > FILL_CTAS:
         return 1
-    return max(1, min(-(-SPLIT_TARGET_CTAS // tiles), -(-k // bk) // MIN_SPLIT_TILES, knobs.split_k(MAX_SPLIT_K)))
+    return max(1, min(-(-FILL_CTAS // tiles), -(-k // bk) // MIN_SPLIT_TILES, knobs.split_k(MAX_SPLIT_K)))
 
 
 def simt_threads(points, bind: str) -> int:
     """A SIMT kernel's threads a block for ``points`` points (an int when known) bound to a ``"warp"`` or a
-    ``"thread"`` each: 256, less (down to one warp) while its blocks would not reach SPLIT_TARGET_CTAS SMs. A
+    ``"thread"`` each: 256, less (down to one warp) while its blocks would not reach FILL_CTAS SMs. A
     LayerNorm over BERT's 128 rows, a warp a row, ran as 16 blocks of 8 warps (13.6 us on an H100)."""
     if not isinstance(points, int) or points <= 0:
         return 256
     per = WARP if bind == "warp" else 1
-    want = -(-points // SPLIT_TARGET_CTAS) * per
+    want = -(-points // FILL_CTAS) * per
     return min(256, max(WARP, -(-want // WARP) * WARP))
 
 

@@ -143,6 +143,13 @@ def _substitute(e: RExpr, target: RExpr, by: RExpr) -> RExpr:
     return e
 
 
+def unit_iters(facts: "RegionFacts", c: Contraction) -> tuple[str, ...]:
+    """The region's size-1 iters that are none of ``c``'s batch, M or N axes (an exported model's batch of one; an
+    output axis no operand reads), in iter order: 0 wherever a kernel reads them."""
+    return tuple(a.name for a in facts.region.iters
+                 if facts.sizes.get(a.name) == 1 and a.name not in c.batch + c.m_axes + c.n_axes)
+
+
 def find_contraction(facts: RegionFacts) -> Contraction | None:
     """The first top-level let that is ``sum_K x*y`` - or ``reduce_W f(sum_K x*y)`` with f pointwise
     (a consumer reduction computed at the contraction: seed 003's Conv -> ReLU -> MaxPool)."""
@@ -281,8 +288,7 @@ def chained_contractions(program: Program, k: int) -> ChainedContractions | None
         return None
     (m0,), (n0,) = c0.m_axes, c0.n_axes
     iters0 = tuple(a.name for a in r0.iters)
-    # an ONNX batch of one is a size-1 iter that is none of batch, M or N: P's index there is 0
-    unit = {a for a in iters0 if f0.sizes.get(a) == 1 and a not in (*c0.batch, m0, n0)}
+    unit = set(unit_iters(f0, c0))      # (an ONNX batch of one: P's index there is 0)
     core = tuple(a for a in iters0 if a not in unit)
     if core != (*c0.batch, m0, n0) or set(f0.types[c0.let].axes) - unit != set(core):
         return None       # P is laid out [batch..., M, N]: a block's rows are one contiguous slab

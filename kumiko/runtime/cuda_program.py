@@ -249,9 +249,9 @@ class CudaProgram:
                 raise KumikoError("E1801", at=f"kernel {kernel}", hazard="smem", why=f"{nbytes} bytes of dynamic "
                                   f"shared memory, the device allows {backend.smem_optin} per block",
                                   suggestion="use fewer stages or a smaller tile")
-            if nbytes > 32 * 1024:
-                # past 48 KiB less the kernel's static shared memory (split-K's flag word) a launch needs the
-                # opt-in, which ResNet-50's 48 KiB rings plus 128 static bytes showed: raised for any large ring
+            if nbytes:
+                # the default limit is 48 KiB less the kernel's static shared memory (split-K's flag word): a 48 KiB
+                # ring failed to launch (ResNet-50 on an H100), so every kernel with a ring states its own
                 backend.set_dynamic_smem(self.functions[kernel], kernel, nbytes)
         self._bound: OrderedDict[tuple, Bound] = OrderedDict()
         self._call_lock = threading.Lock()

@@ -110,6 +110,27 @@ def test_chooser_splits_small_m_long_k_only():
     assert [p.split_k for p in big] == [1]
 
 
+def test_kumiko_split_k_caps_the_chooser(monkeypatch):
+    monkeypatch.setenv("KUMIKO_SPLIT_K", "4")
+    assert split_k_for(8, 4608, 32) == 4
+    monkeypatch.setenv("KUMIKO_SPLIT_K", "1")
+    assert split_k_for(8, 4608, 32) == 1
+    assert [p.split_k for p in _split_plans(_gemm(49, 512, 4608), None).values() if p.algo == "mma"] == [1]
+
+
+def test_merged_heads_are_gathered_through_k_tables():
+    """sm80: a projection reading attention's heads merged ([1, H, S, D] as [S, H * D]: K is split by a floor
+    division) gathers its A operand through the per-warp K tables (their bound covers the floor division)."""
+    ctx = Tensor.input("C", (1, 4, 40, 64), dtype="fp16")
+    w = Tensor.input("W", (256, 72), dtype="fp16")
+    g = (ctx.permute(0, 2, 1, 3).reshape(1, 40, 256) @ w).graph("y", name="merge_heads")
+    c = compile_cuda(g.tiny)
+    assert "through per-warp K tables" in c.source
+    for emu in ("deferred", "reversed"):
+        errs = run_and_compare(c, g, emu, 2)
+        assert all(e < 2e-3 for e in errs.values()), (emu, errs)
+
+
 def test_validator_and_verifier_reject_unsummable_splits(built):
     g, c, plans = built["gemm_37x72x517_s5"]
     region = c.program.regions[0]
