@@ -85,10 +85,10 @@ class ContractionLowering(PanelPacking):
             dims = None
         if dims is not None:
             st = Stage(dims, self.b.rows, tuple(a.name for a in c.k_axes), c.batch, lo.sizes,
-                       lo.cname[self.b.table.tensor], self.nr)
-            # consecutive rows are consecutive stage elements; worth a copy where it replaces the guards
-            # (padding) or a strided gather (phases)
-            self.stage = st if st.ok and st.unit and (self.b.table.guards or st.split) else None
+                       lo.cname[self.b.table.tensor], self.nr, bool(self.b.table.guards))
+            # consecutive rows are consecutive stage elements; a copy where it replaces the guards (padding)
+            # or a strided gather (phases), else the source itself
+            self.stage = st if st.ok and st.unit else None
 
     def size(self, axes) -> str:
         return C.index(prod([self.lo.sizes[a] for a in axes]) if axes else 1, set())
@@ -308,7 +308,8 @@ class ContractionLowering(PanelPacking):
 
         def how(sd: Side) -> str:
             if sd is B and self.stage is not None:
-                return "a padded stage read in place, else index tables"
+                return ("read in place from its source, else index tables" if self.stage.in_place else
+                        "a padded stage read in place, else index tables")
             return "index tables" if sd.table is not None else "per element"
         s: list = [Comment(f"contraction {c.let}: batch {list(c.batch)}, M {list(A.rows)} ({how(A)}), "
                            f"N {list(B.rows)} ({how(B)}), K {list(k_axes)}; micro {mr}x{nr}, "
@@ -398,7 +399,11 @@ class ContractionLowering(PanelPacking):
             bdec.append(If("kk_ares", (Block((
                 Decl("const long long", "kk_pc", "0"), Decl("const long long", "kk_kcb", "kk_K"),
                 *self._pack(A, "0", f"(kk_m1 - kk_m0) / {mr}", "kk_m0", "kk_M", "kk_Ap"))),)))
+        in_place = stg is not None and stg.in_place
         pack_b = [] if pre_b else self._pack(B, "kk_q0", "kk_q1", "kk_jc", "kk_jc + kk_ncur", "kk_Bc")
+        if in_place:        # the panels read in place are not packed; a short last one is
+            pack_b = [If("!kk_dir", tuple(pack_b), tuple(self._pack(
+                B, "(kk_q0 > kk_nfull ? kk_q0 : kk_nfull)", "kk_q1", "kk_jc", "kk_jc + kk_ncur", "kk_Bc")))]
         pack_a = [] if pre_a else self._pack(A, "0", f"kk_mcb / {mr}", "kk_ic", "kk_M", "kk_Ap")
         # pre-packed B: panel p of all of K at p*NR*K (kk_jc is a multiple of NR: NC and the N splits are)
         b_at = (f"{self.pre['b']} + (kk_jc + kk_jr*{nr})*kk_K + kk_pc*{nr}" if pre_b else
@@ -406,7 +411,7 @@ class ContractionLowering(PanelPacking):
         call = Raw(f"{micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, {b_at}, "
                    f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);")
         if stg is not None:     # B from the stage: the panel's first row's offset, the K offsets, its two runs
-            call = If("kk_dir", (Raw(
+            call = If("kk_dir && kk_jr < kk_nfull" if in_place else "kk_dir", (Raw(
                 f"{stage_micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, "
                 f"kk_S + kk_bsb + kk_brso[kk_jc + kk_jr*{nr}], kk_bkso + kk_pc, kk_ps[kk_jr], kk_pd[kk_jr], "
                 f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
@@ -427,7 +432,7 @@ class ContractionLowering(PanelPacking):
         kblock = [Decl("const long long", "kk_kcb", "kk_K - kk_pc < kk_kstep ? kk_K - kk_pc : kk_kstep"),
                   Decl("float* KUMIKO_RESTRICT", "kk_Bc", "kk_Bt + (kk_it++ & 1) * kk_bsz"),
                   Decl("const int", "kk_last", "kk_pc + kk_kcb >= kk_K"),
-                  *([If("!kk_dir", tuple(pack_b))] if stg is not None else pack_b), barrier,
+                  *([If("!kk_dir", tuple(pack_b))] if stg is not None and not in_place else pack_b), barrier,
                   For("kk_ic", "kk_m0", "kk_m1", tuple(block), step="kk_mblk")]
         jblock = [Decl("const long long", "kk_ncur", "kk_n1 - kk_jc < kk_nc ? kk_n1 - kk_jc : kk_nc"),
                   Decl("const long long", "kk_np", f"(kk_ncur + {nr - 1}) / {nr}"),
@@ -436,15 +441,17 @@ class ContractionLowering(PanelPacking):
                   Decl("const long long", "kk_q1", "kk_mode ? kk_np : (kk_t + 1) * kk_np / kk_nt"),
                   # B from the stage (kk_dir) with A resident: one K block (no C tile reloads)
                   *(stg.block_check() if stg is not None else []),
-                  Decl("const long long", "kk_kstep", "kk_dir && kk_ares && kk_K > 0 ? kk_K : kk_kc"
-                       if stg is not None else "kk_kc"),
+                  # (read in place, a short last panel is packed: for all of K only where that fits)
+                  Decl("const long long", "kk_kstep",
+                       "kk_dir && kk_ares && kk_K > 0 && (kk_nfull == kk_np || kk_K <= kk_kc) ? kk_K : kk_kc"
+                       if in_place else "kk_dir && kk_ares && kk_K > 0 ? kk_K : kk_kc" if stg is not None else "kk_kc"),
                   Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"), *kblock, Raw("}")]
         par.append(For("kk_b", "kk_b0", "kk_b1", tuple(bdec) + (
             For("kk_jc", "kk_n0", "kk_n1", tuple(jblock), step="kk_nc"),)))
         par.append(Raw("kk_scratch_trim(4);"))
         s += [Raw("#pragma omp parallel num_threads(kk_T)\n{"), *par, Raw("}"),
               Raw("kk_scratch_trim(0); kk_scratch_trim(1); kk_scratch_trim(2); kk_scratch_trim(3);" +
-                  (" kk_scratch_trim(10);" if self.stage is not None else ""))]
+                  (" kk_scratch_trim(10);" if self.stage is not None and not self.stage.in_place else ""))]
         return s
 
 

@@ -16,6 +16,13 @@ Per call the threads fill the stage together (row by row of its innermost dimens
 zeros). Per N block every panel's runs are checked from the row table; a block with a panel of three or
 more runs (rows shorter than a panel) packs its panels as before. The stage holds the whole operand
 (its size is checked against the source's, a bounded overhead); it lives in ``kk_scratch`` slot 10.
+
+An operand with neither guards nor phases (a 1x1 convolution's pixels, a GEMM's row-major B) is its own
+stage (``in_place``): the micro-kernel reads the source where it lies and nothing is copied. The source
+has no zero slack behind its end, so a panel shorter than NR (the block's last) is packed as before
+(``kk_nfull``: the panels read in place). Packing B costs one copy of K x N floats a call, against
+2 x M FLOPs per element of compute: a 1x1 conv with few output channels (MobileNetV2's 192 -> 32 at
+28x28) spent a third of its time in that copy.
 """
 from __future__ import annotations
 
@@ -23,6 +30,13 @@ from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import Decl, For, If, Raw
 from kumiko.region.operands import phase_count, steps_last_dim
 from kumiko.symbolic import Expr, Sym
+
+#: the most A rows (M) for which B is read in place: each panel is read once per MR rows, strided rows
+#: costing more than a packed panel's once M is large (GEMM 2048^3: 1.03-1.10x slower in place; 512^3 even)
+IN_PLACE_ROWS = 512
+#: B is not read in place where consecutive K rows lie a multiple of this many floats apart (1 KiB): the
+#: panel's rows then fall into few cache sets (a 256 x 1024 x 512 GEMM 1.04x slower in place)
+IN_PLACE_ALIAS = 256
 
 
 def span(e: Expr, sizes: dict, axes: set) -> tuple[str, str] | None:
@@ -55,7 +69,8 @@ class Stage:
     micro-kernel reads them in place instead of a packing gather every f-th element (the space-to-depth
     view of a strided convolution). The phase and the coarse step of ``t`` go into the K column."""
 
-    def __init__(self, dims: tuple, rows: tuple, k_axes: tuple, batch: tuple, sizes: dict, src: str, nr: int):
+    def __init__(self, dims: tuple, rows: tuple, k_axes: tuple, batch: tuple, sizes: dict, src: str, nr: int,
+                 guarded: bool = True):
         self.dims, self.rows, self.k_axes, self.batch = dims, rows, k_axes, batch
         self.src, self.nr, self.D, self.sizes = src, nr, len(dims), sizes
         self.spans = []
@@ -68,6 +83,8 @@ class Stage:
         # the innermost row axis steps through the stage one element at a time (a split dimension's coarse
         # index moves by one per row)
         self.unit = steps_last_dim(rows, dims, self.f[-1])
+        #: the source is the stage: no pads (no guards) and no phases
+        self.in_place = not guarded and not self.split
 
     def _row_coef(self, i: int, a: str) -> int:
         """How far the stage's dimension i moves per step of row axis ``a`` (a split one: its coarse index)."""
@@ -106,6 +123,15 @@ class Stage:
                                 if self._row_coef(i, a)) or "0"
             out.append(Raw(f"if (kk_sgo && ({stride}) == kk_srun) kk_srun *= {C.index(self.sizes[a], set())}; "
                            "else kk_sgo = 0;"))
+        if self.in_place:       # the source itself, when its reads need no pad (they cannot, unguarded)
+            flat = " && ".join(f"kk_spl{i} == 0 && kk_sph{i} == 0" for i in range(self.D))
+            # rows K apart a multiple of 1 KiB share a few cache sets (a GEMM's B of 1024 columns)
+            apart = "".join(f" && kk_sst{i} % {IN_PLACE_ALIAS} != 0" for i, ((_, _, kp), _) in enumerate(self.dims)
+                            if set(kp.symbols()) & set(self.k_axes))
+            return out + [Decl("const int", "kk_stgw", f"kk_srun >= {self.nr - 1} && {flat} && "
+                                                       f"kk_M <= {IN_PLACE_ROWS}{apart}"),
+                          Decl("float*", "kk_S", f"kk_stgw ? (float*){self.src} : 0"),
+                          Decl("const int", "kk_stg", "kk_stgw")]
         src_n = " * ".join(f"({C.index(n, set())})" for _, n in self.dims)
         out += [Decl("const long long", "kk_ssz", f"{order[0][0]} * {order[0][1]}"),
                 # the stage at most twice the source (plus a little): the pads are borders, not blow-ups
@@ -143,7 +169,10 @@ class Stage:
         return f"({j}) % {f} * kk_sps{i} + ({j}) / {f} * kk_sst{i}" if f > 1 else f"({j}) * kk_sst{i}"
 
     def fill(self) -> list:
-        """The threads fill the stage together, one innermost row each at a time, and its slack."""
+        """The threads fill the stage together, one innermost row each at a time, and its slack (nothing
+        to fill in place)."""
+        if self.in_place:
+            return []
         D = self.D
         last = D - 1
         n_last = C.index(self.dims[last][1], set())
@@ -184,11 +213,14 @@ class Stage:
 
     def block_check(self) -> list:
         """Per N block: each panel's first-run length ``kk_ps`` and second-run distance ``kk_pd`` from the
-        row table; ``kk_dir`` stays set when every panel is at most two runs with the second after."""
+        row table; ``kk_dir`` stays set when every panel is at most two runs with the second after. Read in
+        place, the panels from ``kk_nfull`` on (a last one shorter than NR) are packed."""
         nr = self.nr
+        full = [Decl("const long long", "kk_nfull", f"kk_ncur / {nr}")] if self.in_place else []
+        last = "kk_nfull" if self.in_place else "kk_np"
         return [Raw("long long kk_ps[kk_np > 0 ? kk_np : 1], kk_pd[kk_np > 0 ? kk_np : 1];"),
-                Decl("int", "kk_dir", "kk_stg"),
-                Raw(f"for (long long kk_q = 0; kk_dir && kk_q < kk_np; ++kk_q) {{\n"
+                Decl("int", "kk_dir", "kk_stg"), *full,
+                Raw(f"for (long long kk_q = 0; kk_dir && kk_q < {last}; ++kk_q) {{\n"
                     f"  const long long* kk_so = kk_brso + kk_jc + kk_q*{nr};\n"
                     f"  const long long kk_nv = kk_ncur - kk_q*{nr} < {nr} ? kk_ncur - kk_q*{nr} : {nr};\n"
                     "  long long kk_s = 1;\n"
@@ -201,5 +233,6 @@ class Stage:
                     "  kk_pd[kk_q] = kk_d;\n"
                     "}\n"
                     "#ifdef KUMIKO_TRACE_STAGE\n"
-                    "if (kk_dir) __atomic_fetch_add(&kk_stage_blocks, 1, __ATOMIC_RELAXED);\n"
+                    f"if (kk_dir{' && kk_nfull > 0' if self.in_place else ''}) "
+                    "__atomic_fetch_add(&kk_stage_blocks, 1, __ATOMIC_RELAXED);\n"
                     "#endif")]

@@ -42,7 +42,9 @@ def test_padding_guards_are_stage_bounds_and_others_are_not():
     x, w = Tensor.input("x", ("N", 4, "H", "W")), Tensor.input("w", (6, 4, 3, 3))
     cl = _lowering(x.conv2d(w, padding=1).graph("y"))
     assert cl.stage is not None and len(stage_bounds(cl.b.table)) == 4
-    assert _lowering(x.conv2d(w, padding=0).graph("y")).stage is None        # no guards: nothing to stage
+    # no guards: the source is its own stage, read in place (nothing copied)
+    assert _lowering(x.conv2d(w, padding=0).graph("y")).stage.in_place
+    assert not cl.stage.in_place
     # bounds, but pixels two elements apart: no panel is a run, so no stage (built for nothing)
     assert _lowering(x.conv2d(w, padding=1, stride=2).graph("y")).stage is None
 
@@ -51,9 +53,11 @@ def test_staged_source_says_so():
     x, w = Tensor.input("x", ("N", 4, "H", "W")), Tensor.input("w", (6, 4, 3, 3))
     src = check(x.conv2d(w, padding=1).relu().graph("y"), {"N": 2, "H": 5, "W": 70},
                 want=["kk_micro_stage_", "kk_stg", "kk_dir"])
+    assert "a padded stage read in place" in src and "kk_scratch(10" in src
     a, b = Tensor.input("a", ("M", "K")), Tensor.input("b", ("K", "N"))
-    gemm = check((a @ b).graph("y"), {"M": 9, "N": 40, "K": 7})
-    assert "kk_micro_stage_" not in gemm and "kk_stg" not in gemm and "kk_micro_stage_" in src
+    gemm = check((a @ b).graph("y"), {"M": 9, "N": 40, "K": 7}, want=["kk_micro_stage_", "kk_nfull"])
+    # a row-major B is read where it lies: no stage buffer, no fill
+    assert "read in place from its source" in gemm and "kk_scratch(10" not in gemm and "memset(kk_sd" not in gemm
 
 
 @pytest.mark.parametrize("co,hw", [(11, (5, 70)), (11, (6, 33)), (11, (4, 32)), (11, (3, 31)), (11, (2, 5)),
@@ -244,3 +248,74 @@ print("OK")
         env = dict(os.environ, OMP_NUM_THREADS=threads)
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
+# B read in place from its own source: an operand with neither guards nor phases ---------------------------
+def _conv1x1(c, co, n=1, const=False, seed=3):
+    rng = np.random.default_rng(seed)
+    x = Tensor.input("x", (n, c, "H", "W"))
+    w = (Tensor(rng.standard_normal((co, c, 1, 1)).astype(np.float32), name="w", role="param") if const else
+         Tensor.input("w", (co, c, 1, 1)))
+    return (x.conv2d(w) + Tensor.input("b", (co, 1, 1))).relu().graph("y")
+
+
+@pytest.mark.parametrize("c,co,n,hw", [
+    (19, 11, 1, (7, 7)),      # 49 pixels: full panels and a short last one (packed)
+    (19, 11, 2, (4, 24)),     # 96 pixels: every panel full, batch 2
+    (40, 24, 3, (5, 13)),     # batch 3, 65 pixels
+    (5, 7, 1, (1, 47)),       # one row of NR - 1 pixels: the only panel is short
+    (300, 20, 1, (9, 9)),     # K past KC: A resident, several K blocks (the short panel packed per block)
+])
+@pytest.mark.parametrize("blocks", [None, SMALL])
+def test_in_place_conv1x1_matches_the_evaluator(monkeypatch, c, co, n, hw, blocks):
+    """A 1x1 convolution's pixels are consecutive rows of its source: the stage micro-kernel reads them
+    there; a last panel shorter than NR (nothing behind the source's end to over-read) is packed."""
+    g = _conv1x1(c, co, n)
+    src = check(g, {"H": hw[0], "W": hw[1]}, blocks, want=["read in place from its source", "kk_nfull"])
+    assert "kk_scratch(10" not in src
+    full = hw[0] * hw[1] >= _lowering(g).plan.register_block.nr
+    assert (_staged_blocks(monkeypatch, g, {"H": hw[0], "W": hw[1]}) > 0) == full
+
+
+def test_in_place_b_with_constant_weights():
+    """Weights bound once (pre-packed A, one K block) and the pixels read in place, twice in a row."""
+    g = _conv1x1(96, 24, 1, const=True)
+    exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+    assert "read in place from its source" in exe._run.source and "kk_pka" in exe._run.source
+    for seed in (0, 1):
+        ins = exe.random_inputs(seed, {"H": 14, "W": 14})
+        out, want = exe(**ins)["y"], ref(**ins)["y"]
+        assert np.linalg.norm(out - want) <= 1e-5 * np.linalg.norm(want)
+
+
+def test_in_place_needs_few_rows_and_rows_apart_off_a_cache_set_period(monkeypatch):
+    """Past IN_PLACE_ROWS A rows each B panel is re-read too often for strided rows to pay, and K rows a
+    multiple of IN_PLACE_ALIAS floats apart share cache sets: both pack as before (same results)."""
+    from kumiko.kernel.stage import IN_PLACE_ALIAS, IN_PLACE_ROWS
+    assert _staged_blocks(monkeypatch, _conv1x1(8, 24), {"H": 10, "W": 30}) > 0
+    assert _staged_blocks(monkeypatch, _conv1x1(8, IN_PLACE_ROWS + 1), {"H": 10, "W": 30}) == 0
+    assert _staged_blocks(monkeypatch, _conv1x1(8, 24), {"H": 4, "W": IN_PLACE_ALIAS // 4}) == 0
+
+
+_THREADS_IN_PLACE = r"""
+import numpy as np, kumiko
+from kumiko import Tensor
+x, w = Tensor.input("x", ("N", 37, "H", "W")), Tensor.input("w", (30, 37, 1, 1))
+g = x.conv2d(w).relu().graph("y")
+exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+assert "read in place from its source" in exe._run.source
+for shapes in ({"N": 1, "H": 7, "W": 29}, {"N": 3, "H": 5, "W": 50}, {"N": 1, "H": 33, "W": 31}):
+    ins = exe.random_inputs(2, shapes)
+    a, b = np.asarray(exe(**ins)["y"], np.float64), np.asarray(ref(**ins)["y"], np.float64)
+    assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), shapes
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("threads", ["2", "3"])
+def test_in_place_b_with_threads(threads):
+    """Threads splitting M share the block's packed short panel (a barrier before it is read)."""
+    env = dict(os.environ, OMP_NUM_THREADS=threads)
+    r = subprocess.run([sys.executable, "-c", _THREADS_IN_PLACE], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
