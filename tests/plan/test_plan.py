@@ -217,21 +217,28 @@ def _conv(c, co, hw, k, symbolic=False):
     return x.conv2d(w, b, padding=k // 2).relu().graph("y", name="conv")
 
 
-@pytest.mark.parametrize("c,co,hw,k", [(128, 48, 7, 3), (1024, 64, 5, 1), (32, 48, 7, 3), (8, 20, 17, 3)])
+@pytest.mark.parametrize("c,co,hw,k", [(128, 48, 7, 3), (1024, 64, 5, 1), (32, 48, 7, 3), (8, 20, 17, 3),
+                                      (64, 96, 14, 1), (16, 32, 8, 3)])
 def test_plan_says_which_side_the_lanes_hold_and_the_kernel_follows(c, co, hw, k):
-    """The plan's ``vectorize.axis`` names the side in the vector lanes (a stride-1 conv's pixels: the M
-    axes); a plan asking for the other side computes the same, pixels on the A side and channels in the
-    lanes, against the evaluator, with known sizes and with symbolic ones."""
+    """The plan's ``vectorize.axis`` names the side in the vector lanes: a stride-1 conv's pixels (the M
+    axes), or with known sizes its output channels where the pixels pad the vectors (``FLIP_GAIN``); a plan
+    asking for the other side computes the same, against the evaluator, with known sizes and with
+    symbolic ones."""
     for symbolic in (False, True):
         g = _conv(c, co, hw, k, symbolic)
         exe = kumiko.compile(g, "cpu")
         (plan,) = exe._run.plans.values()
-        assert plan.lanes == "m" and plan.to_json()["vectorize"]["axis"] == "m"
+        assert plan.to_json()["vectorize"]["axis"] == plan.lanes
+        if symbolic or plan.vector_width != 16:
+            assert plan.lanes == "m"
+        else:       # 8x8 pixels fill 16-lane vectors; 49, 25, 289 and 196 do not, 48 to 96 channels do
+            assert plan.lanes == ("m" if hw in (8, 17) else "n"), plan.register_block
         ins = exe.random_inputs(2, {"H": hw, "W": hw} if symbolic else None)
         want = kumiko.compile(g, "eval")(**ins)["y"]
-        other = {n: replace(p, vectorize=(("axis", "n"), ("width", p.vector_width))) for n, p in exe._run.plans.items()}
+        to = "n" if plan.lanes == "m" else "m"
+        other = {n: replace(p, vectorize=(("axis", to), ("width", p.vector_width))) for n, p in exe._run.plans.items()}
         flipped = kumiko.compile(g, "cpu", plans=other)
-        assert next(iter(flipped._run.plans.values())).lanes == "n"
+        assert next(iter(flipped._run.plans.values())).lanes == to
         for e in (exe, flipped):
             got = e(**ins)["y"]
             assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
@@ -260,3 +267,34 @@ def test_gpu_plan_for_a_window_no_mma_tile_holds(hw, algo):
     ref = kumiko.compile(g, "eval")
     ins = ref.random_inputs(1)
     assert rel_l2(exe(**ins)["y"], ref(**ins)["y"]) < 2e-3
+
+
+def test_micro_tile_takes_a_divisor_of_awkward_row_counts():
+    """49 and 196 rows (a conv's 7x7 and 14x14 pixels) pad 12- and 8-row tiles by 4-22%: a divisor takes
+    the rows exactly, with as many accumulators, its width the one that pads a known B side least."""
+    from kumiko.plan.choose import micro_tile, tile_efficiency
+    assert micro_tile(16, 49) == (7, 64) and micro_tile(16, 49, 160) == (7, 32)
+    assert micro_tile(16, 196) == (14, 32) and micro_tile(16, 784) == (12, 32)
+    assert micro_tile(16, 64) == (8, 48) and micro_tile(8, 49) == (4, 24)       # AVX2 keeps its own
+    assert tile_efficiency((7, 64), 49, 1280) == 1.0 and tile_efficiency((6, 64), 49, 49) < 0.7
+
+
+@pytest.mark.parametrize("c,co,hw,k,n", [(96, 160, 7, 1, 1), (64, 128, 7, 3, 2), (48, 64, 14, 1, 1),
+                                         (40, 96, 14, 3, 1), (24, 80, 7, 3, 3)])
+def test_channels_in_the_lanes_with_a_residual(c, co, hw, k, n):
+    """Constant weights and pixels that pad the vectors: the channels take the lanes, the pixels the
+    tile's rows, and bias + residual + ReLU run down the output's columns; batch 1 to 3, against the
+    evaluator on fresh inputs, twice."""
+    rng = np.random.default_rng(5)
+    x, res = Tensor.input("x", (n, c, hw, hw)), Tensor.input("r", (n, co, hw, hw))
+    w = Tensor(rng.standard_normal((co, c, k, k)).astype(np.float32) * 0.05, name="w", role="param")
+    b = Tensor(rng.standard_normal(co).astype(np.float32), name="b", role="param")
+    g = (x.conv2d(w, b, padding=k // 2) + res).relu().graph("y", name="conv")
+    exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+    (plan,) = exe._run.plans.values()
+    if plan.vector_width == 16:
+        assert plan.lanes == "n", plan.register_block
+    for seed in (0, 1):
+        ins = exe.random_inputs(seed)
+        got, want = exe(**ins)["y"], ref(**ins)["y"]
+        assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
