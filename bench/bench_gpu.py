@@ -92,21 +92,20 @@ def _torch_attn(causal):
                                                                          scale=1.0 / math.sqrt(sz["D"]))
 
 
-def _conv(sz):
-    """An fp16 3x3 convolution, stride 1, padding 1, NCHW (a ResNet stage's body): an implicit GEMM whose
-    im2col operand is gathered through the region's index map."""
-    x = Tensor.input("X", ("N", sz["C"], "H", "W"), dtype="fp16")
-    w = Tensor.input("Wt", (sz["Co"], sz["C"], 3, 3), dtype="fp16")
-    return x.conv2d(w, padding=1).graph("y", name="conv3x3")
-
-
-def _conv_fixed(sz):
-    """A 3x3 convolution + bias + ReLU at constant sizes (what an imported network holds, so the plan chooser sees
-    them: a batch-1 ResNet stage's few output tiles over a long K get split-K)."""
-    x = Tensor.input("X", (sz["N"], sz["C"], sz["H"], sz["W"]), dtype="fp16")
-    w = Tensor.input("Wt", (sz["Co"], sz["C"], 3, 3), dtype="fp16")
-    b = Tensor.input("b", (sz["Co"],), dtype="fp16")
-    return x.conv2d(w, b, padding=1).relu().graph("y", name="conv3x3_bias_relu")
+def _conv(fixed: bool = False):
+    """An fp16 3x3 convolution, stride 1, padding 1, NCHW (a ResNet stage's body): an implicit GEMM whose im2col
+    operand is gathered through the region's index map. ``fixed``: at constant sizes, with bias + ReLU (what an
+    imported network holds, so the plan chooser sees them: a batch-1 ResNet stage's few output tiles over a long K
+    get split-K)."""
+    def build(sz):
+        x = Tensor.input("X", (sz["N"], sz["C"], sz["H"], sz["W"]) if fixed else ("N", sz["C"], "H", "W"),
+                         dtype="fp16")
+        w = Tensor.input("Wt", (sz["Co"], sz["C"], 3, 3), dtype="fp16")
+        if not fixed:
+            return x.conv2d(w, padding=1).graph("y", name="conv3x3")
+        b = Tensor.input("b", (sz["Co"],), dtype="fp16")
+        return x.conv2d(w, b, padding=1).relu().graph("y", name="conv3x3_bias_relu")
+    return build
 
 
 def _linear(sz):
@@ -163,14 +162,15 @@ WORKLOADS = {w.key: w for w in [
     Workload("attn-causal", "fp16 causal attention B=8 H=16 S=2048 D=64", ATTN, ATTN_QUICK, _attn(True),
              _torch_attn(True), _attn_flops),
     Workload("conv3x3", "fp16 conv 3x3 s1 p1 N=32 C=128 H=W=56 Co=128 (implicit GEMM)",
-             {"N": 32, "C": 128, "H": 56, "W": 56, "Co": 128}, {"N": 2, "C": 8, "H": 9, "W": 7, "Co": 24}, _conv,
+             {"N": 32, "C": 128, "H": 56, "W": 56, "Co": 128}, {"N": 2, "C": 8, "H": 9, "W": 7, "Co": 24}, _conv(),
              lambda t, i, sz: t.nn.functional.conv2d(i["X"], i["Wt"], padding=1), _conv_flops),
     Workload("attn-d128", "fp16 attention B=4 H=16 S=4096 D=128", ATTN_128, ATTN_QUICK_128, _attn(False),
              _torch_attn(False), _attn_flops),
     Workload("attn-d128-causal", "fp16 causal attention B=4 H=16 S=4096 D=128", ATTN_128, ATTN_QUICK_128, _attn(True),
              _torch_attn(True), _attn_flops),
     Workload("conv3x3-s4b1", "fp16 conv 3x3 + bias + ReLU N=1 C=512 H=W=7 Co=512 (ResNet-50 stage 4, batch 1)",
-             {"N": 1, "C": 512, "H": 7, "W": 7, "Co": 512}, {"N": 1, "C": 64, "H": 7, "W": 7, "Co": 64}, _conv_fixed,
+             {"N": 1, "C": 512, "H": 7, "W": 7, "Co": 512}, {"N": 1, "C": 64, "H": 7, "W": 7, "Co": 64},
+             _conv(fixed=True),
              lambda t, i, sz: t.relu(t.nn.functional.conv2d(i["X"], i["Wt"], i["b"], padding=1)), _conv_flops),
     Workload("linear-128", "fp16 Linear 128 x 3072 -> 768 + bias (BERT-base FFN out at 128 tokens)",
              {"M": 128, "K": 3072, "N": 768}, {"M": 16, "K": 256, "N": 64}, _linear,

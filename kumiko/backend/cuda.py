@@ -179,19 +179,20 @@ class CudaBackend(CudaEmuBackend):
         return {("cu",): comp.source, **({(cubin.arch, "cubin"): cubin.data} if cubin is not None else {})}
 
 
-def _buf_args(region, lowered_params) -> tuple:
+def _buf_args(region, lowered_params, split=None) -> tuple:
+    """The launch's arguments for a kernel's parameters: the region's buffers (``b<i>``), its size symbols
+    (``s_``), scratch arrays (``a_``), the status word, and a split-K kernel's (``split``, gpu_ir.SplitK)
+    workspace (scratch) and per-tile counters (zero between launches)."""
     names = [n for n, _ in region.inputs] + [o.name for o in region.outputs]
     out = []
     for p in lowered_params:
         if p.name.startswith("s_") and not p.pointer:
             out.append(("sym", p.name[2:]))
-        elif p.name.startswith("a_"):
+        elif p.name.startswith("a_") or (split is not None and p.name == split.workspace):
             out.append(("scratch", p.name))
         elif p.name == "kk_status":
             out.append(("status", p.name))
-        elif p.name == "kk_ws":                 # split-K's partial sums (gpu_ir.SplitK)
-            out.append(("scratch", p.name))
-        elif p.name == "kk_cnt":                # split-K's per-tile counters, zero between launches
+        elif split is not None and p.name == split.counters:
             out.append(("counter", p.name))
         else:
             out.append(("buf", names[int(p.name[1:])]))
@@ -263,8 +264,8 @@ def _lower_region(r, syms: tuple, name: str, plan: Plan, kernels: list, launches
             scratch += ((kern.split.workspace, tiles + (splits * bm * bn,)),)
             counters = ((kern.split.counters, tiles),)
         kernels.append(kern)
-        launches.append(Launch(r.name, name, grid, kern.threads, kern.smem_bytes, _buf_args(r, kern.params),
-                               scratch, counters=counters))
+        launches.append(Launch(r.name, name, grid, kern.threads, kern.smem_bytes,
+                               _buf_args(r, kern.params, kern.split), scratch, counters=counters))
         if low.scratch is not None:
             _simt_rest(r, syms, name, plan, low.scratch, kernels, launches, scratch[:1])
         return

@@ -53,10 +53,9 @@ from kumiko.kernel.gpu_ir import (
     StGlobal,
     TileRef,
     Token,
-    VecAccess,
     WaitGroup,
 )
-from kumiko.kernel.gpu_mma import PAD, _vec_access
+from kumiko.kernel.gpu_mma import PAD
 from kumiko.kernel.gpu_simt import decompose, extent
 from kumiko.kernel.loops import Assign, Decl
 from kumiko.kernel.lower_base import RegionEmitter
@@ -366,16 +365,11 @@ def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tup
             lo.sizes[a.name] = a.size
         lo.ty.add_axes(c.k_axes)
     k0, k1 = tuple(a.name for a in c0.k_axes), tuple(a.name for a in c1.k_axes)
-    acc = [_vec_access(lo0, c0.x, c0.m_axes, k0), _vec_access(lo0, c0.y, c0.n_axes, k0),
-           _vec_access(lo1, c1.y, c1.n_axes, k1)]
-    # an operand that is not a whole row-major tile may still be one with a row step (a head of a projection)
-    for i, (steps, layout, e, lo) in enumerate(zip(_operand_tiles(pair.f0, c0, pair.f1, c1), ("sk", "sk", "ks"),
-                                                   (c0.x, c0.y, c1.y), (lo0, lo0, lo1))):
-        if (acc[i] is None or acc[i][0] != layout) and steps is not None:
-            st = (f"{steps}LL", "1") if layout == "sk" else ("1", f"{steps}LL")
-            acc[i] = (layout, VecAccess(lo.cname[e.tensor], "true", "0", *st))
+    # Q, K as [rows, head dim] and V as [keys, head dim] tiles, each with its row step (a plain tile's row
+    # length, or a head of a projection's [tokens, heads x d] output): find_attention_pair checked them
+    steps = _operand_tiles(pair.f0, c0, pair.f1, c1)
     at = f"region {pair.f0.region.name}"
-    if [a and a[0] for a in acc] != ["sk", "sk", "ks"]:
+    if None in steps:
         raise KumikoError("E1801", at=at, why=f"the {STREAMING} kernel copies Q, K as row-major [rows, head dim] "
                           "tiles and V as [keys, head dim] by cp.async; an operand is not such a tile",
                           suggestion='use the MMA plans (algo_choice {"contraction": "mma"})')
@@ -390,12 +384,12 @@ def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tup
     setup += lo0.unit_decls(c0)
     batch1 += lo1.unit_decls(c1)
     loads = []
-    for ring, (layout, vec), e, lo, rows, cols in zip(("sQ", "sK", "sV"), acc, (c0.x, c0.y, c1.y), (lo0, lo0, lo1),
-                                                      (c0.m_axes, c0.n_axes, k1), (k0, k0, c1.n_axes)):
+    for ring, step, e, lo, rows, cols in zip(("sQ", "sK", "sV"), steps, (c0.x, c0.y, c1.y), (lo0, lo0, lo1),
+                                             (c0.m_axes, c0.n_axes, k1), (k0, k0, c1.n_axes)):
         # the element offset at row 0, column 0 of the batch point
         off = C.offset_expr(e.index, lo.memrefs[e.tensor].shape).subs({a: Expr.lift(0) for a in (*rows, *cols)})
-        step = vec.s_step if layout == "sk" else vec.k_step
-        loads.append(BlockLoad(ring, f"{vec.buf} + ({C.index(off, set(lo.iters))})", step, extent(lo, rows)))
+        loads.append(BlockLoad(ring, f"{lo.cname[e.tensor]} + ({C.index(off, set(lo.iters))})", f"{step}LL",
+                               extent(lo, rows)))
     # the score: the producer's score lets at one point, the accumulator in kk_acc
     lo0.storage = {c0.let: ("scalar", "kk_acc")}
     score: list = []
