@@ -68,7 +68,7 @@ def micro_tile(vw: int, rows: int | None = None, cols: int | None = None) -> tup
     m = min(cands, key=lambda m: (pad(m), -m))
     if pad(m) > MAX_PAD and vw == 16:
         # a divisor of the rows (6 to 14) with up to 28 accumulators: 7 x 4 or 14 x 2 vectors for a conv's
-        # 7x7 or 14x14 pixels (49 rows on 8-row tiles computed 56; 7 x 64 ran 1.06-1.13x faster than 7 x 48
+        # 7x7 or 14x14 pixels (49 rows on 8-row tiles computed 56; 7 x 64 ran up to 1.12x faster than 7 x 48
         # for 7x7 convs on the 2-core EPYC, though its 28 + 4 + 1 vectors are one more than the registers)
         exact = [d for d in range(mr + 2, mr // 2 - 1, -1) if rows % d == 0]
         if exact:
@@ -170,8 +170,8 @@ def _orientation(c: Contraction, facts: RegionFacts, o: Orientation, vw: int, co
     then the channels go to the lanes and the pixels to the tile's rows (7 x 64 tiles; the stores run down
     the output's columns). On the 2-core EPYC, one process, alternating: ResNet-50's 1x1 2048 -> 512 and
     3x3 512 -> 512 convs at 7x7 0.81 and 0.88 of the time, 1024 -> 256 at 14x14 0.93."""
-    tile = micro_tile(vw, *_panel_extents(c, facts, o))
     rows, cols = _panel_extents(c, facts, o)
+    tile = micro_tile(vw, rows, cols)
     if c.outer is not None or rows is None or cols is None:
         return o, tile
     o2 = orient(c, facts.memrefs, facts.sizes, "n" if o.swapped else "m")
