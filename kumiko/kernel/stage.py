@@ -32,11 +32,12 @@ from kumiko.region.operands import phase_count, steps_last_dim
 from kumiko.symbolic import Expr, Sym
 
 #: the most A rows (M) for which B is read in place: each panel is read once per MR rows, strided rows
-#: costing more than a packed panel's once M is large (GEMM 2048^3: 1.03-1.10x slower in place; 512^3 even)
+#: costing more than a packed panel's once M is large (GEMM 2048^3: 1.03-1.10x slower in place, 2048 x 1024
+#: x 1024 1.04x; 512^3 even). K rows a multiple of 1 KiB apart (a B of 1024 columns, a 112x112 image) share
+#: few cache sets, yet read in place they ran 1.06-1.33x faster than packed in one phase of the 2-core EPYC
+#: (256 x 1024 x 512, 128 x 1024 x 1024, MobileNetV2's 32 -> 16 1x1 conv at 112x112) and 1.04x slower in
+#: another: no rule for them.
 IN_PLACE_ROWS = 512
-#: B is not read in place where consecutive K rows lie a multiple of this many floats apart (1 KiB): the
-#: panel's rows then fall into few cache sets (a 256 x 1024 x 512 GEMM 1.04x slower in place)
-IN_PLACE_ALIAS = 256
 
 
 def span(e: Expr, sizes: dict, axes: set) -> tuple[str, str] | None:
@@ -125,11 +126,8 @@ class Stage:
                            "else kk_sgo = 0;"))
         if self.in_place:       # the source itself, when its reads need no pad (they cannot, unguarded)
             flat = " && ".join(f"kk_spl{i} == 0 && kk_sph{i} == 0" for i in range(self.D))
-            # rows K apart a multiple of 1 KiB share a few cache sets (a GEMM's B of 1024 columns)
-            apart = "".join(f" && kk_sst{i} % {IN_PLACE_ALIAS} != 0" for i, ((_, _, kp), _) in enumerate(self.dims)
-                            if set(kp.symbols()) & set(self.k_axes))
             return out + [Decl("const int", "kk_stgw", f"kk_srun >= {self.nr - 1} && {flat} && "
-                                                       f"kk_M <= {IN_PLACE_ROWS}{apart}"),
+                                                       f"kk_M <= {IN_PLACE_ROWS}"),
                           Decl("float*", "kk_S", f"kk_stgw ? (float*){self.src} : 0"),
                           Decl("const int", "kk_stg", "kk_stgw")]
         src_n = " * ".join(f"({C.index(n, set())})" for _, n in self.dims)

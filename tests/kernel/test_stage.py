@@ -288,13 +288,13 @@ def test_in_place_b_with_constant_weights():
         assert np.linalg.norm(out - want) <= 1e-5 * np.linalg.norm(want)
 
 
-def test_in_place_needs_few_rows_and_rows_apart_off_a_cache_set_period(monkeypatch):
-    """Past IN_PLACE_ROWS A rows each B panel is re-read too often for strided rows to pay, and K rows a
-    multiple of IN_PLACE_ALIAS floats apart share cache sets: both pack as before (same results)."""
-    from kumiko.kernel.stage import IN_PLACE_ALIAS, IN_PLACE_ROWS
+def test_in_place_needs_few_rows(monkeypatch):
+    """Past IN_PLACE_ROWS A rows each B panel is re-read too often for strided rows to pay: packed as before
+    (same results). Rows 1 KiB apart (a 16 x 16 image) are read in place."""
+    from kumiko.kernel.stage import IN_PLACE_ROWS
     assert _staged_blocks(monkeypatch, _conv1x1(8, 24), {"H": 10, "W": 30}) > 0
     assert _staged_blocks(monkeypatch, _conv1x1(8, IN_PLACE_ROWS + 1), {"H": 10, "W": 30}) == 0
-    assert _staged_blocks(monkeypatch, _conv1x1(8, 24), {"H": 4, "W": IN_PLACE_ALIAS // 4}) == 0
+    assert _staged_blocks(monkeypatch, _conv1x1(8, 24), {"H": 16, "W": 16}) > 0
 
 
 _THREADS_IN_PLACE = r"""
