@@ -77,6 +77,33 @@ def stage_micro_kernel(mr: int, nr: int, vw: int) -> str:
     return "\n".join(lines + _finish(mr, nv, vw))
 
 
+def astage_micro_name(mr: int, nr: int, vw: int) -> str:
+    return f"kk_micro_astage_{mr}x{nr}_v{vw}"
+
+
+def astage_micro_kernel(mr: int, nr: int, vw: int) -> str:
+    """An MR x NR micro-kernel whose A is read in place from a padded copy of its operand (a stage on the A
+    side, see ``kumiko.kernel.contract``), B from a packed panel: row i of the tile at k is ``a[ko[k] + i]``
+    for i < s and ``a[ko[k] + d2 + i]`` from s on (a panel of pixels that wraps an output row: two runs;
+    s = MR, one). Each row's broadcast is a load at a constant offset from one of two pointers, so the loop
+    is generated once per s."""
+    nv = nr // vw
+    lines = [f"static void {astage_micro_name(mr, nr, vw)}(long long kc, const float* KUMIKO_RESTRICT a, "
+             "const long long* KUMIKO_RESTRICT ko, long long s, long long d2, const float* KUMIKO_RESTRICT b, "
+             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {", *_start(mr, nr, nv), "  switch (s) {"]
+    for j in range(1, mr + 1):
+        lines += [f"  {'default' if j == mr else f'case {j}'}:",
+                  "    for (long long p = 0; p < kc; ++p) {",
+                  "      const float* KUMIKO_RESTRICT ap = a + ko[p];"]
+        if j < mr:
+            lines.append("      const float* KUMIKO_RESTRICT ap2 = ap + d2;")
+        lines += [f"      kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});" for v in range(nv)]
+        lines += _fmas(mr, nv, vw, lambda i, j=j: f"ap[{i}]" if i < j else f"ap2[{i}]", "      ")
+        lines += ["    }", "    break;"]
+    lines.append("  }")
+    return "\n".join(lines + _finish(mr, nv, vw))
+
+
 def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = False) -> str:
     """An MR x NR register-blocked micro-kernel: C[MR][NR] (+)= sum_p A[p][MR] * B[p][NR].
 

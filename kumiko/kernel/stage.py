@@ -17,6 +17,10 @@ zeros). Per N block every panel's runs are checked from the row table; a block w
 more runs (rows shorter than a panel) packs its panels as before. The stage holds the whole operand
 (its size is checked against the source's, a bounded overhead); it lives in ``kk_scratch`` slot 10.
 
+The A side can have a stage too (``key="a"``, padding only): a padded conv whose pixels are the tile's
+rows (its channels in the lanes) broadcasts each row from the stage (``micro.astage_micro_kernel``; a panel
+of MR rows one or two runs, ``a_check``) instead of packing im2col panels.
+
 An operand with neither guards nor phases (a 1x1 convolution's pixels, a GEMM's row-major B) is its own
 stage (``in_place``): the micro-kernel reads the source where it lies and nothing is copied. The source
 has no zero slack behind its end, so a panel shorter than NR (the block's last) is packed as before
@@ -71,7 +75,8 @@ class Stage:
     view of a strided convolution). The phase and the coarse step of ``t`` go into the K column."""
 
     def __init__(self, dims: tuple, rows: tuple, k_axes: tuple, batch: tuple, sizes: dict, src: str, nr: int,
-                 guarded: bool = True):
+                 guarded: bool = True, key: str = "b"):
+        self.key = key          # the side it feeds: "b" (the lanes) or "a" (the broadcast rows; ``a_check``)
         self.dims, self.rows, self.k_axes, self.batch = dims, rows, k_axes, batch
         self.src, self.nr, self.D, self.sizes = src, nr, len(dims), sizes
         self.spans = []
@@ -159,7 +164,7 @@ class Stage:
         split dimension's are in its K column)."""
         terms = " + ".join(f"({C.index(p[0], set(self.batch))} + kk_spl{i}) * kk_sst{i}"
                            for i, (p, _) in enumerate(self.dims) if self.f[i] == 1) or "0"
-        return Decl("const long long", "kk_bsb", f"kk_stg ? {terms} : 0")
+        return Decl("const long long", f"kk_{self.key}sb", f"kk_stg ? {terms} : 0")
 
     def _at(self, i: int, j: str) -> str:
         """The stage offset of padded index ``j`` of dimension i."""
@@ -233,4 +238,28 @@ class Stage:
                     "#ifdef KUMIKO_TRACE_STAGE\n"
                     f"if (kk_dir{' && kk_nfull > 0' if self.in_place else ''}) "
                     "__atomic_fetch_add(&kk_stage_blocks, 1, __ATOMIC_RELAXED);\n"
+                    "#endif")]
+
+    def a_check(self, mr: int) -> list:
+        """A side: per panel of MR rows (all of M, once a call), its first-run length ``kk_aps`` (MR: one run)
+        and second-run distance ``kk_apd`` from the row table; ``kk_adir`` stays set when every panel is at
+        most two runs with the second after, else the A panels are packed as before. Rows past M read the
+        stage's zero slack (their accumulators are not stored)."""
+        return [Decl("const long long", "kk_anp", f"kk_Mp / {mr}"),
+                Raw("long long kk_aps[kk_anp > 0 ? kk_anp : 1], kk_apd[kk_anp > 0 ? kk_anp : 1];"),
+                Decl("int", "kk_adir", "kk_stg"),
+                Raw(f"for (long long kk_q = 0; kk_adir && kk_q < kk_anp; ++kk_q) {{\n"
+                    f"  const long long* kk_so = kk_arso + kk_q*{mr};\n"
+                    f"  const long long kk_nv = kk_M - kk_q*{mr} < {mr} ? kk_M - kk_q*{mr} : {mr};\n"
+                    "  long long kk_s = 1;\n"
+                    "  while (kk_s < kk_nv && kk_so[kk_s] == kk_so[0] + kk_s) ++kk_s;\n"
+                    "  const long long kk_d = kk_s < kk_nv ? kk_so[kk_s] - kk_so[0] - kk_s : 0;\n"
+                    "  for (long long kk_r = kk_s; kk_r < kk_nv; ++kk_r)\n"
+                    "    kk_adir &= kk_so[kk_r] == kk_so[0] + kk_d + kk_r;\n"
+                    "  kk_adir &= kk_d >= 0;\n"
+                    f"  kk_aps[kk_q] = kk_s < kk_nv ? kk_s : {mr};\n"
+                    "  kk_apd[kk_q] = kk_d;\n"
+                    "}\n"
+                    "#ifdef KUMIKO_TRACE_STAGE\n"
+                    "if (kk_adir && kk_t == 0) __atomic_fetch_add(&kk_stage_blocks, 1, __ATOMIC_RELAXED);\n"
                     "#endif")]

@@ -36,7 +36,7 @@ from kumiko.kernel.abi import Pack, Step, program_symbols
 from kumiko.kernel.contract import lower_contraction_kernels
 from kumiko.kernel.loops import Kernel
 from kumiko.kernel.lower_cpu import CpuLowering
-from kumiko.kernel.micro import micro_kernel, stage_micro_kernel, vector_types
+from kumiko.kernel.micro import astage_micro_kernel, micro_kernel, stage_micro_kernel, vector_types
 from kumiko.kernel.skinny import SkinnyLowering
 from kumiko.kernel.stream import find_pipe, lower_pipe, pipe_buffers
 from kumiko.plan.plan import Plan
@@ -138,7 +138,8 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             kern, prepacks = lower_contraction_kernels(lo, plan, constants,
                                                        SkinnyLowering if plan.algo == "skinny" else None)
             m = (*plan.register_block, plan.vector_width)
-            micros = (("p", *m),) + ((("s", *m),) if lo.staged else ()) + ((("l", *m),) if lo.b_ld else ())
+            micros = ((("p", *m),) + ((("s", *m),) if lo.staged else ()) + ((("l", *m),) if lo.b_ld else ())
+                      + ((("a", *m),) if lo.a_staged else ()))
             for pk in prepacks:
                 pieces.append(_Piece(pk.kernel, (("p", *m),), plan.vector_width))
                 packs.append((len(pieces) - 1, pk, f"{r.name}.pack_{pk.key}"))
@@ -229,11 +230,13 @@ def _blank(m: re.Match) -> str:
 
 
 def _micro_texts(micros) -> list[str]:
-    """The micro-kernels, in the order one translation unit has always had them: packed, a_rows, stage, B in place."""
+    """The micro-kernels, in the order one translation unit has always had them: packed, a_rows, stage, B in
+    place, then A from a stage."""
     out = [micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "p")]
     out += [micro_kernel(*m[1:], a_rows=True) for m in sorted(m for m in micros if m[0] == "r")]
     out += [stage_micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "s")]
     out += [micro_kernel(*m[1:], b_ld=True) for m in sorted(m for m in micros if m[0] == "l")]
+    out += [astage_micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "a")]
     return out
 
 

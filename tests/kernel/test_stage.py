@@ -19,7 +19,7 @@ from kumiko.kernel.stage import span
 from kumiko.region.operands import stage_bounds
 from kumiko.runtime.program import program_symbols
 from kumiko.symbolic import Expr
-from tests.kernel.test_contract_packing import SMALL, check
+from tests.kernel.test_contract_packing import SMALL, check, rel
 
 
 def _lowering(g):
@@ -319,3 +319,110 @@ def test_in_place_b_with_threads(threads):
     r = subprocess.run([sys.executable, "-c", _THREADS_IN_PLACE], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
+# A read from a stage: the pixels of a padded conv on the A side (channels in the lanes) ----------------------
+def _channels_in_lanes(g):
+    """``g`` compiled with every packed plan asking for the other side in the lanes (the chooser's pick for
+    a 7x7 or 14x14 conv with constant weights)."""
+    exe = kumiko.compile(g, "cpu")
+    plans = {n: replace(p, vectorize=(("axis", "n"), ("width", p.vector_width)))
+             for n, p in exe._run.plans.items() if p.algo == "packed"}
+    return kumiko.compile(g, "cpu", plans=plans)
+
+
+def _a_staged(monkeypatch, g, shapes, blocks=None) -> int:
+    """Calls (counted once each) whose A panels were read from the stage, checked against the evaluator."""
+    import ctypes
+
+    from kumiko.runtime import cpu as cpu_rt
+    monkeypatch.setattr(cpu_rt, "DEFAULT_FLAGS", tuple(cpu_rt.DEFAULT_FLAGS) + ("-DKUMIKO_TRACE_STAGE",))
+    exe = _channels_in_lanes(g)
+    if blocks is not None:
+        exe = kumiko.compile(g, "cpu", plans={n: replace(p, cache_block=(p.register_block.mr, p.register_block.nr,
+                                                                          blocks))
+                                              for n, p in exe._run.plans.items()})
+    assert "kk_micro_astage_" in exe._run.source
+    counter = ctypes.c_longlong.in_dll(exe._run.module.lib, "kk_stage_blocks")
+    counter.value = 0
+    ref = kumiko.compile(g, "eval")
+    for seed in (0, 1):
+        ins = exe.random_inputs(seed, shapes)
+        out, want = exe(**ins), ref(**ins)
+        for k in want:
+            assert rel(out[k], want[k]) < 2e-5, (k, rel(out[k], want[k]))
+    return counter.value
+
+
+@pytest.mark.parametrize("c,co,n,hw,pad,dil", [
+    (19, 32, 1, (14, 14), 1, 1),     # 196 pixels on 14-row tiles, rows of 14 in a stage 16 wide: two runs
+    (24, 64, 1, (7, 7), 1, 1),       # 7 x 64 tiles, one run a panel
+    (8, 48, 2, (9, 13), 1, 1),       # batch 2, odd sizes, a short last panel reading the stage's slack
+    (5, 16, 3, (11, 20), 2, 2),      # dilation 2, padding 2, batch 3
+    (6, 32, 1, (10, 31), (0, 2), 1),  # padding along W only
+])
+def test_a_stage_conv_matches_the_evaluator(monkeypatch, c, co, n, hw, pad, dil):
+    """The A-stage micro-kernel broadcasts each row from the padded copy of the input where it lies; the
+    results are those of the evaluator (bias + residual + ReLU in the transposed epilogue)."""
+    x, w = Tensor.input("x", (n, c, hw[0], hw[1])), Tensor.input("w", (co, c, 3, 3))
+    y = x.conv2d(w, padding=pad, dilation=dil)
+    g = (y + Tensor.input("r", tuple(y.shape)) + Tensor.input("b", (co, 1, 1))).relu().graph("y")
+    assert _a_staged(monkeypatch, g, None) > 0
+    assert _a_staged(monkeypatch, g, None, blocks=8) > 0          # K in blocks of 8: the panels per block
+
+
+def test_a_stage_falls_back_to_packing_for_short_rows(monkeypatch):
+    """Output rows of 3 pixels: an 8- or 12-row panel spans three or more runs of the stage, so the A panels
+    are packed as before (the same results)."""
+    x, w = Tensor.input("x", (1, 7, 9, 3)), Tensor.input("w", (32, 7, 3, 3))
+    assert _a_staged(monkeypatch, x.conv2d(w, padding=1).graph("y"), None) == 0
+
+
+def test_strided_pixels_on_the_a_side_stay_packed():
+    """Phase planes on the A side ran 1.15-1.95x slower than packing (ResNet-50's stride-2 convs to 14x14
+    and 7x7): only a padding stage is read on the A side."""
+    x, w = Tensor.input("x", (1, 16, 14, 14)), Tensor.input("w", (32, 16, 3, 3))
+    src = check(x.conv2d(w, padding=1, stride=2).graph("y"))
+    assert "kk_micro_astage_" not in src
+
+
+_THREADS_A = r"""
+import numpy as np, kumiko
+from dataclasses import replace
+from kumiko import Tensor
+rng = np.random.default_rng(3)
+x = Tensor.input("x", ("N", 20, "H", "W"))
+w = Tensor(rng.standard_normal((48, 20, 3, 3)).astype(np.float32), name="w", role="param")
+g = x.conv2d(w, padding=1).relu().graph("y")
+exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+plans = {n: replace(p, vectorize=(("axis", "n"), ("width", p.vector_width))) for n, p in exe._run.plans.items()}
+exe = kumiko.compile(g, "cpu", plans=plans)
+assert "kk_micro_astage_" in exe._run.source
+for shapes in ({"N": 1, "H": 7, "W": 7}, {"N": 2, "H": 14, "W": 14}, {"N": 1, "H": 5, "W": 40}):
+    ins = exe.random_inputs(2, shapes)
+    a, b = np.asarray(exe(**ins)["y"], np.float64), np.asarray(ref(**ins)["y"], np.float64)
+    assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), shapes
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("threads", ["2", "3"])
+def test_a_stage_with_constant_weights_and_threads(threads):
+    """Pre-packed weights in the lanes, the threads fill the A stage together (a barrier before any panel
+    reads it) and each checks the panels' runs itself."""
+    env = dict(os.environ, OMP_NUM_THREADS=threads)
+    r = subprocess.run([sys.executable, "-c", _THREADS_A], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-march=x86-64",)])
+def test_a_stage_micro_kernel_without_avx512(monkeypatch, flags):
+    """The A-stage micro-kernel is GCC vector code: built for narrower ISAs it computes the same."""
+    from kumiko.runtime import cpu as cpu_rt
+    monkeypatch.setattr(cpu_rt, "DEFAULT_FLAGS", tuple(cpu_rt.DEFAULT_FLAGS) + flags)
+    x, w = Tensor.input("x", (2, 6, 7, 9)), Tensor.input("w", (24, 6, 3, 3))
+    g = x.conv2d(w, padding=1).relu().graph("y")
+    exe, ref = _channels_in_lanes(g), kumiko.compile(g, "eval")
+    assert "kk_micro_astage_" in exe._run.source
+    ins = exe.random_inputs(0)
+    assert rel(exe(**ins)["y"], ref(**ins)["y"]) < 1e-5
