@@ -298,3 +298,20 @@ def test_channels_in_the_lanes_with_a_residual(c, co, hw, k, n):
         ins = exe.random_inputs(seed)
         got, want = exe(**ins)["y"], ref(**ins)["y"]
         assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("hw,lanes", [(28, "n"), (20, "n"), (56, "m")])
+def test_short_padded_rows_put_the_pixels_on_the_a_stage(hw, lanes):
+    """A padded 3x3 conv whose output rows are shorter than a B panel (28 and 20 pixels on 48 lanes) would
+    pack im2col panels with its pixels in the lanes; with bound weights the chooser puts the channels there
+    and reads the pixels from the A side's stage. 56-pixel rows keep the B side's stage."""
+    g = _conv(32, 64, hw, 3)
+    exe = kumiko.compile(g, "cpu")
+    (plan,) = exe._run.plans.values()
+    if plan.vector_width != 16:
+        pytest.skip("the rule is measured on AVX-512")
+    assert plan.lanes == lanes, plan.register_block
+    assert ("kk_micro_astage_" in exe._run.source) == (lanes == "n")
+    ins = exe.random_inputs(3)
+    want = kumiko.compile(g, "eval")(**ins)["y"]
+    assert np.linalg.norm(exe(**ins)["y"] - want) <= 1e-5 * np.linalg.norm(want)
