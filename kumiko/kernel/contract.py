@@ -89,16 +89,17 @@ class ContractionLowering(PanelPacking):
             # consecutive rows are consecutive stage elements; a copy where it replaces the guards (padding)
             # or a strided gather (phases), else the source itself
             self.stage = st if st.ok and st.unit else None
-        #: A read in place from a padded copy of its source: the pixels on the A side (channels in the lanes)
-        #: of a padded conv, no im2col panels packed (kumiko.kernel.stage ``a_check``; 3x3 convs at 14x14 and
-        #: 7x7 with bound weights ran 0.86-0.95 of the time with it, ResNet-50 b1 0.977-0.985)
+        #: A read in place from a padded copy of its source, or from the source itself: the pixels on the A
+        #: side (channels in the lanes) of a padded conv, no im2col panels packed (kumiko.kernel.stage
+        #: ``a_check``; 3x3 convs at 14x14 and 7x7 with bound weights ran 0.86-0.95 of the time with it,
+        #: ResNet-50 b1 0.977-0.985), or of a 1x1 conv (IN_PLACE_COLS)
         self.astage = None
         adims = stage_bounds(self.a.table) if self.stage is None and "a" not in self.pre else None
         if adims is not None:
             st = Stage(adims, self.a.rows, tuple(a.name for a in c.k_axes), c.batch, lo.sizes,
                        lo.cname[self.a.table.tensor], self.mr, bool(self.a.table.guards), key="a")
             # phase planes on the A side ran 1.15-1.95x slower than packing (stride-2 convs to 14x14, 7x7)
-            self.astage = st if st.ok and st.unit and not st.in_place and not st.split else None
+            self.astage = st if st.ok and st.unit and not st.split else None
 
     def size(self, axes) -> str:
         return C.index(prod([self.lo.sizes[a] for a in axes]) if axes else 1, set())

@@ -42,6 +42,10 @@ from kumiko.symbolic import Expr, Sym
 #: (256 x 1024 x 512, 128 x 1024 x 1024, MobileNetV2's 32 -> 16 1x1 conv at 112x112) and 1.04x slower in
 #: another: no rule for them.
 IN_PLACE_ROWS = 512
+#: the most B columns for which an unpadded A side (a 1x1 conv's pixels with its channels in the lanes) is
+#: read in place: 960 -> 160, 576 -> 96 and 1024 -> 256 1x1 convs at 7x7 and 14x14 ran 0.91-0.96 of the time
+#: in place, 320 -> 1280 and 2048 -> 512 at 7x7 1.035 and 1.16
+IN_PLACE_COLS = 256
 
 
 def span(e: Expr, sizes: dict, axes: set) -> tuple[str, str] | None:
@@ -131,8 +135,11 @@ class Stage:
                            "else kk_sgo = 0;"))
         if self.in_place:       # the source itself, when its reads need no pad (they cannot, unguarded)
             flat = " && ".join(f"kk_spl{i} == 0 && kk_sph{i} == 0" for i in range(self.D))
-            return out + [Decl("const int", "kk_stgw", f"kk_srun >= {self.nr - 1} && {flat} && "
-                                                       f"kk_M <= {IN_PLACE_ROWS}"),
+            # B: few A rows re-read each panel; A: few B columns re-read each A panel, and whole panels of MR
+            # rows (nothing read past the source's end)
+            rule = (f"kk_M <= {IN_PLACE_ROWS}" if self.key == "b" else
+                    f"kk_N <= {IN_PLACE_COLS} && kk_M % {self.nr} == 0")
+            return out + [Decl("const int", "kk_stgw", f"kk_srun >= {self.nr - 1} && {flat} && {rule}"),
                           Decl("float*", "kk_S", f"kk_stgw ? (float*){self.src} : 0"),
                           Decl("const int", "kk_stg", "kk_stgw")]
         src_n = " * ".join(f"({C.index(n, set())})" for _, n in self.dims)

@@ -56,6 +56,8 @@ def micro_tile(vw: int, rows: int | None = None, cols: int | None = None) -> tup
         nv = -(-cols // vw)
         m = 2 * mr // nv
         if m * nv + nv + 1 <= regs:
+            if rows and (-rows % m) / rows > MAX_PAD and rows % (m - 1) == 0:    # one row fewer pads nothing
+                m -= 1                                                              # (49 rows: 7 x 48)
             return m, nv * vw
     if rows is None or rows <= 0:
         return mr, nr

@@ -426,3 +426,25 @@ def test_a_stage_micro_kernel_without_avx512(monkeypatch, flags):
     assert "kk_micro_astage_" in exe._run.source
     ins = exe.random_inputs(0)
     assert rel(exe(**ins)["y"], ref(**ins)["y"]) < 1e-5
+
+
+@pytest.mark.parametrize("co,n,hw,read", [
+    (48, 1, (7, 7), True),      # 49 pixels on 7-row tiles: whole panels, read where they lie
+    (32, 2, (7, 7), True),      # batch 2 (98 rows on 14-row tiles): a panel's rows run across the batch boundary
+    (32, 1, (1, 43), False),    # 43 pixels on 12-row tiles: a short last panel would read past the end
+    (272, 1, (7, 7), False),    # past IN_PLACE_COLS channels each A panel is re-read too often: packed
+])
+def test_unpadded_a_side_in_place(monkeypatch, co, n, hw, read):
+    """A 1x1 conv's pixels on the A side (its channels in the lanes) are read from the source itself when
+    the rows fill whole MR panels and the B side is narrow (``IN_PLACE_COLS``); else packed. The same
+    results either way."""
+    from kumiko.kernel.stage import IN_PLACE_COLS
+    assert co <= IN_PLACE_COLS or not read
+    rng = np.random.default_rng(7)
+    x = Tensor.input("x", (n, 40, hw[0], hw[1]))
+    w = Tensor(rng.standard_normal((co, 40, 1, 1)).astype(np.float32), name="w", role="param")
+    g = (x.conv2d(w) + Tensor.input("b", (co, 1, 1))).relu().graph("y")
+    (plan,) = _channels_in_lanes(g)._run.plans.values()
+    if ((n * hw[0] * hw[1]) % plan.register_block.mr == 0) != (read or co > IN_PLACE_COLS):
+        pytest.skip(f"this machine's micro-tile ({plan.register_block}) does not make the case")
+    assert (_a_staged(monkeypatch, g, None) > 0) == read
