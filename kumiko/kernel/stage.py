@@ -46,6 +46,8 @@ IN_PLACE_ROWS = 512
 #: read in place: 960 -> 160, 576 -> 96 and 1024 -> 256 1x1 convs at 7x7 and 14x14 ran 0.91-0.96 of the time
 #: in place, 320 -> 1280 and 2048 -> 512 at 7x7 1.035 and 1.16
 IN_PLACE_COLS = 256
+#: the most A panels whose runs a thread keeps on its stack (16 bytes each: 128 KiB); more are packed
+A_CHECK_PANELS = 8192
 
 
 def span(e: Expr, sizes: dict, axes: set) -> tuple[str, str] | None:
@@ -251,10 +253,12 @@ class Stage:
         """A side: per panel of MR rows (all of M, once a call), its first-run length ``kk_aps`` (MR: one run)
         and second-run distance ``kk_apd`` from the row table; ``kk_adir`` stays set when every panel is at
         most two runs with the second after, else the A panels are packed as before. Rows past M read the
-        stage's zero slack (their accumulators are not stored)."""
+        stage's zero slack (their accumulators are not stored). The tables are on each thread's stack: past
+        ``A_CHECK_PANELS`` panels the A side is packed."""
         return [Decl("const long long", "kk_anp", f"kk_Mp / {mr}"),
-                Raw("long long kk_aps[kk_anp > 0 ? kk_anp : 1], kk_apd[kk_anp > 0 ? kk_anp : 1];"),
-                Decl("int", "kk_adir", "kk_stg"),
+                Raw(f"long long kk_aps[kk_anp > 0 && kk_anp <= {A_CHECK_PANELS} ? kk_anp : 1], "
+                    f"kk_apd[kk_anp > 0 && kk_anp <= {A_CHECK_PANELS} ? kk_anp : 1];"),
+                Decl("int", "kk_adir", f"kk_stg && kk_anp <= {A_CHECK_PANELS}"),
                 Raw(f"for (long long kk_q = 0; kk_adir && kk_q < kk_anp; ++kk_q) {{\n"
                     f"  const long long* kk_so = kk_arso + kk_q*{mr};\n"
                     f"  const long long kk_nv = kk_M - kk_q*{mr} < {mr} ? kk_M - kk_q*{mr} : {mr};\n"

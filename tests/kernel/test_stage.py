@@ -448,3 +448,15 @@ def test_unpadded_a_side_in_place(monkeypatch, co, n, hw, read):
     if ((n * hw[0] * hw[1]) % plan.register_block.mr == 0) != (read or co > IN_PLACE_COLS):
         pytest.skip(f"this machine's micro-tile ({plan.register_block}) does not make the case")
     assert (_a_staged(monkeypatch, g, None) > 0) == read
+
+
+def test_a_stage_packs_past_the_panels_a_thread_checks(monkeypatch):
+    """More A panels than A_CHECK_PANELS (their run tables live on each thread's stack): packed, the same
+    results."""
+    from kumiko.kernel import stage
+    monkeypatch.setattr(stage, "A_CHECK_PANELS", 3)
+    x, w = Tensor.input("x", (1, 6, 14, 14)), Tensor.input("w", (32, 6, 3, 3))
+    g = x.conv2d(w, padding=1).relu().graph("y")
+    assert _a_staged(monkeypatch, g, None) == 0
+    monkeypatch.setattr(stage, "A_CHECK_PANELS", 8192)
+    assert _a_staged(monkeypatch, g, None) > 0
