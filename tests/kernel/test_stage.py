@@ -297,28 +297,29 @@ def test_in_place_needs_few_rows(monkeypatch):
     assert _staged_blocks(monkeypatch, _conv1x1(8, 24), {"H": 16, "W": 16}) > 0
 
 
-_THREADS_IN_PLACE = r"""
-import numpy as np, kumiko
-from kumiko import Tensor
-x, w = Tensor.input("x", ("N", 37, "H", "W")), Tensor.input("w", (30, 37, 1, 1))
-g = x.conv2d(w).relu().graph("y")
-exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
-assert "read in place from its source" in exe._run.source
-for shapes in ({"N": 1, "H": 7, "W": 29}, {"N": 3, "H": 5, "W": 50}, {"N": 1, "H": 33, "W": 31}):
-    ins = exe.random_inputs(2, shapes)
-    a, b = np.asarray(exe(**ins)["y"], np.float64), np.asarray(ref(**ins)["y"], np.float64)
-    assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), shapes
-print("OK")
-"""
+def _in_threads(setup: str, shapes: tuple, threads: str) -> None:
+    """Run ``setup`` (which makes ``exe`` and ``ref``) in a fresh process on ``threads`` OpenMP threads and
+    compare the two at each of ``shapes``."""
+    code = ("import numpy as np, kumiko\nfrom dataclasses import replace\nfrom kumiko import Tensor\n" + setup +
+            f"\nfor shapes in {shapes!r}:\n"
+            "    ins = exe.random_inputs(2, shapes)\n"
+            "    a, b = np.asarray(exe(**ins)['y'], np.float64), np.asarray(ref(**ins)['y'], np.float64)\n"
+            "    assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), shapes\n"
+            "print('OK')\n")
+    env = dict(os.environ, OMP_NUM_THREADS=threads)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("threads", ["2", "3"])
 def test_in_place_b_with_threads(threads):
     """Threads splitting M share the block's packed short panel (a barrier before it is read)."""
-    env = dict(os.environ, OMP_NUM_THREADS=threads)
-    r = subprocess.run([sys.executable, "-c", _THREADS_IN_PLACE], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+    _in_threads("""
+x, w = Tensor.input("x", ("N", 37, "H", "W")), Tensor.input("w", (30, 37, 1, 1))
+g = x.conv2d(w).relu().graph("y")
+exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+assert "read in place from its source" in exe._run.source
+""", ({"N": 1, "H": 7, "W": 29}, {"N": 3, "H": 5, "W": 50}, {"N": 1, "H": 33, "W": 31}), threads)
 
 
 # A read from a stage: the pixels of a padded conv on the A side (channels in the lanes) ----------------------
@@ -386,10 +387,11 @@ def test_strided_pixels_on_the_a_side_stay_packed():
     assert "kk_micro_astage_" not in src
 
 
-_THREADS_A = r"""
-import numpy as np, kumiko
-from dataclasses import replace
-from kumiko import Tensor
+@pytest.mark.parametrize("threads", ["2", "3"])
+def test_a_stage_with_constant_weights_and_threads(threads):
+    """Pre-packed weights in the lanes, the threads fill the A stage together (a barrier before any panel
+    reads it) and each checks the panels' runs itself."""
+    _in_threads("""
 rng = np.random.default_rng(3)
 x = Tensor.input("x", ("N", 20, "H", "W"))
 w = Tensor(rng.standard_normal((48, 20, 3, 3)).astype(np.float32), name="w", role="param")
@@ -398,21 +400,7 @@ exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
 plans = {n: replace(p, vectorize=(("axis", "n"), ("width", p.vector_width))) for n, p in exe._run.plans.items()}
 exe = kumiko.compile(g, "cpu", plans=plans)
 assert "kk_micro_astage_" in exe._run.source
-for shapes in ({"N": 1, "H": 7, "W": 7}, {"N": 2, "H": 14, "W": 14}, {"N": 1, "H": 5, "W": 40}):
-    ins = exe.random_inputs(2, shapes)
-    a, b = np.asarray(exe(**ins)["y"], np.float64), np.asarray(ref(**ins)["y"], np.float64)
-    assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), shapes
-print("OK")
-"""
-
-
-@pytest.mark.parametrize("threads", ["2", "3"])
-def test_a_stage_with_constant_weights_and_threads(threads):
-    """Pre-packed weights in the lanes, the threads fill the A stage together (a barrier before any panel
-    reads it) and each checks the panels' runs itself."""
-    env = dict(os.environ, OMP_NUM_THREADS=threads)
-    r = subprocess.run([sys.executable, "-c", _THREADS_A], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+""", ({"N": 1, "H": 7, "W": 7}, {"N": 2, "H": 14, "W": 14}, {"N": 1, "H": 5, "W": 40}), threads)
 
 
 @pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-march=x86-64",)])
