@@ -418,8 +418,9 @@ class ContractionLowering(PanelPacking):
             bdec.append(stg.base())
         if astg is not None:
             bdec.append(astg.base())
+        no_astage = " && !kk_adir" if astg is not None else ""     # A panels are packed only off the A stage
         if not pre_a:
-            bdec.append(If("kk_ares && !kk_adir" if astg is not None else "kk_ares", (Block((
+            bdec.append(If(f"kk_ares{no_astage}", (Block((
                 Decl("const long long", "kk_pc", "0"), Decl("const long long", "kk_kcb", "kk_K"),
                 *self._pack(A, "0", f"(kk_m1 - kk_m0) / {mr}", "kk_m0", "kk_M", "kk_Ap"))),)))
         in_place = stg is not None and stg.in_place
@@ -445,7 +446,7 @@ class ContractionLowering(PanelPacking):
                 f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
         micro = For("kk_jr", "0", "kk_np", (For("kk_ir", "0", "kk_mcb", (call,), step=str(mr)),))
         block = [Decl("const long long", "kk_mcb", "kk_m1 - kk_ic < kk_mblk ? kk_m1 - kk_ic : kk_mblk"),
-                 *([] if pre_a else [If("!kk_ares && !kk_adir" if astg is not None else "!kk_ares", tuple(pack_a))]),
+                 *([] if pre_a else [If(f"!kk_ares{no_astage}", tuple(pack_a))]),
                  Decl("const float*", "kk_Ac", f"kk_ares ? kk_Ap + (kk_ic - kk_m0) * kk_K + kk_pc * {mr} : kk_Ap"),
                  Decl("const long long", "kk_lda", "kk_ares ? kk_K : kk_kcb"),
                  micro]

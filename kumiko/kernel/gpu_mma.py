@@ -46,8 +46,8 @@ from kumiko.kernel.gpu_ir import (
     VecAccess,
     WaitGroup,
 )
-from kumiko.kernel.gpu_simt import decompose, extent, kernel_params, status_params
-from kumiko.kernel.loops import Assign, Decl, Store
+from kumiko.kernel.gpu_simt import accumulator_code, decompose, extent, kernel_params, status_params
+from kumiko.kernel.loops import Assign, Decl
 from kumiko.kernel.lower_base import RegionEmitter
 from kumiko.kernel.pack import advance_counter
 from kumiko.plan.gpu import MMA_DTYPES, mma_operand_dtype, ring_release
@@ -276,15 +276,7 @@ def lower_mma(region: Region, syms: tuple, name: str, plan: Plan) -> MmaLowering
         m_step = bm // ws * ws if bm % ws else 0     # tiles start whole windows apart (a 49-row pool, BM 64)
     else:
         decompose(lo, "kk_gm", c.m_axes, decl_m)
-        if c.pointwise:
-            code = tuple(lo.point_code(c.let, "kk_acc"))
-        else:
-            axes = lo.types[c.let].axes
-            var = f"a_{c.let}"
-            off = C.offset(tuple(Expr.sym(a) for a in axes), tuple(lo.sizes[a] for a in axes), set(axes))
-            code = (Store(var, off, "kk_acc"),)
-            scratch = (var, c.let, axes)
-            extra = (Param(var, "float"),)
+        code, scratch, extra = accumulator_code(lo, c)
         epi = Epilogue(ops, t_mma, t_epi, "fragment", 1, code, overlap=overlap)
     t_load = Token("tL", "TokLoad")
     lda, ldb, mma = LdMatrix("x", False), LdMatrix("y", lay_y == "ks"), Mma(dt)

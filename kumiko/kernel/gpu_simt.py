@@ -25,12 +25,12 @@ from __future__ import annotations
 from kumiko import dtypes
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.gpu_ir import Param, SimtKernel
-from kumiko.kernel.loops import Assign, Decl, For, If
+from kumiko.kernel.loops import Assign, Decl, For, If, Store
 from kumiko.kernel.lower_base import RegionEmitter
 from kumiko.plan.gpu import WARP
 from kumiko.region.analysis import row_axes
 from kumiko.region.ssa import Guard, Reduce, Ref, Region, RExpr, Select
-from kumiko.symbolic import prod
+from kumiko.symbolic import Expr, prod
 
 
 def decompose(lo: RegionEmitter, flat: str, axes: tuple, out: list, sizes: tuple | None = None) -> None:
@@ -65,6 +65,18 @@ def status_params(lo: RegionEmitter) -> tuple:
     thread's ``kk_bad`` (the lowering reads element 0 instead), and the kernel then stores
     ``STATUS_BAD_INDEX`` to ``*kk_status``, which the runtime reads after the launches (E1015, as on the CPU)."""
     return (Param("kk_status", "int"),) if lo.uses_gather else ()
+
+
+def accumulator_code(lo: RegionEmitter, c) -> tuple[tuple, tuple | None, tuple]:
+    """(code at one point with the accumulator in ``kk_acc``, scratch, extra params) of a GPU contraction's epilogue:
+    the region's pointwise rest (no scratch), or else the accumulator stored to an fp32 scratch ``a_<let>``
+    (scratch: (param name, let, axes)) for the SIMT kernel that runs the rest (``lower_simt`` with it precomputed)."""
+    if c.pointwise:
+        return tuple(lo.point_code(c.let, "kk_acc")), None, ()
+    axes = lo.types[c.let].axes
+    var = f"a_{c.let}"
+    off = C.offset(tuple(Expr.sym(a) for a in axes), tuple(lo.sizes[a] for a in axes), set(axes))
+    return (Store(var, off, "kk_acc"),), (var, c.let, axes), (Param(var, "float"),)
 
 
 class SimtLowering(RegionEmitter):

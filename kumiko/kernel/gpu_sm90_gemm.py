@@ -25,8 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel import cexpr as C
-from kumiko.kernel.gpu_ir import Param
 from kumiko.kernel.gpu_ir_sm90 import (
     BarDecl,
     BarRef,
@@ -58,8 +56,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     WgmmaWait,
     layout_smem,
 )
-from kumiko.kernel.gpu_simt import decompose, kernel_params, status_params
-from kumiko.kernel.loops import Store
+from kumiko.kernel.gpu_simt import accumulator_code, decompose, kernel_params, status_params
 from kumiko.kernel.lower_base import RegionEmitter
 from kumiko.plan.gpu_sm90 import CONSUMER_REGS, PRODUCER_REGS, SM90_BK, Sm90Gemm, TmaOperand, sm90_operands
 from kumiko.plan.plan import Plan
@@ -157,15 +154,7 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
     decls: list = []
     decompose(lo, "kk_gm", c.m_axes, decls)
     decompose(lo, "kk_gn", c.n_axes, decls)
-    scratch, extra = None, ()
-    if c.pointwise:
-        code = tuple(lo.point_code(c.let, "kk_acc"))
-    else:                               # the accumulator to an fp32 scratch; the SIMT kernel runs the rest
-        axes = lo.types[c.let].axes
-        var = f"a_{c.let}"
-        code = (Store(var, C.offset(tuple(Expr.sym(a) for a in axes), tuple(lo.sizes[a] for a in axes), set(axes)),
-                      "kk_acc"),)
-        scratch, extra = (var, c.let, axes), (Param(var, "float"),)
+    code, scratch, extra = accumulator_code(lo, c)     # (not pointwise: to scratch, the SIMT kernel runs the rest)
     db = (MatDesc(SmemRef("sB", st), "128B", 64 * bk * 2, 1024, "MN", ks * 16 * 128) if mn else
           MatDesc(SmemRef("sB", st), "128B", 16, 1024, "K", ks * 32))
 

@@ -232,18 +232,7 @@ class Stage:
         last = "kk_nfull" if self.in_place else "kk_np"
         return [Raw("long long kk_ps[kk_np > 0 ? kk_np : 1], kk_pd[kk_np > 0 ? kk_np : 1];"),
                 Decl("int", "kk_dir", "kk_stg"), *full,
-                Raw(f"for (long long kk_q = 0; kk_dir && kk_q < {last}; ++kk_q) {{\n"
-                    f"  const long long* kk_so = kk_brso + kk_jc + kk_q*{nr};\n"
-                    f"  const long long kk_nv = kk_ncur - kk_q*{nr} < {nr} ? kk_ncur - kk_q*{nr} : {nr};\n"
-                    "  long long kk_s = 1;\n"
-                    "  while (kk_s < kk_nv && kk_so[kk_s] == kk_so[0] + kk_s) ++kk_s;\n"
-                    "  const long long kk_d = kk_s < kk_nv ? kk_so[kk_s] - kk_so[0] - kk_s : 0;\n"
-                    "  for (long long kk_r = kk_s; kk_r < kk_nv; ++kk_r)\n"
-                    "    kk_dir &= kk_so[kk_r] == kk_so[0] + kk_d + kk_r;\n"
-                    "  kk_dir &= kk_d >= 0;\n"
-                    f"  kk_ps[kk_q] = kk_s < kk_nv ? kk_s : {nr};\n"
-                    "  kk_pd[kk_q] = kk_d;\n"
-                    "}\n"
+                Raw(_panel_runs(nr, "kk_dir", last, "kk_brso + kk_jc", "kk_ncur", "kk_ps", "kk_pd") +
                     "#ifdef KUMIKO_TRACE_STAGE\n"
                     f"if (kk_dir{' && kk_nfull > 0' if self.in_place else ''}) "
                     "__atomic_fetch_add(&kk_stage_blocks, 1, __ATOMIC_RELAXED);\n"
@@ -259,18 +248,26 @@ class Stage:
                 Raw(f"long long kk_aps[kk_anp > 0 && kk_anp <= {A_CHECK_PANELS} ? kk_anp : 1], "
                     f"kk_apd[kk_anp > 0 && kk_anp <= {A_CHECK_PANELS} ? kk_anp : 1];"),
                 Decl("int", "kk_adir", f"kk_stg && kk_anp <= {A_CHECK_PANELS}"),
-                Raw(f"for (long long kk_q = 0; kk_adir && kk_q < kk_anp; ++kk_q) {{\n"
-                    f"  const long long* kk_so = kk_arso + kk_q*{mr};\n"
-                    f"  const long long kk_nv = kk_M - kk_q*{mr} < {mr} ? kk_M - kk_q*{mr} : {mr};\n"
-                    "  long long kk_s = 1;\n"
-                    "  while (kk_s < kk_nv && kk_so[kk_s] == kk_so[0] + kk_s) ++kk_s;\n"
-                    "  const long long kk_d = kk_s < kk_nv ? kk_so[kk_s] - kk_so[0] - kk_s : 0;\n"
-                    "  for (long long kk_r = kk_s; kk_r < kk_nv; ++kk_r)\n"
-                    "    kk_adir &= kk_so[kk_r] == kk_so[0] + kk_d + kk_r;\n"
-                    "  kk_adir &= kk_d >= 0;\n"
-                    f"  kk_aps[kk_q] = kk_s < kk_nv ? kk_s : {mr};\n"
-                    "  kk_apd[kk_q] = kk_d;\n"
-                    "}\n"
+                Raw(_panel_runs(mr, "kk_adir", "kk_anp", "kk_arso", "kk_M", "kk_aps", "kk_apd") +
                     "#ifdef KUMIKO_TRACE_STAGE\n"
                     "if (kk_adir && kk_t == 0) __atomic_fetch_add(&kk_stage_blocks, 1, __ATOMIC_RELAXED);\n"
                     "#endif")]
+
+
+def _panel_runs(r: int, flag: str, panels: str, offsets: str, rows: str, first: str, apart: str) -> str:
+    """C text: for each of ``panels`` panels of ``r`` rows (of ``rows``) whose stage offsets start at
+    ``offsets``, the length of the first run of consecutive offsets (``first``; ``r`` when one run) and the
+    second run's distance (``apart``); ``flag`` is cleared when a panel is three runs or more, or its second
+    run lies before the first."""
+    return (f"for (long long kk_q = 0; {flag} && kk_q < {panels}; ++kk_q) {{\n"
+            f"  const long long* kk_so = {offsets} + kk_q*{r};\n"
+            f"  const long long kk_nv = {rows} - kk_q*{r} < {r} ? {rows} - kk_q*{r} : {r};\n"
+            "  long long kk_s = 1;\n"
+            "  while (kk_s < kk_nv && kk_so[kk_s] == kk_so[0] + kk_s) ++kk_s;\n"
+            "  const long long kk_d = kk_s < kk_nv ? kk_so[kk_s] - kk_so[0] - kk_s : 0;\n"
+            "  for (long long kk_r = kk_s; kk_r < kk_nv; ++kk_r)\n"
+            f"    {flag} &= kk_so[kk_r] == kk_so[0] + kk_d + kk_r;\n"
+            f"  {flag} &= kk_d >= 0;\n"
+            f"  {first}[kk_q] = kk_s < kk_nv ? kk_s : {r};\n"
+            f"  {apart}[kk_q] = kk_d;\n"
+            "}\n")

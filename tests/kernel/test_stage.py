@@ -150,15 +150,25 @@ def test_stage_micro_kernel_without_avx512(monkeypatch, flags):
     assert "kk_micro_stage_" in src
 
 
-def _staged_blocks(monkeypatch, g, shapes) -> int:
-    """Blocks that read B from the stage in one run (the kernel built with -DKUMIKO_TRACE_STAGE)."""
-    import ctypes
-
+def _trace_stage(monkeypatch) -> None:
+    """Kernels built from here on count their staged blocks (-DKUMIKO_TRACE_STAGE)."""
     from kumiko.runtime import cpu as cpu_rt
     monkeypatch.setattr(cpu_rt, "DEFAULT_FLAGS", tuple(cpu_rt.DEFAULT_FLAGS) + ("-DKUMIKO_TRACE_STAGE",))
-    exe = kumiko.compile(g, "cpu")
+
+
+def _stage_counter(exe):
+    """The traced program's count of staged blocks (``kk_stage_blocks``), set to 0."""
+    import ctypes
     counter = ctypes.c_longlong.in_dll(exe._run.module.lib, "kk_stage_blocks")
     counter.value = 0
+    return counter
+
+
+def _staged_blocks(monkeypatch, g, shapes) -> int:
+    """Blocks that read B from the stage in one run (the kernel built with -DKUMIKO_TRACE_STAGE)."""
+    _trace_stage(monkeypatch)
+    exe = kumiko.compile(g, "cpu")
+    counter = _stage_counter(exe)
     ins = exe.random_inputs(0, shapes)
     out, ref = exe(**ins), kumiko.compile(g, "eval")(**ins)
     for k in ref:
@@ -334,18 +344,14 @@ def _channels_in_lanes(g):
 
 def _a_staged(monkeypatch, g, shapes, blocks=None) -> int:
     """Calls (counted once each) whose A panels were read from the stage, checked against the evaluator."""
-    import ctypes
-
-    from kumiko.runtime import cpu as cpu_rt
-    monkeypatch.setattr(cpu_rt, "DEFAULT_FLAGS", tuple(cpu_rt.DEFAULT_FLAGS) + ("-DKUMIKO_TRACE_STAGE",))
+    _trace_stage(monkeypatch)
     exe = _channels_in_lanes(g)
     if blocks is not None:
         exe = kumiko.compile(g, "cpu", plans={n: replace(p, cache_block=(p.register_block.mr, p.register_block.nr,
                                                                           blocks))
                                               for n, p in exe._run.plans.items()})
     assert "kk_micro_astage_" in exe._run.source
-    counter = ctypes.c_longlong.in_dll(exe._run.module.lib, "kk_stage_blocks")
-    counter.value = 0
+    counter = _stage_counter(exe)
     ref = kumiko.compile(g, "eval")
     for seed in (0, 1):
         ins = exe.random_inputs(seed, shapes)
