@@ -271,11 +271,14 @@ def test_gpu_plan_for_a_window_no_mma_tile_holds(hw, algo):
 
 def test_micro_tile_takes_a_divisor_of_awkward_row_counts():
     """49 and 196 rows (a conv's 7x7 and 14x14 pixels) pad 12- and 8-row tiles by 4-22%: a divisor takes
-    the rows exactly, with as many accumulators, its width the one that pads a known B side least."""
+    the rows exactly, with as many accumulators, its width the one that pads a known B side least; a 3-4
+    vector wide B side keeps its row count unless one row fewer divides the rows."""
     from kumiko.plan.choose import micro_tile, tile_efficiency
     assert micro_tile(16, 49) == (7, 64) and micro_tile(16, 49, 160) == (7, 32)
     assert micro_tile(16, 196) == (14, 32) and micro_tile(16, 784) == (12, 32)
     assert micro_tile(16, 64) == (8, 48) and micro_tile(8, 49) == (4, 24)       # AVX2 keeps its own
+    # a 3-vector B side: one row fewer when that divides the rows (8 x 48 pads 49 rows to 56), not more
+    assert micro_tile(16, 49, 48) == (7, 48) and micro_tile(16, 64, 49) == (6, 64)
     assert tile_efficiency((7, 64), 49, 1280) == 1.0 and tile_efficiency((6, 64), 49, 49) < 0.7
 
 
