@@ -291,6 +291,8 @@ def apply_tile(plan, spec: str):
         return apply_wgmma_tile(plan, spec)
     if spec.startswith("at:"):
         bm, bn = parse_attention_tile(spec)
+        if plan.barrier_model == "mbarrier":        # the SM90 kernel: a consumer warpgroup per 64 rows
+            return plan.with_(tile=(bm, bn, plan.tile[2]), threads=128 * (1 + bm // 64))
         return plan.with_(tile=(bm, bn, plan.tile[2]), threads=bm // 16 * 32, warp_tile=f"16x{bn}")
     f = parse_tile(spec)
     hints, asy = dict(plan.layout_hints), dict(plan.async_)

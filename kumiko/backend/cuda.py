@@ -19,6 +19,7 @@ from kumiko.kernel.gpu_attention import (
     pair_attention,
     pair_buffers,
 )
+from kumiko.kernel.gpu_attention_sm90 import lower_attention_sm90
 from kumiko.kernel.gpu_ir import SimtKernel, ir_json
 from kumiko.kernel.gpu_mma import lower_mma
 from kumiko.kernel.gpu_simt import lower_simt
@@ -228,13 +229,20 @@ def _lower_pair(program: Program, k: int, plans: Mapping[str, Plan], syms: tuple
                           "(scores -> streaming softmax -> P @ V) whose consumer's plan is "
                           f'{{"region": "{FUSED}"}}', suggestion="let the chooser plan both regions")
     names = pair_buffers(pair)
-    kern = verify_attention(lower_attention(program, pair, plans[r0.name], syms, name, names))
+    plan = plans[r0.name]
     c0, sizes = pair.c0, {a.name: a.size for a in r0.iters}
-    grid = ((prod([sizes[a] for a in c0.m_axes]), kern.tile[0]),
+    grid = ((prod([sizes[a] for a in c0.m_axes]), plan.tile[0]),
             (prod([sizes[a] for a in c0.batch]) if c0.batch else 1, 1), (1, 1))
     args = tuple(("buf", n) for n in names) + tuple(("sym", s) for s in syms)
-    return kern, Launch(r0.name, name, grid, kern.threads, kern.smem_bytes, args,
-                        regions=(r0.name, program.regions[k + 1].name))
+    regions = (r0.name, program.regions[k + 1].name)
+    if plan.barrier_model == "mbarrier":            # the SM90 kernel: TMA maps over Q, K, V
+        low = lower_attention_sm90(pair, plan, syms, name, names)
+        kern = verify_sm90(low.kernel)
+        return kern, Launch(r0.name, name, grid, kern.threads, kern.smem_bytes,
+                            tuple(("tmap", i) for i in range(len(kern.maps))) + args,
+                            maps=tuple(zip(kern.maps, low.map_bufs)), map_sizes=low.map_sizes, regions=regions)
+    kern = verify_attention(lower_attention(program, pair, plan, syms, name, names))
+    return kern, Launch(r0.name, name, grid, kern.threads, kern.smem_bytes, args, regions=regions)
 
 
 def _lower_region(r, syms: tuple, name: str, plan: Plan, kernels: list, launches: list) -> None:

@@ -63,8 +63,8 @@ from kumiko.kernel.stream import acc_guards
 from kumiko.plan.gpu import FUSED, MMA_DTYPES, STREAMING, WARP_ROWS
 from kumiko.plan.plan import Plan, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, chained_contractions
-from kumiko.region.srnf import children
-from kumiko.region.ssa import Binary, BroadcastInDim, Const, Program, Read, Reduce, Ref, RExpr, Unary
+from kumiko.region.srnf import children, map_children
+from kumiko.region.ssa import Binary, BroadcastInDim, Const, Program, Read, Reduce, Ref, RExpr, Select, Unary
 from kumiko.symbolic import Expr
 
 
@@ -227,11 +227,99 @@ def _size(sizes) -> int:
     return math.prod(Expr.lift(x).as_int() or 0 for x in sizes)
 
 
+# -- the SM90 kernel's tensor maps ---------------------------------------------------------------------------
+#: head dims the SM90 kernel (``gpu_attention_sm90``) takes (Q/K's and V's): whole 64-half boxes of the 128-byte
+#: swizzle, and registers for S, P and O
+HEAD_DIMS_SM90 = (64, 128)
+#: a TMA box's rows and columns are at most 256; the map has the head dim, the rows and at most 3 batch axes
+MAX_BATCH_DIMS = 3
+
+
+@dataclass(frozen=True)
+class OperandMap:
+    """One of Q, K, V as a tensor map: the element offset of the batch point's row 0, column 0 is ``origin`` plus
+    ``sum(stride_b * b)`` over ``batch`` ((axis of the producer, stride in elements), moving axes only); rows are
+    ``step`` elements apart, ``rows`` of them, ``cols`` columns (the head dim)."""
+    origin: Expr
+    batch: tuple
+    step: int
+    rows: Expr
+    cols: int
+
+
+def _affine(lo, e, rows: tuple, cols: tuple, batch: tuple, step: int) -> tuple | None:
+    """(origin, ((axis, stride), ...)) when ``e``'s element offset is origin + sum(stride * axis) over ``batch`` +
+    ``step`` * row + col, the strides free of the region's axes; None otherwise."""
+    off = C.offset_expr(e.index, lo.memrefs[e.tensor].shape)
+    axes = set(lo.iters) | set(rows) | set(cols) | set(batch)
+    zero = {a: Expr.lift(0) for a in axes}
+    origin = off.subs(zero)
+    out, rebuilt = [], origin
+    for a in batch:
+        s = off.subs({**zero, a: Expr.lift(1)}) - origin
+        if s.symbols() & axes:
+            return None
+        out.append((a, s))
+        rebuilt = rebuilt + s * Expr.sym(a)
+    rebuilt = rebuilt + Expr.sym(rows[0]) * step + Expr.sym(cols[0])
+    if (off - rebuilt).as_int() != 0:
+        return None
+    return origin, tuple(out)
+
+
+def operand_maps(pair: AttentionPair, lo0, lo1, steps: tuple) -> tuple | None:
+    """Q's, K's and V's ``OperandMap`` (V's batch axes named by the producer's), or None when one is not a tensor
+    map's view (an offset not affine in the batch axes, more than ``MAX_BATCH_DIMS`` moving batch axes)."""
+    c0, c1 = pair.c0, pair.c1
+    to0 = dict(zip(c1.batch, c0.batch))
+    out = []
+    for (e, side, rows, cols), step in zip(operand_reads(pair), steps):
+        lo = (lo0, lo1)[side]
+        batch = c0.batch if side == 0 else c1.batch
+        got = _affine(lo, e, rows, cols, batch, step)
+        if got is None:
+            return None
+        origin, strides = got
+        moving = tuple((to0.get(a, a), s) for a, s in strides if s.as_int() != 0)
+        if len(moving) > MAX_BATCH_DIMS:
+            return None
+        n_rows = Expr.lift(lo.sizes[rows[0]])
+        n_cols = Expr.lift(lo.sizes[cols[0]]).as_int()
+        out.append(OperandMap(origin, moving, step, n_rows, n_cols))
+    return tuple(out)
+
+
+def sm90_attention_applies(pair: AttentionPair) -> bool:
+    """Whether the SM90 kernel (``gpu_attention_sm90``) takes the pair: head dims in ``HEAD_DIMS_SM90``, Q, K, V
+    tensor-map views."""
+    d, dv = pair.head
+    if d not in HEAD_DIMS_SM90 or dv not in HEAD_DIMS_SM90:
+        return False
+    pc = pair_code(pair, (), "probe", pair_buffers(pair))
+    return operand_maps(pair, pc.lo0, pc.lo1, pc.steps) is not None
+
+
 # -- plans ------------------------------------------------------------------------------------------------
+#: the SM count the SM90 plan assumes when it sizes the query block (an H100 SXM's 132)
+SM90_SMS = 132
+
+
 def attention_plan(arch: str, pair: AttentionPair, consumer: str) -> Plan:
-    """The producer's plan: BM = 64 query rows (4 warps of 16), BN = 64 keys per block, k16 steps over the head
-    dim, K and V double-buffered (2 stages), P handed to the consumer's MMA in registers."""
+    """The producer's plan. On sm90, when the SM90 kernel takes the pair: BM = 128 query rows (two consumer
+    warpgroups; 64 when constant sizes give fewer query blocks than two a SM), BN = 128 keys a block, K and V
+    double-buffered rings filled by TMA (``gpu_attention_sm90``). Otherwise BM = 64 query rows (4 warps of 16),
+    BN = 64 keys per block, k16 steps over the head dim, K and V double-buffered (2 stages) by cp.async. P is
+    handed to the consumer's MMA in registers either way."""
     c0 = pair.c0
+    if arch == "sm90" and sm90_attention_applies(pair):
+        sizes = {a.name: a.size for a in pair.f0.region.iters}
+        m, batch = _size([sizes[a] for a in c0.m_axes]), _size([sizes[a] for a in c0.batch]) if c0.batch else 1
+        consumers = 1 if m and batch and -(-m // 128) * batch < 2 * SM90_SMS else 2
+        return make_plan(arch, tile=(64 * consumers, 128, 64), stages=2, threads=128 * (1 + consumers),
+                         bind={"m.o": "block.x", "batch": "block.y", "m.i.o": "warpgroup"},
+                         predicate_tail=c0.m_axes + c0.n_axes, algo_choice={"contraction": STREAMING},
+                         barrier_model="mbarrier", local_edges=({"from": pair.p, "to": consumer, "buffer": "reg"},),
+                         async_={"enable": True, "prefetch_depth": 1, "epilogue_overlap": False})
     return make_plan(arch, tile=(64, 64, 16), stages=2, warp_tile=f"{WARP_ROWS}x64", threads=128,
                      bind={"m.o": "block.x", "batch": "block.y", "m.i.o": "warp"},
                      vectorize={"axis": "k", "width": 8}, predicate_tail=c0.m_axes + c0.n_axes,
@@ -353,9 +441,68 @@ class AttentionKernel:
         return d // 16 * 4 + self.tile[1] // 8 * 4 + dv // 8 * 4 + 40
 
 
-def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tuple, name: str,
-                    names: list) -> AttentionKernel:
-    """The fused kernel of ``pair`` under ``plan``; ``names``: the buffers in parameter order (``b<i>``)."""
+@dataclass(frozen=True)
+class PairCode:
+    """What both fused attention kernels (SM80 here, SM90 in ``gpu_attention_sm90``) take from the pair's regions:
+    the emitters (``lo0`` the producer's, ``lo1`` the consumer's, buffers named ``b<i>``), the loop statements that
+    declare ``kk_M``, ``kk_N``, the producer's batch axes from ``blockIdx.y`` (``setup``) and the consumer's
+    (``batch1``), the score code (``kk_z`` from ``kk_acc`` at ``kk_gm``, ``kk_gn``: ``decl_score``, ``score``), the
+    consumer's epilogue (``decl_out``, ``out``), the causal bound (C over ``kk_mhi``; "" when every key block
+    counts), the parameters and Q's, K's and V's row steps."""
+    lo0: RegionEmitter
+    lo1: RegionEmitter
+    setup: tuple
+    batch1: tuple
+    decl_score: tuple
+    score: tuple
+    decl_out: tuple
+    out: tuple
+    bound: str
+    params: tuple
+    steps: tuple
+    inside: str = ""            # C over kk_r0, kk_r1, kk_c0, kk_c1: every guard holds on that rectangle
+    decl_free: tuple = ()
+    score_free: tuple = ()      # the score code with the guards' selects taken as true
+
+
+def _score_code(pair: AttentionPair, lo0, drop: tuple = ()) -> list:
+    """Loop statements setting ``kk_z`` from ``kk_acc``: the producer's score lets at one point (selects on the
+    guards in ``drop`` replaced by their ``then`` branch)."""
+    def strip(e):
+        e = map_children(e, strip)
+        return e.then if isinstance(e, Select) and e.pred in drop else e
+
+    lo0.storage = {pair.c0.let: ("scalar", "kk_acc")}
+    score: list = []
+    for nm in pair.score:
+        let = next(x for x in lo0.r.lets if x.name == nm)
+        v = lo0.expr(strip(let.expr) if drop else let.expr, score, lo0.types[nm].dtype)
+        lo0.storage[nm] = ("scalar", f"v_{nm}")
+        score.append(Decl(C.COMPUTE[lo0.types[nm].dtype.name], f"v_{nm}", v))
+    score.append(Assign("kk_z", f"(float)(v_{pair.z})"))
+    return score
+
+
+def inside_guards(guards: tuple, m: str, n: str, index) -> str:
+    """C over the rectangle rows [kk_r0, kk_r1] x columns [kk_c0, kk_c1]: true when every guard holds at every
+    point of it ("" when a guard is not a conjunction of ``>=`` constraints affine in the row and column). Each
+    constraint ``a*m + b*n + rest >= 0`` is smallest at a corner: the rectangle is inside exactly when that corner
+    is."""
+    out = []
+    for g in guards:
+        for e, op in g.constraints:
+            e = Expr.lift(e)
+            a, b = e.coeff(m), e.coeff(n)
+            rest = e - Expr.sym(m) * a - Expr.sym(n) * b
+            if op != "ge" or {m, n} & rest.symbols():
+                return ""
+            low = rest + Expr.sym("kk_r0" if a >= 0 else "kk_r1") * a + Expr.sym("kk_c0" if b >= 0 else "kk_c1") * b
+            out.append(f"({index(low)}) >= 0")
+    return " && ".join(out)
+
+
+def pair_code(pair: AttentionPair, syms: tuple, name: str, names: list) -> PairCode:
+    """The pair's element code and parameters (``names``: the buffers in parameter order, ``b<i>``)."""
     c0, c1 = pair.c0, pair.c1
     lo0 = RegionEmitter(pair.f0.region, syms, name, facts=pair.f0)
     lo1 = RegionEmitter(pair.f1.region, syms, name, facts=pair.f1)
@@ -364,18 +511,13 @@ def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tup
         for a in c.k_axes:
             lo.sizes[a.name] = a.size
         lo.ty.add_axes(c.k_axes)
-    k0, k1 = tuple(a.name for a in c0.k_axes), tuple(a.name for a in c1.k_axes)
     # Q, K as [rows, head dim] and V as [keys, head dim] tiles, each with its row step (a plain tile's row
     # length, or a head of a projection's [tokens, heads x d] output): find_attention_pair checked them
     steps = _operand_tiles(pair.f0, c0, pair.f1, c1)
-    at = f"region {pair.f0.region.name}"
     if None in steps:
-        raise KumikoError("E1801", at=at, why=f"the {STREAMING} kernel copies Q, K as row-major [rows, head dim] "
-                          "tiles and V as [keys, head dim] by cp.async; an operand is not such a tile",
+        raise KumikoError("E1801", at=f"region {pair.f0.region.name}", why=f"the {STREAMING} kernel copies Q, K as "
+                          "row-major [rows, head dim] tiles and V as [keys, head dim]; an operand is not such a tile",
                           suggestion='use the MMA plans (algo_choice {"contraction": "mma"})')
-    bm, bn, _ = plan.tile
-    d, dv = pair.head
-    dt = pair.f0.dtype_of(c0.x).name
     setup = [Decl("const long long", "kk_M", extent(lo0, c0.m_axes)),
              Decl("const long long", "kk_N", extent(lo0, c0.n_axes))]
     decompose(lo0, "(long long)blockIdx.y", c0.batch, setup)
@@ -383,22 +525,8 @@ def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tup
     decompose(lo1, "(long long)blockIdx.y", c1.batch, batch1)
     setup += lo0.unit_decls(c0)
     batch1 += lo1.unit_decls(c1)
-    loads = []
-    for ring, step, e, lo, rows, cols in zip(("sQ", "sK", "sV"), steps, (c0.x, c0.y, c1.y), (lo0, lo0, lo1),
-                                             (c0.m_axes, c0.n_axes, k1), (k0, k0, c1.n_axes)):
-        # the element offset at row 0, column 0 of the batch point
-        off = C.offset_expr(e.index, lo.memrefs[e.tensor].shape).subs({a: Expr.lift(0) for a in (*rows, *cols)})
-        loads.append(BlockLoad(ring, f"{lo.cname[e.tensor]} + ({C.index(off, set(lo.iters))})", f"{step}LL",
-                               extent(lo, rows)))
     # the score: the producer's score lets at one point, the accumulator in kk_acc
-    lo0.storage = {c0.let: ("scalar", "kk_acc")}
-    score: list = []
-    for nm in pair.score:
-        let = next(x for x in lo0.r.lets if x.name == nm)
-        v = lo0.expr(let.expr, score, lo0.types[nm].dtype)
-        lo0.storage[nm] = ("scalar", f"v_{nm}")
-        score.append(Decl(C.COMPUTE[lo0.types[nm].dtype.name], f"v_{nm}", v))
-    score.append(Assign("kk_z", f"(float)(v_{pair.z})"))
+    score = _score_code(pair, lo0)
     decl_score: list = []
     decompose(lo0, "kk_gm", c0.m_axes, decl_score)
     decompose(lo0, "kk_gn", c0.n_axes, decl_score)
@@ -407,10 +535,47 @@ def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tup
     decompose(lo1, "kk_gn", c1.n_axes, decl_out)
     out_code = tuple(lo1.point_code(c1.let, "kk_acc"))
     decl_score, decl_out = _used(decl_score, score), _used(decl_out, out_code)   # e.g. no mask: no row index
-    bound = ""
+    bound, inside, decl_free, score_free = "", "", (), ()
     if pair.guards:
         bound = prefix_bound(pair.guards, c0.m_axes[0], c0.n_axes[0], "kk_mhi", set(a.name for a in lo0.r.iters),
                              lambda e: C.index(e, {"kk_mhi"})) or ""
+        scope = set(lo0.iters) | {"kk_r0", "kk_r1", "kk_c0", "kk_c1"}
+        inside = inside_guards(pair.guards, c0.m_axes[0], c0.n_axes[0], lambda e: C.index(e, scope))
+        if inside:          # blocks the guards wholly admit run the score code without them
+            score_free = tuple(_score_code(pair, lo0, pair.guards))
+            full: list = []
+            decompose(lo0, "kk_gm", c0.m_axes, full)
+            decompose(lo0, "kk_gn", c0.n_axes, full)
+            decl_free = tuple(_used(full, score_free))
+    inputs = {n for r in (lo0.r, lo1.r) for n, _ in r.inputs}
+    params = tuple(Param(f"b{i}", C.STORAGE[_memref(pair, n).dtype.name], const=n in inputs)
+                   for i, n in enumerate(names)) + tuple(Param(f"s_{s}", "long long", pointer=False) for s in syms)
+    return PairCode(lo0, lo1, tuple(setup), tuple(batch1), tuple(decl_score), tuple(score), tuple(decl_out),
+                    out_code, bound, params, tuple(steps), inside, decl_free, score_free)
+
+
+def operand_reads(pair: AttentionPair) -> tuple:
+    """Q's, K's and V's (read, emitter side, row axes, column axes): 0 the producer's, 1 the consumer's."""
+    c0, c1 = pair.c0, pair.c1
+    k0, k1 = tuple(a.name for a in c0.k_axes), tuple(a.name for a in c1.k_axes)
+    return ((c0.x, 0, c0.m_axes, k0), (c0.y, 0, c0.n_axes, k0), (c1.y, 1, k1, c1.n_axes))
+
+
+def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tuple, name: str,
+                    names: list) -> AttentionKernel:
+    """The fused kernel of ``pair`` under ``plan``; ``names``: the buffers in parameter order (``b<i>``)."""
+    pc = pair_code(pair, syms, name, names)
+    lo0, lo1 = pc.lo0, pc.lo1
+    bm, bn, _ = plan.tile
+    d, dv = pair.head
+    dt = pair.f0.dtype_of(pair.c0.x).name
+    loads = []
+    for ring, step, (e, side, rows, cols) in zip(("sQ", "sK", "sV"), pc.steps, operand_reads(pair)):
+        lo = (lo0, lo1)[side]
+        # the element offset at row 0, column 0 of the batch point
+        off = C.offset_expr(e.index, lo.memrefs[e.tensor].shape).subs({a: Expr.lift(0) for a in (*rows, *cols)})
+        loads.append(BlockLoad(ring, f"{lo.cname[e.tensor]} + ({C.index(off, set(lo.iters))})", f"{step}LL",
+                               extent(lo, rows)))
     rings = (SmemRing("sQ", "x", "sk", bm, d, PAD, 1), SmemRing("sK", "y", "sk", bn, d, PAD, 2),
              SmemRing("sV", "y", "ks", bn, dv, PAD, 2))
     tq, tk, tv = Token("tQ", "TokLoad"), Token("tK", "TokLoad"), Token("tV", "TokLoad")
@@ -428,18 +593,20 @@ def lower_attention(program: Program, pair: AttentionPair, plan: Plan, syms: tup
             ScoreMma(TileRef(0), (tk,), ts, LdMatrix("y", False), mma), OnlineSoftmax(ts, tp),
             WaitGroup(1, (tv,)), Barrier("landed+release"), LoadBlock("sV", TileRef(1), tv), CommitGroup(),
             PvMma(TileRef(0), (tp, tv), to, LdMatrix("y", True), mma))
-    inputs = {n for r in (lo0.r, lo1.r) for n, _ in r.inputs}
-    params = tuple(Param(f"b{i}", C.STORAGE[_memref(pair, n).dtype.name], const=n in inputs)
-                   for i, n in enumerate(names)) + tuple(Param(f"s_{s}", "long long", pointer=False) for s in syms)
-    notes = (f"streaming attention: {pair.f0.region.name} (contraction {c0.let} + online softmax over "
-             f"{c0.n_axes[0]}) -> {pair.f1.region.name} (contraction {c1.let}); {pair.p} stays in registers; "
-             f"D {d}, DV {dv}, exp2 scale {pair.k2!r}" + ("; key blocks past the guards skipped" if bound else ""),)
-    kern = AttentionKernel(name, plan.arch, params, (bm, bn, 16), (d, dv), rings, tuple(loads), prologue,
+    kern = AttentionKernel(name, plan.arch, pc.params, (bm, bn, 16), (d, dv), rings, tuple(loads), prologue,
                            KLoop("kt", body), (WaitGroup(0),),
-                           Epilogue(tuple(plan.epilogue), to, te, "fragment", code=out_code),
-                           StGlobal(te), tuple(setup), tuple(batch1), tuple(decl_score), tuple(score), tuple(decl_out),
-                           pair.k2, bound, notes)
+                           Epilogue(tuple(plan.epilogue), to, te, "fragment", code=pc.out),
+                           StGlobal(te), pc.setup, pc.batch1, pc.decl_score, pc.score, pc.decl_out,
+                           pair.k2, pc.bound, (pair_note(pair, pc.bound),))
     return kern
+
+
+def pair_note(pair: AttentionPair, bound: str) -> str:
+    c0 = pair.c0
+    d, dv = pair.head
+    return (f"streaming attention: {pair.f0.region.name} (contraction {c0.let} + online softmax over "
+            f"{c0.n_axes[0]}) -> {pair.f1.region.name} (contraction {pair.c1.let}); {pair.p} stays in registers; "
+            f"D {d}, DV {dv}, exp2 scale {pair.k2!r}" + ("; key blocks past the guards skipped" if bound else ""))
 
 
 def _used(decls: list, code) -> list:

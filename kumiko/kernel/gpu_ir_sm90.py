@@ -108,6 +108,7 @@ class TensorMapDesc:
     box: tuple                      # ints
     swizzle: str = "none"           # "none" | "32B" | "64B" | "128B"
     oob: str = "zero"               # "zero" | "nan"
+    offset: IExpr = IExpr.const(0)  # elements from the array's start to the map's origin (a multiple of 16 bytes)
 
     @property
     def rank(self) -> int:
@@ -119,6 +120,11 @@ class TensorMapDesc:
         for b in self.box:
             n *= b
         return n
+
+    def origin_bytes(self, sizes: dict) -> int:
+        """Bytes from the array's start to the map's origin (the address the launch encodes is the array's plus
+        this)."""
+        return ix(self.offset).eval(sizes) * DTYPE_BYTES[self.dtype]
 
     def encoding(self, sizes: dict) -> TiledEncoding:
         """cuTensorMapEncodeTiled's arguments at these sizes (the address is the launch's)."""
@@ -260,13 +266,15 @@ class WgmmaFence:
 @dataclass(frozen=True)
 class WgmmaMma:
     """``wgmma.mma_async.m64nNk16`` into accumulator ``acc`` (fp32): A from shared memory (``a`` a MatDesc, K-major)
-    or registers (``a`` the name of a ``uint32_t[4]`` fragment), B from shared memory."""
+    or registers (``a`` the name of a ``uint32_t[4]`` fragment, or of an array of them indexed by ``a_row``), B from
+    shared memory."""
     acc: str
     a: Union[MatDesc, str]
     b: MatDesc
     n: int
     dtype: str                      # "fp16" | "bf16"
     scale_d: IExpr = IExpr.const(1)  # 0: D = A*B (the accumulator's old value is ignored)
+    a_row: Union[IExpr, None] = None
 
 
 @dataclass(frozen=True)
@@ -276,7 +284,11 @@ class WgmmaCommit:
 
 @dataclass(frozen=True)
 class WgmmaWait:
+    """``wgmma.wait_group pending``; ``retired``: the accumulators whose groups this retires (fenced for the compiler
+    after it; None: every accumulator - name them when another accumulator's group stays in flight, so the
+    compiler does not see a use of registers a wgmma is still writing)."""
     pending: int
+    retired: Union[tuple, None] = None
 
 
 @dataclass(frozen=True)
@@ -292,13 +304,56 @@ class AccToSmem:
 class FragEpilogue:
     """The region's epilogue on accumulator ``acc`` (m64nN, the D fragment layout) of the tile at (``row0``,
     ``col0``): each thread's elements at global row ``kk_gm`` and column ``kk_gn``, predicated on ``kk_gm < kk_M``
-    and ``kk_gn < kk_N``, declare the M and N axes (``decls``, loop statements) and run ``code`` (loop statements over
-    ``const float kk_acc``: bias, activation, residual, cast, the store)."""
+    and ``kk_gn < cols``, declare the M and N axes (``decls``, loop statements) and run ``code`` (loop statements over
+    ``const float kk_acc``: bias, activation, residual, cast, the store). ``setup``: loop statements first (in the
+    epilogue's scope); ``row_div``: the name of a ``float[2]`` of per-lane row sums (rows g, g + 8) that are added
+    over the lane quad and divide each element (an online softmax's running sum)."""
     acc: str
     row0: IExpr
     col0: IExpr
     decls: tuple
     code: tuple
+    cols: str = "kk_N"
+    setup: tuple = ()
+    row_div: str = ""
+
+
+@dataclass(frozen=True)
+class SoftmaxInit:
+    """Accumulator ``acc`` zeroed, and the online softmax's per-lane row state (rows g and g + 8 of the thread's warp)
+    declared: the running max ``kk_mx`` (-inf), sum ``kk_sum`` (0) and rescale factor ``kk_al``."""
+    acc: str
+
+
+@dataclass(frozen=True)
+class SoftmaxStep:
+    """One key block of an online softmax on score accumulator ``acc`` (m64nN D fragment) at global row ``row0`` and
+    column ``col0``: the region's score code (``decls``, ``code``: loop statements that set ``kk_z`` from
+    ``const float kk_acc``; columns at or past ``kk_N`` and rows at or past ``kk_M`` get -inf), the new row max over
+    the block and the lane quad, ``kk_al`` = exp2(k2 (m_old - m_new)) (``rescale`` False: 1, a bug for tests), the
+    sum rescaled, and P = exp2(k2 (z - m_new)) in place of S, added to the sum. A block inside M and N for which
+    ``inside`` holds runs ``free_code`` (the score code with its guards' selects taken as true) instead."""
+    acc: str
+    row0: IExpr
+    col0: IExpr
+    decls: tuple
+    code: tuple
+    k2: float
+    rescale: bool = True
+    inside: str = ""                # C over the block's rows kk_r0..kk_r1 and columns kk_c0..kk_c1: no guard masks it
+    free_decls: tuple = ()          # ... and then the score code without the guards
+    free_code: tuple = ()
+
+
+@dataclass(frozen=True)
+class RescalePack:
+    """``out`` *= the rows' ``kk_al``, and P (accumulator ``acc``, m64nN) packed to 16-bit in register array ``regs``
+    ([N / 16][4]): the D fragment's elements 8j..8j+7 are the A fragment of k16 step j (PTX ISA: wgmma A from
+    registers has the mma.m16n8k16 A layout per warp)."""
+    out: str
+    acc: str
+    regs: str
+    dtype: str
 
 
 @dataclass(frozen=True)
@@ -353,7 +408,7 @@ class Roles:
 
 Sm90Stmt = Union[MbarInit, MbarArrive, MbarArriveTx, MbarWait, TmaLoad, TmaStore, BulkCommit, BulkWait,
                  FenceProxyAsync, FenceMbarInit, SyncThreads, WgmmaFence, WgmmaMma, WgmmaCommit, WgmmaWait,
-                 AccToSmem, FragEpilogue, SetMaxNReg, For, If, Elect, Roles]
+                 AccToSmem, FragEpilogue, SoftmaxInit, SoftmaxStep, RescalePack, SetMaxNReg, For, If, Elect, Roles]
 
 
 @dataclass(frozen=True)
@@ -367,7 +422,7 @@ class Sm90Kernel:
     accs: tuple                     # (name, n): fp32 accumulators of m64nN wgmma, n/2 floats a thread
     body: tuple
     rings: tuple = ()               # Ring
-    regs: tuple = ()                # (name, count): uint32_t register arrays (A fragments)
+    regs: tuple = ()                # (name, count or dims): uint32_t register arrays (A fragments)
     verify_sizes: tuple = ()        # ((scalar, (values...)), ...): the verifier runs each combination
     notes: tuple = ()
     params: tuple = ()              # gpu_ir.Param: the region's buffers and sizes, after the maps and scalars

@@ -14,7 +14,8 @@ raises E1801 with ``details["hazard"]``:
 - ``mbar_overarrive`` / ``mbar_init``: more arrivals than the barrier's count, a barrier never initialised;
 - ``unwaited_tma``: wgmma (or a TMA store) reads a stage whose TMA load no wait of the reading role observed;
 - ``desc_swizzle``: a wgmma descriptor's swizzle differs from the tensor map's that filled the buffer;
-- ``acc_in_flight``: an accumulator read or written before ``wgmma.wait_group`` retired its group (or never);
+- ``acc_in_flight``: an accumulator read or written before ``wgmma.wait_group`` retired its group (or never), or A
+  registers rewritten while a wgmma reading them is in flight;
 - ``wgmma_fence``: ``wgmma.mma_async`` on accumulators with no ``wgmma.fence`` since they were last accessed;
 - ``proxy_fence``: shared memory written by threads' stores read by a TMA store or wgmma without a
   ``fence.proxy.async`` in between; ``no_barrier``: ... or without a barrier after other threads wrote it;
@@ -232,6 +233,16 @@ class _Machine:
             elif isinstance(s, ir.WgmmaWait):
                 role.groups = role.groups[len(role.groups) - s.pending:] if s.pending else []
                 role.fenced = False
+            elif isinstance(s, (ir.SoftmaxInit, ir.SoftmaxStep, ir.RescalePack)):
+                accs = (s.out, s.acc) if isinstance(s, ir.RescalePack) else (s.acc,)
+                for op in role.in_flight():
+                    if op[0] in accs:
+                        raise self.fail("acc_in_flight", f"accumulator {op[0]} is accessed by {type(s).__name__} "
+                                        "before wgmma.wait_group retired the wgmma writing it",
+                                        suggestion="wgmma_wait before touching the accumulator")
+                    if isinstance(s, ir.RescalePack) and op[2] == s.regs:
+                        raise self.fail("acc_in_flight", f"A registers {s.regs} are rewritten while a wgmma reading "
+                                        "them is in flight", suggestion="wgmma_wait before packing the next P")
             elif isinstance(s, (ir.FragEpilogue, ir.AccToSmem)):
                 if any(op[0] == s.acc for op in role.in_flight()):
                     raise self.fail("acc_in_flight", f"accumulator {s.acc} is read before wgmma.wait_group retired the "
@@ -349,7 +360,7 @@ class _Machine:
             key = (d.ref.buf, d.ref.stage.eval(env))
             self.check_read(role, key, f"wgmma ({s.acc})", d)
             keys.append(key)
-        role.open.append((s.acc, tuple(keys)))
+        role.open.append((s.acc, tuple(keys), s.a if isinstance(s.a, str) else None))
 
     def verify(self) -> None:
         top = _Role("cta", self.k.threads, min(256, (65536 // self.k.threads) & ~7))

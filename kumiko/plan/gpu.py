@@ -288,6 +288,15 @@ def validate_attention_plan(plan: Plan, at: str) -> Plan:
     if plan.algo == FUSED:
         return plan
     bm, bn, bk = (tuple(plan.tile) + (0, 0, 0))[:3]
+    if plan.barrier_model == "mbarrier":            # the SM90 kernel (kernel.gpu_attention_sm90)
+        if plan.arch != "sm90" or bm not in (64, 128) or bn % 16 or not 16 <= bn <= 256 or bk != 64 or \
+                not 2 <= plan.stages <= 4 or plan.threads not in (0, 128 * (1 + bm // 64)):
+            raise KumikoError("E1801", at=at, why=f"an SM90 {STREAMING} plan (barrier_model mbarrier) has tile "
+                              "[BM, BN, 64] with BM 64 or 128 (a consumer warpgroup per 64 rows), BN a multiple of 16 "
+                              f"up to 256, 2 to 4 stages and a producer warpgroup; got arch {plan.arch}, tile "
+                              f"{list(plan.tile)}, {plan.stages} stages, {plan.threads} threads",
+                              suggestion="tile [128, 128, 64], 2 stages, 384 threads, arch sm90")
+        return plan
     if bm % WARP_ROWS or not 1 <= bm // WARP_ROWS <= 8 or bn % 16 or not 16 <= bn <= 128 or bk != 16 or \
             plan.stages != 2 or plan.threads not in (0, bm // WARP_ROWS * 32):
         raise KumikoError("E1801", at=at, why=f"a {STREAMING} plan has tile [BM, BN, 16] with BM a multiple of "
@@ -366,8 +375,10 @@ def describe_gpu_plan(plan: Plan) -> str:
     runs and ring schedule (and its SIMT rest's binding), or a SIMT plan's binding."""
     if plan.algo in (STREAMING, FUSED):             # the attention pair (kernel.gpu_attention)
         other = dict(plan.local_edges[0]).get("to", "?") if plan.local_edges else "?"
-        return (f"tile {'x'.join(map(str, plan.tile))} {plan.stages} stages, online softmax, P @ V of {other} fused"
-                if plan.algo == STREAMING else f"fused into {other}'s kernel")
+        how = (f"TMA + wgmma, {plan.threads // 128 - 1} consumer warpgroups, " if plan.barrier_model == "mbarrier"
+               else "")
+        return (f"tile {'x'.join(map(str, plan.tile))} {how}{plan.stages} stages, online softmax, P @ V of {other} "
+                "fused" if plan.algo == STREAMING else f"fused into {other}'s kernel")
     if plan.algo == "wgmma":
         return (f"tile {'x'.join(map(str, plan.tile))} TMA + wgmma, {plan.threads // 128 - 1} consumer warpgroups, "
                 f"{plan.stages} stages")

@@ -8,6 +8,8 @@ mbarriers in static shared memory. Deterministic: the same IR gives byte-identic
 """
 from __future__ import annotations
 
+import re
+
 from kumiko.kernel.gpu_ir_sm90 import (
     DESC_SWIZZLE,
     AccToSmem,
@@ -26,11 +28,14 @@ from kumiko.kernel.gpu_ir_sm90 import (
     MbarArriveTx,
     MbarInit,
     MbarWait,
+    RescalePack,
     Role,
     Roles,
     SetMaxNReg,
     Sm90Kernel,
     SmemRef,
+    SoftmaxInit,
+    SoftmaxStep,
     SyncThreads,
     TmaLoad,
     TmaStore,
@@ -59,8 +64,8 @@ class _Sm90Renderer:
     def desc(self, d: MatDesc) -> str:
         return f"wgmma_desc({self.ref(d.ref)} + {d.k_bytes.c()}, {d.lbo}, {d.sbo}, {DESC_SWIZZLE[d.swizzle]})"
 
-    def fence_operands(self, pad: str) -> list[str]:
-        return [f"{pad}wgmma_fence_operand({name});" for name, _ in self.k.accs]
+    def fence_operands(self, pad: str, names=None) -> list[str]:
+        return [f"{pad}wgmma_fence_operand({name});" for name, _ in self.k.accs if names is None or name in names]
 
     def stmt(self, s, pad: str) -> list[str]:
         k = self.k
@@ -96,11 +101,12 @@ class _Sm90Renderer:
             if isinstance(s.a, MatDesc):
                 return [f"{pad}wgmma_ss<{s.n}, {bf16}, {tb}>({s.acc}, {self.desc(s.a)}, {self.desc(s.b)}, "
                         f"{s.scale_d.c()});"]
-            return [f"{pad}wgmma_rs<{s.n}, {bf16}, {tb}>({s.acc}, {s.a}, {self.desc(s.b)}, {s.scale_d.c()});"]
+            a = s.a if s.a_row is None else f"{s.a}[{s.a_row.c()}]"
+            return [f"{pad}wgmma_rs<{s.n}, {bf16}, {tb}>({s.acc}, {a}, {self.desc(s.b)}, {s.scale_d.c()});"]
         if isinstance(s, WgmmaCommit):
             return [f"{pad}wgmma_commit();"]
         if isinstance(s, WgmmaWait):
-            return [f"{pad}wgmma_wait<{s.pending}>();"] + self.fence_operands(pad)
+            return [f"{pad}wgmma_wait<{s.pending}>();"] + self.fence_operands(pad, s.retired)
         if isinstance(s, AccToSmem):
             n = dict(k.accs)[s.acc]
             return [f"{pad}{{  // {s.acc} (m64n{n} D fragment) -> shared memory, fp32 row-major",
@@ -113,17 +119,49 @@ class _Sm90Renderer:
                     f"{pad}}}"]
         if isinstance(s, FragEpilogue):
             n = dict(k.accs)[s.acc]
-            return ([f"{pad}{{  // epilogue on {s.acc} (m64n{n} D fragment): predicated stores",
-                     f"{pad}  const int kk_l = threadIdx.x % 32, kk_w = (threadIdx.x / 32) % 4;",
+            acc = f"{s.acc}[kk_v]"
+            head = [f"{pad}{{  // epilogue on {s.acc} (m64n{n} D fragment): predicated stores",
+                    f"{pad}  const int kk_l = threadIdx.x % 32, kk_w = (threadIdx.x / 32) % 4;"]
+            head += code(s.setup, len(pad) // 2 + 1)
+            if s.row_div:           # the quad's partial row sums added: each lane holds a quarter of its rows' columns
+                acc = f"{acc} / kk_rs[(kk_v >> 1) & 1]"
+                head += [f"{pad}  float kk_rs[2];",
+                         f"{pad}#pragma unroll",
+                         f"{pad}  for (int kk_r = 0; kk_r < 2; ++kk_r) {{",
+                         f"{pad}    kk_rs[kk_r] = {s.row_div}[kk_r] + shfl_xor_f32({s.row_div}[kk_r], 1);",
+                         f"{pad}    kk_rs[kk_r] += shfl_xor_f32(kk_rs[kk_r], 2);",
+                         f"{pad}  }}"]
+            return (head + [
                      f"{pad}#pragma unroll",
                      f"{pad}  for (int kk_v = 0; kk_v < {n // 2}; ++kk_v) {{",
                      f"{pad}    const long long kk_gm = (long long){s.row0.c()} + 16 * kk_w + kk_l / 4 + "
                      "8 * ((kk_v >> 1) & 1);",
                      f"{pad}    const long long kk_gn = (long long){s.col0.c()} + 8 * (kk_v >> 2) + 2 * (kk_l % 4) + "
                      "(kk_v & 1);",
-                     f"{pad}    if (kk_gm < kk_M && kk_gn < kk_N) {{"]
-                    + code(s.decls, len(pad) // 2 + 3) + [f"{pad}      const float kk_acc = {s.acc}[kk_v];"]
+                     f"{pad}    if (kk_gm < kk_M && kk_gn < {s.cols}) {{"]
+                    + code(s.decls, len(pad) // 2 + 3) + [f"{pad}      const float kk_acc = {acc};"]
                     + code(s.code, len(pad) // 2 + 3) + [f"{pad}    }}", f"{pad}  }}", f"{pad}}}"])
+        if isinstance(s, SoftmaxInit):
+            n = dict(k.accs)[s.acc]
+            return [f"{pad}// the online softmax's row state (rows g, g + 8 of the warp): max, sum, rescale factor",
+                    f"{pad}float kk_mx[2] = {{-INFINITY, -INFINITY}}, kk_sum[2] = {{0.0f, 0.0f}}, kk_al[2];",
+                    f"{pad}#pragma unroll",
+                    f"{pad}for (int kk_v = 0; kk_v < {n // 2}; ++kk_v) {s.acc}[kk_v] = 0.0f;"]
+        if isinstance(s, SoftmaxStep):
+            return self.softmax(s, pad)
+        if isinstance(s, RescalePack):
+            n, nv = dict(k.accs)[s.acc], dict(k.accs)[s.out]
+            pack = "pack_bfloat162" if s.dtype == "bf16" else "pack_half2"
+            return [f"{pad}{{  // {s.out} *= the rows' rescale; P ({s.acc}) to 16-bit A fragments {s.regs}",
+                    f"{pad}#pragma unroll",
+                    f"{pad}  for (int kk_v = 0; kk_v < {nv // 2}; ++kk_v) {s.out}[kk_v] *= kk_al[(kk_v >> 1) & 1];",
+                    f"{pad}#pragma unroll",
+                    f"{pad}  for (int kk_j = 0; kk_j < {n // 16}; ++kk_j)",
+                    f"{pad}#pragma unroll",
+                    f"{pad}    for (int kk_i = 0; kk_i < 4; ++kk_i)",
+                    f"{pad}      {s.regs}[kk_j][kk_i] = {pack}({s.acc}[8 * kk_j + 2 * kk_i], "
+                    f"{s.acc}[8 * kk_j + 2 * kk_i + 1]);",
+                    f"{pad}}}"]
         if isinstance(s, SetMaxNReg):
             return [f"{pad}setmaxnreg_{'inc' if s.inc else 'dec'}<{s.regs}>();"]
         if isinstance(s, For):
@@ -147,11 +185,79 @@ class _Sm90Renderer:
             return out + [f"{pad}}}"]
         raise TypeError(f"not an SM90 GPU IR statement: {type(s).__name__}")
 
+    def softmax(self, s: SoftmaxStep, pad: str) -> list[str]:
+        """The score code at each element of the block (element v: row 16w + l/4 + 8((v >> 1) & 1), column
+        8(v >> 2) + 2(l % 4) + (v & 1)), then per row r of the lane (elements 4j + 2r + h): the new max over the block
+        and the quad (``shfl_xor`` 1, 2), the rescale factor, P in place of S and the sum."""
+        n, k2 = dict(self.k.accs)[s.acc], f"{s.k2!r}f"
+        ind = len(pad) // 2
+        out = [f"{pad}{{  // online softmax of {s.acc}'s key block",
+               f"{pad}  const int kk_l = threadIdx.x % 32, kk_w = (threadIdx.x / 32) % 4;",
+               f"{pad}  // a block inside M and N runs the score code without the per-element bounds test",
+               f"{pad}  const bool kk_inside = (long long){s.row0.c()} + 64 <= kk_M && "
+               f"(long long){s.col0.c()} + {n} <= kk_N;"]
+        # (head, declarations, code): the guards' selects dropped where they admit the whole block, the block
+        # inside M and N, the tail
+        paths = [("if (kk_inside) {", s.decls, s.code), ("} else {", s.decls, s.code)]
+        if s.inside:
+            corners = {"kk_r0": f"(long long){s.row0.c()}", "kk_r1": f"(long long){s.row0.c()} + 63",
+                       "kk_c0": f"(long long){s.col0.c()}", "kk_c1": f"(long long){s.col0.c()} + {n - 1}"}
+            out += [f"{pad}  const long long {c} = {v};" for c, v in corners.items()
+                    if re.search(rf"\b{c}\b", s.inside)]
+            out.append(f"{pad}  // the guards hold on every element of the block: the score code without them")
+            paths[:1] = [(f"if (kk_inside && {s.inside}) {{", s.free_decls, s.free_code),
+                         ("} else if (kk_inside) {", s.decls, s.code)]
+        for head, decls, body in paths:
+            inside = head != "} else {"
+            out += [f"{pad}  {head}",
+                    f"{pad}#pragma unroll",
+                    f"{pad}  for (int kk_v = 0; kk_v < {n // 2}; ++kk_v) {{"]
+            if decls or not inside:       # (the score code may not use the element's row and column)
+                out += [f"{pad}    const long long kk_gm = (long long){s.row0.c()} + 16 * kk_w + kk_l / 4 + "
+                        "8 * ((kk_v >> 1) & 1);",
+                        f"{pad}    const long long kk_gn = (long long){s.col0.c()} + 8 * (kk_v >> 2) + "
+                        "2 * (kk_l % 4) + (kk_v & 1);"]
+            out += [f"{pad}    float kk_z = -INFINITY;",
+                    f"{pad}    {'{' if inside else 'if (kk_gm < kk_M && kk_gn < kk_N) {'}"]
+            out += code(decls, ind + 3)
+            out.append(f"{pad}      const float kk_acc = {s.acc}[kk_v];")
+            out += code(body, ind + 3)
+            out += [f"{pad}    }}",
+                    f"{pad}    {s.acc}[kk_v] = kk_z;",
+                    f"{pad}  }}"]
+        out += [f"{pad}  }}",
+                f"{pad}#pragma unroll",
+                f"{pad}  for (int kk_r = 0; kk_r < 2; ++kk_r) {{",
+                f"{pad}    float kk_mn = kk_mx[kk_r];",
+                f"{pad}#pragma unroll",
+                f"{pad}    for (int kk_j = 0; kk_j < {n // 8}; ++kk_j)",
+                f"{pad}      kk_mn = fmaxf(kk_mn, fmaxf({s.acc}[4 * kk_j + 2 * kk_r], "
+                f"{s.acc}[4 * kk_j + 2 * kk_r + 1]));",
+                f"{pad}    kk_mn = fmaxf(kk_mn, shfl_xor_f32(kk_mn, 1));",
+                f"{pad}    kk_mn = fmaxf(kk_mn, shfl_xor_f32(kk_mn, 2));",
+                f"{pad}    // a row with no unmasked column yet subtracts 0: exp2(-inf) = 0, never -inf - -inf",
+                f"{pad}    const float kk_ms = kk_mn == -INFINITY ? 0.0f : kk_mn * {k2};",
+                (f"{pad}    kk_al[kk_r] = exp2f(kk_mx[kk_r] * {k2} - kk_ms);  // the old max's scale" if s.rescale
+                 else f"{pad}    kk_al[kk_r] = 1.0f;"),
+                f"{pad}    kk_sum[kk_r] *= kk_al[kk_r];",
+                f"{pad}    kk_mx[kk_r] = kk_mn;",
+                f"{pad}#pragma unroll",
+                f"{pad}    for (int kk_j = 0; kk_j < {n // 8}; ++kk_j)",
+                f"{pad}#pragma unroll",
+                f"{pad}      for (int kk_h = 0; kk_h < 2; ++kk_h) {{",
+                f"{pad}        const float kk_p = exp2f(fmaf({s.acc}[4 * kk_j + 2 * kk_r + kk_h], {k2}, -kk_ms));",
+                f"{pad}        {s.acc}[4 * kk_j + 2 * kk_r + kk_h] = kk_p;",
+                f"{pad}        kk_sum[kk_r] += kk_p;",
+                f"{pad}      }}",
+                f"{pad}  }}",
+                f"{pad}}}"]
+        return out
+
     def decls(self, names: set, pad: str) -> list[str]:
         """The accumulators and register arrays among ``names``, declared where they are used: inside a role, so
         they are not live in the other roles (after a producer's setmaxnreg.dec, a live accumulator spills)."""
         return ([f"{pad}float {name}[{n // 2}];" for name, n in self.k.accs if name in names] +
-                [f"{pad}uint32_t {name}[{n}];" for name, n in self.k.regs if name in names])
+                [f"{pad}uint32_t {name}{_dims(n)};" for name, n in self.k.regs if name in names])
 
     def stmts(self, body, pad: str) -> list[str]:
         return [line for s in body for line in self.stmt(s, pad)]
@@ -182,13 +288,20 @@ def _uses(body) -> set:
     for s in body:
         if isinstance(s, WgmmaMma):
             out |= {s.acc} | ({s.a} if isinstance(s.a, str) else set())
-        elif isinstance(s, (AccToSmem, FragEpilogue)):
+        elif isinstance(s, (AccToSmem, FragEpilogue, SoftmaxInit, SoftmaxStep)):
             out.add(s.acc)
+        elif isinstance(s, RescalePack):
+            out |= {s.out, s.acc, s.regs}
         elif isinstance(s, (For, If, Elect, Role)):
             out |= _uses(s.body)
         elif isinstance(s, Roles):
             out |= _uses(s.roles)
     return out
+
+
+def _dims(n) -> str:
+    """``[n]``, or ``[a][b]`` for a register array of dims (a, b)."""
+    return "".join(f"[{d}]" for d in (n if isinstance(n, tuple) else (n,)))
 
 
 def render_sm90(k: Sm90Kernel) -> str:

@@ -301,7 +301,8 @@ class CudaProgram:
     def _map(self, ln: Launch, i: int, ints: Mapping[str, int], b: Bound) -> bytes:
         """Tensor map ``i`` of an SM90 launch at these sizes over its buffer's device address."""
         desc, buf = ln.maps[i]
-        return self.backend.encode_tensor_map(desc.encoding(ints), b.ptrs[buf], f"{ln.kernel} tensor map {desc.name}")
+        return self.backend.encode_tensor_map(desc.encoding(ints), b.ptrs[buf] + desc.origin_bytes(ints),
+                                              f"{ln.kernel} tensor map {desc.name}")
 
     def _allocate(self, b: Bound, env: Mapping[str, int]) -> None:
         def alloc(name: str, nbytes: int, what: str) -> int:

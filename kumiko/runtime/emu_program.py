@@ -146,7 +146,8 @@ class GpuRunner(CpuProgram):
                         args.append(counters[ln.region, name])
                     elif kind == "tmap":
                         desc, buf = ln.maps[name]
-                        args.append(TensorMapArg(desc.encoding(ints), bufs[buf]))
+                        origin = desc.origin_bytes(ints) // bufs[buf].itemsize    # the map's first element
+                        args.append(TensorMapArg(desc.encoding(ints), bufs[buf].reshape(-1)[origin:]))
                     elif kind == "int":
                         args.append(ints[name])
                     else:

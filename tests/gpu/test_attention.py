@@ -15,8 +15,22 @@ from kumiko.accuracy import bound
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.gpu_attention import AttentionKernel, LoadBlock, OnlineSoftmax, find_attention_pair
 from kumiko.kernel.gpu_ir import Barrier, KLoop
+from kumiko.kernel.gpu_ir_sm90 import (
+    For,
+    If,
+    MbarArrive,
+    MbarArriveTx,
+    MbarWait,
+    RescalePack,
+    Sm90Kernel,
+    SoftmaxStep,
+    WgmmaWait,
+    rewrite,
+)
 from kumiko.kernel.gpu_verify_attention import verify_attention
+from kumiko.kernel.gpu_verify_sm90 import verify_sm90
 from kumiko.pipeline import compile_cuda
+from kumiko.plan.gpu import describe_gpu_plan
 from kumiko.render.cuda import render_cuda
 from kumiko.runtime.emu_program import CompiledCuda, GpuRunner
 from kumiko.runtime.ptxas import nvcc_path
@@ -228,3 +242,152 @@ def test_a_streaming_plan_without_its_pair_is_refused():
         compile_cuda(g.tiny, plans={r0: plans[r0].with_(tile=(64, 64, 32))})
     assert e.value.code == "E1801"
     assert kumiko.compile(g, "cuda-emu").target == "cuda-emu"
+
+
+# -- the SM90 kernel (kernel.gpu_attention_sm90: TMA, mbarrier rings, wgmma with P from registers) ----------------
+SM90_CASES = [(64, False, "fp16"), (128, True, "bf16")]
+
+
+@pytest.fixture(scope="module")
+def progs90(gpu_cache):
+    cache: dict = {}
+
+    def get(*case) -> tuple:
+        if case not in cache:
+            g = attention(*case)
+            cache[case] = (g, compile_cuda(g.tiny, arch="sm90"))
+        return cache[case]
+    return get
+
+
+def test_sm90_plans_take_the_tma_wgmma_kernel():
+    """On sm90 the pair is one launch of the SM90 kernel: three tensor maps (Q, K, V, 128-byte swizzle), K and V
+    rings, two consumer warpgroups (one when constant sizes give fewer query blocks than two an SM); a head dim the
+    kernel does not take keeps the SM80 kernel."""
+    c = compile_cuda(attention(64, True, "fp16").tiny, arch="sm90")
+    (k,), (ln,) = c.kernels, c.launches
+    assert isinstance(k, Sm90Kernel) and [m.name for m in k.maps] == ["tmQ", "tmK", "tmV"]
+    assert {m.swizzle for m in k.maps} == {"128B"} and [r.buffers for r in k.rings] == [("sK",), ("sV",)]
+    assert k.threads == 384 and ln.block == 384 and not ln.scratch and len(ln.maps) == 3
+    assert "TMA + wgmma, 2 consumer warpgroups" in describe_gpu_plan(c.plans[ln.region])
+    q = Tensor.input("Q", (1, 12, 128, 64), dtype="fp16")
+    kk, v = (Tensor.input(n, (1, 12, 128, 64), dtype="fp16") for n in "KV")
+    small = compile_cuda(q.scaled_dot_product_attention(kk, v).graph("O").tiny, arch="sm90")
+    assert small.kernels[0].threads == 256 and small.plans[small.launches[0].region].tile[0] == 64
+    odd = compile_cuda(attention(32, False, "fp16").tiny, arch="sm90")
+    assert isinstance(odd.kernels[0], AttentionKernel)
+
+
+@needs_gxx
+@pytest.mark.parametrize("emu", ["deferred", "reversed", "random"])
+@pytest.mark.parametrize("case", SM90_CASES, ids=[f"d{d}-{'causal' if c else 'full'}-{t}" for d, c, t in SM90_CASES])
+def test_sm90_attention_matches_the_evaluator(progs90, case, emu):
+    """Also at 300 x 260: query blocks wholly below the causal diagonal run the score code without the mask."""
+    g, c = progs90(*case)
+    assert ("the score code without them" in c.source) == case[1]
+    _check(c, g, emu, case[2], SIZES[:3] + ({"B": 1, "H": 1, "M": 300, "N": 260},))
+
+
+@needs_gxx
+def test_sm90_attention_over_projected_heads():
+    """Q, K, V as heads of one [1, S, 3 * H * d] projection: 3-D maps (d, S, H) whose origins are Q's, K's and V's
+    column offsets; one consumer warpgroup (few query blocks)."""
+    g = _projected_heads(True, heads=2, s=150)
+    c = compile_cuda(g.tiny, arch="sm90")
+    (k,) = c.kernels
+    assert isinstance(k, Sm90Kernel) and [len(m.dims) for m in k.maps] == [3, 3, 3]
+    assert [m.offset.eval({}) for m in k.maps] == [0, 128, 256]
+    errs = run_and_compare(c, g, "deferred", 5)
+    assert all(e <= bound("fp16") for e in errs.values()), errs
+
+
+def _drop(cls, **match):
+    """A rewrite that removes the statements of ``cls`` whose fields equal ``match``."""
+    def fn(s):
+        if isinstance(s, cls) and all(getattr(s, f) == v for f, v in match.items()):
+            return ()
+        return None
+    return fn
+
+
+def _pack_before_pv_retires(s):
+    if isinstance(s, For) and isinstance(s.body[-1], RescalePack):  # moved before the wait that retires P V
+        body = list(s.body)
+        i = next(j for j, x in enumerate(body) if isinstance(x, WgmmaWait) and x.pending == 0)
+        pack = body.pop(-1)
+        return (replace(s, body=tuple(body[:i] + [pack] + body[i:])),)
+    return None
+
+
+def _no_tail_wait(s):
+    """The last block's P V (the consumer's ``If(KT > 0)``) without its wait and stage release: the epilogue reads
+    O while that wgmma is in flight."""
+    if isinstance(s, If) and isinstance(s.body[-1], MbarArrive) and isinstance(s.body[-2], WgmmaWait):
+        return (replace(s, body=s.body[:-2]),)
+    return None
+
+
+def _mutate_sm90(k, fn):
+    return replace(k, body=rewrite(k.body, fn))
+
+
+def _skip_diagonal(k):
+    """The causal bound one key block short for every query block but the first (those blocks are not masked)."""
+    setup = tuple(replace(d, init=f"{d.init} - (kk_qb > 0 ? 1 : 0)") if getattr(d, "name", "") == "kk_KT" else d
+                  for d in k.setup)
+    return replace(k, setup=setup)
+
+
+SM90_BUGS = {
+    "no_wait_before_softmax": lambda k: _mutate_sm90(k, _drop(WgmmaWait, pending=1)),
+    "pack_before_pv_retires": lambda k: _mutate_sm90(k, _pack_before_pv_retires),
+    "no_wait_before_epilogue": lambda k: _mutate_sm90(k, _no_tail_wait),
+    "wrong_k_parity": lambda k: _mutate_sm90(k, lambda s: (replace(s, parity=s.parity ^ 1),)
+                                            if isinstance(s, MbarWait) and s.bar.name == "kk_kfull" else None),
+    "wrong_expect_tx": lambda k: _mutate_sm90(k, lambda s: (replace(s, bytes=s.bytes - 128),)
+                                             if isinstance(s, MbarArriveTx) and s.bar.name == "kk_vfull" else None),
+    "missing_rescale": lambda k: _mutate_sm90(k, lambda s: (replace(s, rescale=False),)
+                                             if isinstance(s, SoftmaxStep) else None),
+    "skipped_unmasked_block": _skip_diagonal,
+}
+#: bug -> the verifier's hazard, or None: the verifier passes it and the emulator's result is wrong
+SM90_CAUGHT = {"no_wait_before_softmax": "release_in_flight", "pack_before_pv_retires": "acc_in_flight",
+               "no_wait_before_epilogue": "acc_in_flight", "wrong_k_parity": "mbar_parity",
+               "wrong_expect_tx": "expect_tx", "missing_rescale": None, "skipped_unmasked_block": None}
+
+
+@needs_gxx
+@pytest.mark.parametrize("bug", sorted(SM90_BUGS))
+def test_sm90_injected_bugs_are_caught(progs90, bug):
+    causal = bug == "skipped_unmasked_block"
+    g, base = progs90(64, causal, "fp16") if causal else progs90(64, False, "fp16")
+    k = SM90_BUGS[bug](base.kernels[0])
+    assert k != base.kernels[0]
+    hazard = SM90_CAUGHT[bug]
+    if hazard is not None:
+        with pytest.raises(KumikoError) as e:
+            verify_sm90(k)
+        assert e.value.details["hazard"] == hazard, e.value.details
+        return
+    assert verify_sm90(k) is k
+    sizes = {"B": 1, "H": 2, "M": 300, "N": 300}        # several key blocks; three query blocks
+    bad = CompiledCuda(base.program, base.plans, [k], render_cuda([k]), base.launches, base.arch)
+    errs = run_and_compare(bad, g, "deferred", 7, sizes)
+    assert max(errs.values()) > 10 * bound("fp16"), errs
+    assert max(run_and_compare(base, g, "deferred", 7, sizes).values()) <= bound("fp16")
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("d", [64, 128])
+def test_sm90_attention_builds_without_spills_or_serialized_wgmma(d):
+    """ptxas neither spills nor inserts waits of its own (C7517) that serialize every wgmma of the kernel (C7518):
+    every wgmma wait in the loop is unconditional and the waits fence only the accumulators they retire."""
+    from kumiko.runtime.emu_program import nvcc_check
+    for dt, causal in (("fp16", True), ("bf16", False)):
+        c = compile_cuda(attention(d, causal, dt).tiny, arch="sm90")
+        res = nvcc_check(c, "sm_90a")
+        r = res.resources[c.launches[0].kernel]
+        assert r.spill_stores == r.spill_loads == 0 and r.stack_frame == 0, r
+        assert "ptxas info" in res.log and "C7517" not in res.log and "C7518" not in res.log, res.log
+        assert "wgmma.mma_async.sync.aligned.m64n128k16" in res.ptx and "cp.async.bulk.tensor.4d" in res.ptx

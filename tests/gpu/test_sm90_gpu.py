@@ -163,3 +163,35 @@ def test_merged_attention_heads_through_a_3d_tensor_map(d):
     y = c.astype(np.float32).transpose(0, 2, 1, 3).reshape(1, seq, heads * d) @ wm.astype(np.float32) + rm
     want = (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-5)
     assert rel_l2(exe(C=c, W=wm, R=rm)["y"], want) < TOL["fp16"]
+
+
+#: (d, causal, dtype) of the fused attention cases on the device
+ATTN = [(64, False, "fp16"), (128, True, "fp16"), (128, False, "bf16"), (64, True, "bf16")]
+
+
+@pytest.mark.parametrize("d,causal,dtype", ATTN, ids=[f"d{d}-{'causal' if c else 'full'}-{t}" for d, c, t in ATTN])
+def test_fused_attention_on_the_device(d, causal, dtype):
+    """The attention Region pair on sm_90a takes the SM90 fused kernel (TMA maps over Q, K, V; wgmma with P from
+    registers; one launch), and matches the evaluator at query and key lengths that are not block multiples, a
+    single query row, and a long sequence whose key blocks run through the two-stage rings many times."""
+    q = Tensor.input("Q", ("B", "H", "M", d), dtype=dtype)
+    k, v = (Tensor.input(n, ("B", "H", "N", d), dtype=dtype) for n in "KV")
+    g = q.scaled_dot_product_attention(k, v, is_causal=causal).graph("O", name=f"attn{d}")
+    exe = kumiko.compile(g, "cuda")
+    assert kinds(exe) == {"Sm90Kernel"} and len(exe._run.kernels) == 1
+    for seed, shapes in enumerate(({"B": 1, "H": 3, "M": 200, "N": 333}, {"B": 2, "H": 2, "M": 1, "N": 70},
+                                   {"B": 1, "H": 2, "M": 1024, "N": 1024})):
+        assert compare(exe, g, seed, shapes) < TOL[dtype], shapes
+
+
+def test_fused_attention_over_projected_heads_on_the_device():
+    """Q, K, V as heads of one [1, S, 3 * H * d] projection (what an exported transformer holds at batch 1): 3-D
+    tensor maps whose origins are the Q, K and V column offsets."""
+    heads, d, s = 4, 64, 300
+    x = Tensor.input("X", (1, s, 3 * heads * d), dtype="fp16")
+    q, k, v = (x[:, :, i * heads * d:(i + 1) * heads * d].reshape(1, s, heads, d).permute(0, 2, 1, 3)
+               for i in range(3))
+    g = q.scaled_dot_product_attention(k, v, is_causal=True, scale=0.125).graph("O", name="heads")
+    exe = kumiko.compile(g, "cuda")
+    assert kinds(exe) == {"Sm90Kernel"}
+    assert compare(exe, g, 7) < TOL["fp16"]
