@@ -273,15 +273,19 @@ def apply_wgmma_tile(plan, spec: str):
                       threads=128 * (1 + f["bm"] // 64), async_=asy, cache=cache)
 
 
-AT_SPEC = "at:BMxBN (e.g. at:128x64: the streaming attention kernel's query rows and keys a block)"
+AT_SPEC = ("at:BMxBN[/nopp] (e.g. at:128x64: the streaming attention kernel's query rows and keys a block; /nopp: "
+           "the SM90 kernel's two consumer warpgroups without ping-pong)")
 
 
-def parse_attention_tile(spec: str) -> tuple[int, int]:
+def parse_attention_tile(spec: str) -> tuple[int, int, bool]:
+    body, _, flag = spec[3:].partition("/")
     try:
-        bm, bn = (int(x) for x in spec[3:].split("x"))
-        return bm, bn
+        bm, bn = (int(x) for x in body.split("x"))
     except ValueError:
         raise SystemExit(f"--tiles: {spec!r} is not {AT_SPEC}") from None
+    if flag not in ("", "nopp"):
+        raise SystemExit(f"--tiles: {spec!r} is not {AT_SPEC}")
+    return bm, bn, flag != "nopp"
 
 
 def apply_tile(plan, spec: str):
@@ -290,9 +294,10 @@ def apply_tile(plan, spec: str):
     if spec.startswith("wg:"):
         return apply_wgmma_tile(plan, spec)
     if spec.startswith("at:"):
-        bm, bn = parse_attention_tile(spec)
+        bm, bn, pingpong = parse_attention_tile(spec)
         if plan.barrier_model == "mbarrier":        # the SM90 kernel: a consumer warpgroup per 64 rows
-            return plan.with_(tile=(bm, bn, plan.tile[2]), threads=128 * (1 + bm // 64))
+            return plan.with_(tile=(bm, bn, plan.tile[2]), threads=128 * (1 + bm // 64),
+                              async_={**dict(plan.async_), "pingpong": pingpong})
         return plan.with_(tile=(bm, bn, plan.tile[2]), threads=bm // 16 * 32, warp_tile=f"16x{bn}")
     f = parse_tile(spec)
     hints, asy = dict(plan.layout_hints), dict(plan.async_)

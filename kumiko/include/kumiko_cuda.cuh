@@ -15,6 +15,7 @@
 //   mma_m16n8k16_bf16f32(d, a, b, c)        warp: same with .bf16 inputs
 //   shfl_xor_f32 / shfl_sync_f32 / shfl_down_f32 / shfl_up_f32(v, lane, mask)   warp shuffles
 //   warp_sum_f32 / warp_max_f32(v)          warp: butterfly reductions (every lane gets the result)
+//   exp2_ftz(x)                             ex2.approx.ftz.f32 (a softmax's 2^x; subnormal results are 0)
 //   pack_half2 / pack_bfloat162(lo, hi) -> uint32_t; unpack_half2 / unpack_bfloat162(u) -> float2
 //   st_global_v2(p, lo, hi)                 one store of two adjacent uint16_t (b32) or floats (v2.f32)
 //   ld_global_cg(p) -> float                ld.global.cg: another CTA's fenced store, read past L1
@@ -185,6 +186,18 @@ __device__ __forceinline__ float shfl_down_f32(float v, unsigned delta, unsigned
 }
 __device__ __forceinline__ float shfl_up_f32(float v, unsigned delta, unsigned mask = 0xffffffffu) {
   return __shfl_up_sync(mask, v, delta);
+}
+// 2^x for a softmax: ex2.approx.ftz.f32 on the GPU (exp2f's non-ftz form wraps MUFU.EX2 in a range test and two
+// multiplies for subnormal results); the emulator computes exp2f and flushes a subnormal result to +0 alike.
+__device__ __forceinline__ float exp2_ftz(float x) {
+#if defined(KUMIKO_EMU)
+  const float r = exp2f(x);
+  return r < 1.17549435e-38f ? 0.0f : r;
+#else
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+#endif
 }
 __device__ __forceinline__ float warp_sum_f32(float v) {
   for (int o = 16; o > 0; o >>= 1) v += shfl_xor_f32(v, o);

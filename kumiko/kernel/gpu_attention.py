@@ -319,7 +319,8 @@ def attention_plan(arch: str, pair: AttentionPair, consumer: str) -> Plan:
                          bind={"m.o": "block.x", "batch": "block.y", "m.i.o": "warpgroup"},
                          predicate_tail=c0.m_axes + c0.n_axes, algo_choice={"contraction": STREAMING},
                          barrier_model="mbarrier", local_edges=({"from": pair.p, "to": consumer, "buffer": "reg"},),
-                         async_={"enable": True, "prefetch_depth": 1, "epilogue_overlap": False})
+                         async_={"enable": True, "prefetch_depth": 1, "epilogue_overlap": False,
+                                 "pingpong": consumers == 2})
     return make_plan(arch, tile=(64, 64, 16), stages=2, warp_tile=f"{WARP_ROWS}x64", threads=128,
                      bind={"m.o": "block.x", "batch": "block.y", "m.i.o": "warp"},
                      vectorize={"axis": "k", "width": 8}, predicate_tail=c0.m_axes + c0.n_axes,

@@ -115,6 +115,10 @@ def lower_attention_sm90(pair: AttentionPair, plan: Plan, syms: tuple, name: str
                           suggestion="use the SM80 streaming plan (arch sm80)")
     bm, bn, _ = plan.tile
     S, consumers = plan.stages, bm // 64
+    # ping-pong (two consumers): a warpgroup issues its wgmmas only on its turn (``kk_turn[i]``, the other
+    # warpgroup's arrival after issuing its own), so one's softmax runs while the other's GEMMs do; the n-th
+    # turn of either warpgroup is phase n of its barrier (consumer 1 arrives once first: consumer 0 goes first)
+    turns = bool(plan.get("async_", "pingpong", True)) and consumers == 2
     dt = pair.f0.dtype_of(pair.c0.x).name
     v, ci = IExpr.var, IExpr.const
     size = _Sizes()
@@ -157,18 +161,23 @@ def lower_attention_sm90(pair: AttentionPair, plan: Plan, syms: tuple, name: str
         dq = MatDesc(SmemRef("sQ", ci(0), i * 64 * 128), "128B", 16, 1024, "K", (ks // 4) * (bm * 128) + (ks % 4) * 32)
         dk = MatDesc(SmemRef("sK", st), "128B", 16, 1024, "K", (ks // 4) * (bn * 128) + (ks % 4) * 32)
 
-        def pv(stage, parity) -> tuple:
+        dvd = (lambda stage: MatDesc(SmemRef("sV", stage), "128B", 64 * bn * 2, 1024, "MN", ks * (16 * 128)))
+
+        def issue(n, *mmas) -> tuple:
+            if not turns:
+                return mmas
+            return (MbarWait(bar("kk_turn", ci(i)), n & 1), *mmas, MbarArrive(bar("kk_turn", ci(1 - i))))
+
+        def pv(stage) -> tuple:
             """O += P V of the block in ``stage``: V [keys, DV] is MN-major B (boxes of 64 DV columns, bn rows)."""
-            dvd = MatDesc(SmemRef("sV", stage), "128B", 64 * bn * 2, 1024, "MN", ks * (16 * 128))
-            return (MbarWait(bar("kk_vfull", stage), parity),
-                    WgmmaFence(),       # P's registers were written since the last fence (else ptxas adds one)
-                    For("ks", ci(0), ci(bn // 16), (WgmmaMma("kk_o", "kk_p", dvd, dv, dt, a_row=ks),), unroll=True),
+            return (WgmmaFence(),       # P's registers were written since the last fence (else ptxas adds one)
+                    For("ks", ci(0), ci(bn // 16), (WgmmaMma("kk_o", "kk_p", dvd(stage), dv, dt, a_row=ks),),
+                        unroll=True),
                     WgmmaCommit())
 
         def scores() -> tuple:
             """S = Q K^T of key block kt, committed."""
-            return (MbarWait(bar("kk_kfull", st), ph),
-                    WgmmaFence(),
+            return (WgmmaFence(),
                     For("ks", ci(0), ci(d // 16), (WgmmaMma("kk_s", dq, dk, bn, dt, ks.gt(0)),), unroll=True),
                     WgmmaCommit())
 
@@ -179,24 +188,30 @@ def lower_attention_sm90(pair: AttentionPair, plan: Plan, syms: tuple, name: str
 
         # block 0 before the loop and the last block's P V after it, so that every wait in the loop is
         # unconditional (a wgmma wait on a divergent path makes ptxas serialize every wgmma of the kernel)
-        first = (*scores(), WgmmaWait(0), *softmax(), RescalePack("kk_o", "kk_s", "kk_p", dt))
-        step = (*scores(),
-                *pv(pst, pph),          # the previous block's P V runs on while S retires and the softmax runs
+        first = (MbarWait(bar("kk_kfull", st), ph), *issue(ci(0), *scores()), WgmmaWait(0), *softmax(),
+                 RescalePack("kk_o", "kk_s", "kk_p", dt))
+        step = (MbarWait(bar("kk_kfull", st), ph), MbarWait(bar("kk_vfull", pst), pph),
+                # the previous block's P V runs on while S retires and the softmax runs
+                *issue(kt, *scores(), *pv(pst)),
                 WgmmaWait(1, ("kk_s",)),
                 *softmax(),
                 WgmmaWait(0),
                 MbarArrive(bar("kk_vempty", pst)),
                 RescalePack("kk_o", "kk_s", "kk_p", dt))
         last = KT - 1
-        tail = (*pv(last % S, (last // S) & 1), WgmmaWait(0), MbarArrive(bar("kk_vempty", last % S)))
+        tail = (MbarWait(bar("kk_vfull", last % S), (last // S) & 1), *issue(KT, *pv(last % S)), WgmmaWait(0),
+                MbarArrive(bar("kk_vempty", last % S)))
         return (SetMaxNReg(True, CONSUMER_REGS[consumers]),
                 SoftmaxInit("kk_o"),
+                *((MbarArrive(bar("kk_turn", ci(0))),) if turns and i == 1 else ()),
                 MbarWait(bar("kk_qfull"), ci(0)),
                 If(KT.gt(0), (Let("kt", ci(0)), *first, For("kt", ci(1), KT, step), *tail)),
                 FragEpilogue("kk_o", row0, ci(0), pc.decl_out, pc.out, cols=str(dv), setup=pc.batch1,
                              row_div="kk_sum"))
 
     inits = [MbarInit(bar("kk_qfull"), 1)]
+    if turns:
+        inits.append(For("s", ci(0), ci(2), (MbarInit(bar("kk_turn", v("s")), 128),)))
     for r in ("k", "v"):
         inits.append(For("s", ci(0), ci(S), (MbarInit(bar(f"kk_{r}full", v("s")), 1),
                                              MbarInit(bar(f"kk_{r}empty", v("s")), 128 * consumers))))
@@ -221,7 +236,7 @@ def lower_attention_sm90(pair: AttentionPair, plan: Plan, syms: tuple, name: str
              "softmax")
     kern = Sm90Kernel(name, 128 * (1 + consumers), tuple(maps), (), smem,
                       (BarDecl("kk_qfull"), BarDecl("kk_kfull", S), BarDecl("kk_kempty", S), BarDecl("kk_vfull", S),
-                       BarDecl("kk_vempty", S)),
+                       BarDecl("kk_vempty", S)) + ((BarDecl("kk_turn", 2),) if turns else ()),
                       (("kk_s", bn), ("kk_o", dv)), body,
                       rings=(Ring(("sK",), "kk_kfull", "kk_kempty", S), Ring(("sV",), "kk_vfull", "kk_vempty", S)),
                       regs=(("kk_p", (bn // 16, 4)),),

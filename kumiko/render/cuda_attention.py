@@ -112,7 +112,7 @@ class _AttentionRenderer:
                 f"{pad}    // a row with no unmasked column yet subtracts 0: exp2(-inf) = 0, never -inf - -inf",
                 f"{pad}    const float kk_ms = kk_mn == -INFINITY ? 0.0f : kk_mn * {k2};"]
         if s.rescale:
-            out += [f"{pad}    const float kk_al = exp2f(kk_mx[r] * {k2} - kk_ms);  // the old max's scale",
+            out += [f"{pad}    const float kk_al = exp2_ftz(kk_mx[r] * {k2} - kk_ms);  // the old max's scale",
                     f"{pad}    kk_l[r] *= kk_al;",
                     f"{pad}    #pragma unroll",
                     f"{pad}    for (int dt = 0; dt < {self.dv // 8}; ++dt) {{ kk_o[dt][2 * r] *= kk_al; "
@@ -122,7 +122,7 @@ class _AttentionRenderer:
                 f"{pad}    for (int nt = 0; nt < {self.bn // 8}; ++nt)",
                 f"{pad}      #pragma unroll",
                 f"{pad}      for (int h = 0; h < 2; ++h) {{",
-                f"{pad}        const float kk_p = exp2f(fmaf(kk_s[nt][2 * r + h], {k2}, -kk_ms));",
+                f"{pad}        const float kk_p = exp2_ftz(fmaf(kk_s[nt][2 * r + h], {k2}, -kk_ms));",
                 f"{pad}        kk_s[nt][2 * r + h] = kk_p;",
                 f"{pad}        kk_l[r] += kk_p;",
                 f"{pad}      }}",

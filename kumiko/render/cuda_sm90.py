@@ -237,7 +237,7 @@ class _Sm90Renderer:
                 f"{pad}    kk_mn = fmaxf(kk_mn, shfl_xor_f32(kk_mn, 2));",
                 f"{pad}    // a row with no unmasked column yet subtracts 0: exp2(-inf) = 0, never -inf - -inf",
                 f"{pad}    const float kk_ms = kk_mn == -INFINITY ? 0.0f : kk_mn * {k2};",
-                (f"{pad}    kk_al[kk_r] = exp2f(kk_mx[kk_r] * {k2} - kk_ms);  // the old max's scale" if s.rescale
+                (f"{pad}    kk_al[kk_r] = exp2_ftz(kk_mx[kk_r] * {k2} - kk_ms);  // the old max's scale" if s.rescale
                  else f"{pad}    kk_al[kk_r] = 1.0f;"),
                 f"{pad}    kk_sum[kk_r] *= kk_al[kk_r];",
                 f"{pad}    kk_mx[kk_r] = kk_mn;",
@@ -245,7 +245,7 @@ class _Sm90Renderer:
                 f"{pad}    for (int kk_j = 0; kk_j < {n // 8}; ++kk_j)",
                 f"{pad}#pragma unroll",
                 f"{pad}      for (int kk_h = 0; kk_h < 2; ++kk_h) {{",
-                f"{pad}        const float kk_p = exp2f(fmaf({s.acc}[4 * kk_j + 2 * kk_r + kk_h], {k2}, -kk_ms));",
+                f"{pad}        const float kk_p = exp2_ftz(fmaf({s.acc}[4 * kk_j + 2 * kk_r + kk_h], {k2}, -kk_ms));",
                 f"{pad}        {s.acc}[4 * kk_j + 2 * kk_r + kk_h] = kk_p;",
                 f"{pad}        kk_sum[kk_r] += kk_p;",
                 f"{pad}      }}",

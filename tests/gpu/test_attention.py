@@ -22,6 +22,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     MbarArriveTx,
     MbarWait,
     RescalePack,
+    Roles,
     Sm90Kernel,
     SoftmaxStep,
     WgmmaWait,
@@ -327,6 +328,15 @@ def _no_tail_wait(s):
     return None
 
 
+def _drop_first_turn(s):
+    """Consumer 1 without its first arrival on consumer 0's turn barrier: the ping-pong never starts."""
+    if isinstance(s, Roles):
+        return (Roles(tuple(replace(r, body=tuple(x for x in r.body if not (isinstance(x, MbarArrive) and
+                                                                        x.bar.name == "kk_turn")))
+                            if r.name == "consumer1" else r for r in s.roles)),)
+    return None
+
+
 def _mutate_sm90(k, fn):
     return replace(k, body=rewrite(k.body, fn))
 
@@ -346,12 +356,16 @@ SM90_BUGS = {
                                             if isinstance(s, MbarWait) and s.bar.name == "kk_kfull" else None),
     "wrong_expect_tx": lambda k: _mutate_sm90(k, lambda s: (replace(s, bytes=s.bytes - 128),)
                                              if isinstance(s, MbarArriveTx) and s.bar.name == "kk_vfull" else None),
+    "wrong_turn_parity": lambda k: _mutate_sm90(k, lambda s: (replace(s, parity=s.parity ^ 1),)
+                                               if isinstance(s, MbarWait) and s.bar.name == "kk_turn" else None),
+    "no_first_turn": lambda k: _mutate_sm90(k, _drop_first_turn),
     "missing_rescale": lambda k: _mutate_sm90(k, lambda s: (replace(s, rescale=False),)
                                              if isinstance(s, SoftmaxStep) else None),
     "skipped_unmasked_block": _skip_diagonal,
 }
 #: bug -> the verifier's hazard, or None: the verifier passes it and the emulator's result is wrong
-SM90_CAUGHT = {"no_wait_before_softmax": "release_in_flight", "pack_before_pv_retires": "acc_in_flight",
+SM90_CAUGHT = {"wrong_turn_parity": "mbar_parity", "no_first_turn": "mbar_deadlock",
+               "no_wait_before_softmax": "release_in_flight", "pack_before_pv_retires": "acc_in_flight",
                "no_wait_before_epilogue": "acc_in_flight", "wrong_k_parity": "mbar_parity",
                "wrong_expect_tx": "expect_tx", "missing_rescale": None, "skipped_unmasked_block": None}
 

@@ -590,9 +590,10 @@ def test_gpu_bench_sm90_and_attention_specs(bench_gpu):
     mod = bench_gpu
     assert mod.parse_wgmma_tile("wg:128x256/3/f0/p") == {"bm": 128, "bn": 256, "stages": 3, "in_flight": 0,
                                                          "persistent": True}
-    assert mod.parse_attention_tile("at:128x64") == (128, 64)
+    assert mod.parse_attention_tile("at:128x64") == (128, 64, True)
+    assert mod.parse_attention_tile("at:128x128/nopp") == (128, 128, False)
     assert mod.parse_args(["--archs", "sm90,sm80", "--tiles", "wg:64x64/2,at:64x128"]).archs == ["sm90", "sm80"]
-    for bad in ("wg:128/3", "wg:128x256/3/q", "at:128"):
+    for bad in ("wg:128/3", "wg:128x256/3/q", "at:128", "at:128x64/pp"):
         with pytest.raises(SystemExit, match="--tiles"):
             mod.parse_args(["--tiles", bad])
     g = (Tensor.input("A", (300, 136), dtype="fp16") @ Tensor.input("B", (136, 264), dtype="fp16")).graph("y")
@@ -606,6 +607,14 @@ def test_gpu_bench_sm90_and_attention_specs(bench_gpu):
     plans = {n: mod.apply_tile(q, "at:128x64") if q.algo == "streaming_softmax" else q for n, q in chosen.items()}
     assert {q.tile for q in compile_cuda(att.tiny, plans=plans).plans.values() if q.algo == "streaming_softmax"} \
         == {(128, 64, 16)}
+    att90 = (Tensor.input("Q", ("B", "S", 64), dtype="fp16")
+             .scaled_dot_product_attention(*(Tensor.input(n, ("B", "S", 64), dtype="fp16") for n in "KV")).graph("y"))
+    chosen = compile_cuda(att90, "sm90").plans
+    plans = {n: mod.apply_tile(q, "at:128x128/nopp") if q.algo == "streaming_softmax" else q
+             for n, q in chosen.items()}
+    k = compile_cuda(att90, "sm90", plans=plans).kernels[0]
+    assert k.threads == 384 and "kk_turn" not in {b.name for b in k.bars}
+    assert "kk_turn" in {b.name for b in compile_cuda(att90, "sm90").kernels[0].bars}
 
 
 @needs_gxx
