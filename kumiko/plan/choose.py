@@ -38,13 +38,21 @@ def machine_arch(features: dict) -> tuple[str, int]:
 MAX_PAD = 0.02
 
 
-def micro_tile(vw: int, rows: int | None = None, cols: int | None = None) -> tuple[int, int]:
+def _balance(units: int, threads: int) -> float:
+    """The share of ``threads`` busy when they split ``units`` equal pieces of work (whole pieces each)."""
+    return units / (threads * -(-units // threads)) if units > 0 else 1.0
+
+
+def micro_tile(vw: int, rows: int | None = None, cols: int | None = None, threads: int = 1) -> tuple[int, int]:
     """(MR, NR) for ``rows`` rows on the A side (None: not known when compiling). NR is 2 vectors; MR the
     largest the registers allow (12 with 32 vector registers, 6 with 16) unless that pads a known row count
     by more than MAX_PAD, when the candidate (that one or two thirds of it) padding least is taken. A
     smaller MR keeps the accumulator budget (MR x 2 vectors): NR grows to as many vectors as fit in it
     (8 rows x 3 vectors on AVX-512), so each k still issues as many multiply-adds per load, which matters
     where B's loads are unaligned (a staged operand read in place).
+
+    Among divisor tiles of equal padding, ``threads`` (the cores the kernel splits its row tiles or its
+    panels over) prefers the width whose panels split evenly when the row tiles do not.
 
     ``cols`` (the B side's extent, when known) of 3 or 4 vectors takes one panel that wide with the same
     accumulator budget (6 x 64 on AVX-512 for a 64-wide output): each A element is loaded once instead of
@@ -76,7 +84,14 @@ def micro_tile(vw: int, rows: int | None = None, cols: int | None = None) -> tup
         if exact:
             d = exact[0]
             nvs = range(min(4, (2 * mr + 4) // d), 1, -1)       # the widest that pads ``cols`` least
-            nv = nvs[0] if cols is None else min(nvs, key=lambda v: -(-cols // (v * vw)) * v)
+
+            def cost(v: int) -> float:
+                """Padded vectors, over the busy share of the threads splitting the rows' tiles or the
+                columns' panels, whichever splits more evenly (960 -> 320 at 7x7 on 2 threads: 7 row tiles
+                or 5 panels of 64 leave a thread idle a seventh or a sixth of the time; 10 of 32 none)."""
+                units = -(-cols // (v * vw))
+                return units * v / max(_balance(rows // d, threads), _balance(units, threads))
+            nv = nvs[0] if cols is None else min(nvs, key=cost)
             return d, vw * nv
     return m, vw * max(2, 2 * mr // m)
 
@@ -163,8 +178,8 @@ def _packed_rules(c: Contraction, facts: RegionFacts, o: Orientation, mr: int, n
 FLIP_GAIN = 1.05
 
 
-def _orientation(c: Contraction, facts: RegionFacts, o: Orientation, vw: int, constants: frozenset
-                 ) -> tuple[Orientation, tuple[int, int]]:
+def _orientation(c: Contraction, facts: RegionFacts, o: Orientation, vw: int, constants: frozenset,
+                 threads: int = 1) -> tuple[Orientation, tuple[int, int]]:
     """The operands' sides and the micro-tile. The vector lanes take the operand whose rows are
     contiguous (``orient``: a conv's pixels), unless its row count pads the tiles badly (a 7x7 conv's 49
     pixels on 16-lane vectors: 4 vectors for 49 lanes) while the other side's would not (its output
@@ -173,11 +188,11 @@ def _orientation(c: Contraction, facts: RegionFacts, o: Orientation, vw: int, co
     the output's columns). On the 2-core EPYC, one process, alternating: ResNet-50's 1x1 2048 -> 512 and
     3x3 512 -> 512 convs at 7x7 0.81 and 0.88 of the time, 1024 -> 256 at 14x14 0.93."""
     rows, cols = _panel_extents(c, facts, o)
-    tile = micro_tile(vw, rows, cols)
+    tile = micro_tile(vw, rows, cols, threads)
     if c.outer is not None or rows is None or cols is None:
         return o, tile
     o2 = orient(c, facts.memrefs, facts.sizes, "n" if o.swapped else "m")
-    tile2 = micro_tile(vw, cols, rows)
+    tile2 = micro_tile(vw, cols, rows, threads)
     if not prepackable("b", o2.b, c, 2048 // tile2[1] * tile2[1], tile2[1], constants):
         return o, tile
     gain = tile_efficiency(tile2, cols, rows) / tile_efficiency(tile, rows, cols)
@@ -211,7 +226,8 @@ def choose_plan(region: Region, syms: tuple, features: dict, constants: frozense
                          bind={"outer": "omp"}, epilogue=tuple(epilogue(region)))
     o = orient(c, facts.memrefs, facts.sizes)
     lanes = "m" if o.swapped else "n"          # the plan says which side the vector lanes hold
-    sk = _skinny(c, facts, o, vw, int(features.get("cores", 2) or 2))
+    cores = int(features.get("cores", 2) or 2)
+    sk = _skinny(c, facts, o, vw, cores)
     if sk is not None:
         return make_plan(arch, algo_choice={"contraction": "skinny"}, register_block=RegisterBlock(*sk),
                          vectorize={"width": vw, "axis": lanes}, bind={"n.o": "omp"},
@@ -220,7 +236,7 @@ def choose_plan(region: Region, syms: tuple, features: dict, constants: frozense
                          predicate_tail=tuple(c.n_axes), epilogue=tuple(epilogue(region)),
                          local_edges=({"from": c.let, "to": "epilogue",
                                        "buffer": "reg" if c.pointwise else "scratch"},))
-    o, (mr, nr) = _orientation(c, facts, o, vw, constants)
+    o, (mr, nr) = _orientation(c, facts, o, vw, constants, cores)
     lanes = "m" if o.swapped else "n"
     mc, nc = max(mr, 120 // mr * mr), 2048 // nr * nr
     k_blocks, split, k = _packed_rules(c, facts, o, mr, nr, nc, constants)

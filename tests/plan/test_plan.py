@@ -280,10 +280,15 @@ def test_micro_tile_takes_a_divisor_of_awkward_row_counts():
     # a 3-vector B side: one row fewer when that divides the rows (8 x 48 pads 49 rows to 56), not more
     assert micro_tile(16, 49, 48) == (7, 48) and micro_tile(16, 64, 49) == (6, 64)
     assert tile_efficiency((7, 64), 49, 1280) == 1.0 and tile_efficiency((6, 64), 49, 49) < 0.7
+    # two threads: 7 row tiles split 4 / 3; so do 5 panels of 64 (960 -> 320), but 10 of 32 split evenly, and
+    # 160 -> 960's 15 panels of 64 leave a sixteenth idle where 20 of 48 do not
+    assert micro_tile(16, 49, 320) == (7, 64) and micro_tile(16, 49, 320, threads=2) == (7, 32)
+    assert micro_tile(16, 49, 960, threads=2) == (7, 48) and micro_tile(16, 49, 512, threads=2) == (7, 64)
+    assert micro_tile(16, 49, 160, threads=2) == (7, 32) and micro_tile(16, 196, 320, threads=2) == (14, 32)
 
 
 @pytest.mark.parametrize("c,co,hw,k,n", [(96, 160, 7, 1, 1), (64, 128, 7, 3, 2), (48, 64, 14, 1, 1),
-                                         (40, 96, 14, 3, 1), (24, 80, 7, 3, 3)])
+                                         (40, 96, 14, 3, 1), (24, 80, 7, 3, 3), (192, 320, 7, 1, 1)])
 def test_channels_in_the_lanes_with_a_residual(c, co, hw, k, n):
     """Constant weights and pixels that pad the vectors: the channels take the lanes, the pixels the
     tile's rows, and bias + residual + ReLU run down the output's columns; batch 1 to 3, against the
