@@ -17,12 +17,16 @@ One CTA owns ``BM = 64 * consumers`` query rows of one batch point (grid: query 
   the row sum), ``wait_group 0`` retires P·V and gives V's stage back, and only then is O rescaled and P packed
   to 16-bit A fragments - the D fragment's elements 8j..8j+7 are k16 step j's A registers (PTX ISA, wgmma A
   from registers). After the loop the last block's P·V; the epilogue divides by the row sums (added over the
-  lane quad) and runs the consumer's epilogue code, rows past M not stored.
+  lane quad) and runs the consumer's epilogue code, rows past M not stored. Block 0 runs before the loop so that
+  every wgmma wait inside it is unconditional (ptxas serializes every wgmma of a kernel with a wait on a
+  divergent path). Two consumers take turns issuing their wgmmas (``kk_turn``, ping-pong): one's softmax runs
+  while the other's GEMMs do.
 
 Key blocks past the last column the CTA's rows can see through the score's guards (a causal mask) are never
-loaded (``kk_KT`` from ``pair_code``'s bound); the diagonal block is masked by the score code. The schedule is
-checked by ``gpu_verify_sm90`` (mbarrier phases, transaction bytes, wgmma groups, stage release) for 0 to 5 key
-blocks, and runs in the emulator (``cuda_emu_sm90``) like the SM90 GEMM.
+loaded (``kk_KT`` from ``pair_code``'s bound), the longest query blocks run first, and a block the guards wholly
+admit runs the score code without them (``PairCode.inside``); the diagonal block is masked by the score code.
+The schedule is checked by ``gpu_verify_sm90`` (mbarrier phases, transaction bytes, wgmma groups, stage release)
+for 0 to 5 key blocks, and runs in the emulator (``cuda_emu_sm90``) like the SM90 GEMM.
 """
 from __future__ import annotations
 
@@ -161,7 +165,9 @@ def lower_attention_sm90(pair: AttentionPair, plan: Plan, syms: tuple, name: str
         dq = MatDesc(SmemRef("sQ", ci(0), i * 64 * 128), "128B", 16, 1024, "K", (ks // 4) * (bm * 128) + (ks % 4) * 32)
         dk = MatDesc(SmemRef("sK", st), "128B", 16, 1024, "K", (ks // 4) * (bn * 128) + (ks % 4) * 32)
 
-        dvd = (lambda stage: MatDesc(SmemRef("sV", stage), "128B", 64 * bn * 2, 1024, "MN", ks * (16 * 128)))
+        def dvd(stage) -> MatDesc:
+            """V [keys, DV] as MN-major B: boxes of 64 DV columns, bn rows each; k16 step ks is 16 rows in."""
+            return MatDesc(SmemRef("sV", stage), "128B", 64 * bn * 2, 1024, "MN", ks * (16 * 128))
 
         def issue(n, *mmas) -> tuple:
             if not turns:
@@ -169,7 +175,7 @@ def lower_attention_sm90(pair: AttentionPair, plan: Plan, syms: tuple, name: str
             return (MbarWait(bar("kk_turn", ci(i)), n & 1), *mmas, MbarArrive(bar("kk_turn", ci(1 - i))))
 
         def pv(stage) -> tuple:
-            """O += P V of the block in ``stage``: V [keys, DV] is MN-major B (boxes of 64 DV columns, bn rows)."""
+            """O += P V of the block in ``stage``, P from registers."""
             return (WgmmaFence(),       # P's registers were written since the last fence (else ptxas adds one)
                     For("ks", ci(0), ci(bn // 16), (WgmmaMma("kk_o", "kk_p", dvd(stage), dv, dt, a_row=ks),),
                         unroll=True),
@@ -233,7 +239,7 @@ def lower_attention_sm90(pair: AttentionPair, plan: Plan, syms: tuple, name: str
     notes = (pair_note(pair, pc.bound),
              f"SM90 attention: BM {bm} ({consumers} consumer warpgroup(s) of 64 rows), BN {bn}, {S} stages of K and V "
              "by TMA, S = Q K^T and O += P V by wgmma (P from registers), the previous block's P V overlapping the "
-             "softmax")
+             "softmax" + ("; the consumers take turns issuing (ping-pong)" if turns else ""))
     kern = Sm90Kernel(name, 128 * (1 + consumers), tuple(maps), (), smem,
                       (BarDecl("kk_qfull"), BarDecl("kk_kfull", S), BarDecl("kk_kempty", S), BarDecl("kk_vfull", S),
                        BarDecl("kk_vempty", S)) + ((BarDecl("kk_turn", 2),) if turns else ()),
