@@ -81,6 +81,13 @@ def test_other_weights_in_a_call_are_packed_for_that_call():
     assert rel_l2(exe(x=x, w=w2)["y"], ref(x=x, w=w2)["y"]) < 1e-5
     np.testing.assert_array_equal(exe(x=x)["y"], base)        # the bound weights' panels are untouched
     assert rel_l2(exe(x=x, w=w2.copy())["y"], ref(x=x, w=w2)["y"]) < 1e-5
+    # the bias (bound, not packed): a call passes its address by identity once it is in place; another array
+    # takes its place for one call, and the next call puts the bound one back
+    b2 = np.random.default_rng(9).standard_normal(50).astype(np.float32)
+    np.testing.assert_array_equal(exe(x=x)["y"], base)
+    assert rel_l2(exe(x=x, b=b2)["y"], ref(x=x, b=b2)["y"]) < 1e-5
+    np.testing.assert_array_equal(exe(x=x)["y"], base)
+    np.testing.assert_array_equal(exe(x=x)["y"], base)
 
 
 def test_the_bound_weights_cannot_change_under_their_panels():

@@ -77,6 +77,16 @@ def test_intermediates_are_poisoned_before_each_run(module):
     assert np.isnan(lazy({"x": _x()}, ENV)["y"]).all()
 
 
+def test_stale_bytes_in_the_arena_are_poisoned_before_the_next_call(module):
+    """Bytes a previous call left where a lazy kernel's output lives (planted by hand here) are poison again
+    before the next call, so its reader sees NaN on every call, not the last run's values."""
+    lazy = CpuProgram(two_region_program(), module, {"k_t": "k_int_nothing", "k_y": "k_y"})
+    assert np.isnan(lazy({"x": _x()}, ENV)["y"]).all()
+    (frame,) = lazy._primary.frames.values()
+    frame.raw.view(np.float32)[:] = 1.0
+    assert np.isnan(lazy({"x": _x()}, ENV)["y"]).all()
+
+
 def test_chain_reuses_the_arena(module):
     prog = chain_program(4)
     run = CpuProgram(prog, module, {r.name: "k_add1" for r in prog.regions})
