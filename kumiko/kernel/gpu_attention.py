@@ -247,11 +247,11 @@ class OperandMap:
     cols: int
 
 
-def _affine(lo, e, rows: tuple, cols: tuple, batch: tuple, step: int) -> tuple | None:
+def _affine(f: RegionFacts, e, rows: tuple, cols: tuple, batch: tuple, step: int) -> tuple | None:
     """(origin, ((axis, stride), ...)) when ``e``'s element offset is origin + sum(stride * axis) over ``batch`` +
     ``step`` * row + col, the strides free of the region's axes; None otherwise."""
-    off = C.offset_expr(e.index, lo.memrefs[e.tensor].shape)
-    axes = set(lo.iters) | set(rows) | set(cols) | set(batch)
+    off = C.offset_expr(e.index, f.memrefs[e.tensor].shape)
+    axes = {a.name for a in f.region.iters} | set(rows) | set(cols) | set(batch)
     zero = {a: Expr.lift(0) for a in axes}
     origin = off.subs(zero)
     out, rebuilt = [], origin
@@ -267,25 +267,24 @@ def _affine(lo, e, rows: tuple, cols: tuple, batch: tuple, step: int) -> tuple |
     return origin, tuple(out)
 
 
-def operand_maps(pair: AttentionPair, lo0, lo1, steps: tuple) -> tuple | None:
+def operand_maps(pair: AttentionPair) -> tuple | None:
     """Q's, K's and V's ``OperandMap`` (V's batch axes named by the producer's), or None when one is not a tensor
-    map's view (an offset not affine in the batch axes, more than ``MAX_BATCH_DIMS`` moving batch axes)."""
+    map's view (not a ``strided_tile``, an offset not affine in the batch axes, more than ``MAX_BATCH_DIMS`` moving
+    batch axes). From the regions' facts alone: the planner asks it before any code exists."""
     c0, c1 = pair.c0, pair.c1
     to0 = dict(zip(c1.batch, c0.batch))
     out = []
-    for (e, side, rows, cols), step in zip(operand_reads(pair), steps):
-        lo = (lo0, lo1)[side]
-        batch = c0.batch if side == 0 else c1.batch
-        got = _affine(lo, e, rows, cols, batch, step)
+    for (e, side, rows, cols), step in zip(operand_reads(pair), _operand_tiles(pair.f0, c0, pair.f1, c1)):
+        f, c = (pair.f0, c0) if side == 0 else (pair.f1, c1)
+        got = None if step is None else _affine(f, e, rows, cols, c.batch, step)
         if got is None:
             return None
         origin, strides = got
         moving = tuple((to0.get(a, a), s) for a, s in strides if s.as_int() != 0)
         if len(moving) > MAX_BATCH_DIMS:
             return None
-        n_rows = Expr.lift(lo.sizes[rows[0]])
-        n_cols = Expr.lift(lo.sizes[cols[0]]).as_int()
-        out.append(OperandMap(origin, moving, step, n_rows, n_cols))
+        sizes = {**f.sizes, **{a.name: a.size for a in c.k_axes}}
+        out.append(OperandMap(origin, moving, step, Expr.lift(sizes[rows[0]]), Expr.lift(sizes[cols[0]]).as_int()))
     return tuple(out)
 
 
@@ -293,10 +292,7 @@ def sm90_attention_applies(pair: AttentionPair) -> bool:
     """Whether the SM90 kernel (``gpu_attention_sm90``) takes the pair: head dims in ``HEAD_DIMS_SM90``, Q, K, V
     tensor-map views."""
     d, dv = pair.head
-    if d not in HEAD_DIMS_SM90 or dv not in HEAD_DIMS_SM90:
-        return False
-    pc = pair_code(pair, (), "probe", pair_buffers(pair))
-    return operand_maps(pair, pc.lo0, pc.lo1, pc.steps) is not None
+    return d in HEAD_DIMS_SM90 and dv in HEAD_DIMS_SM90 and operand_maps(pair) is not None
 
 
 # -- plans ------------------------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ def lower_attention_sm90(pair: AttentionPair, plan: Plan, syms: tuple, name: str
     pc = pair_code(pair, syms, name, names)
     at = f"region {pair.f0.region.name}"
     d, dv = pair.head
-    maps_of = operand_maps(pair, pc.lo0, pc.lo1, pc.steps)
+    maps_of = operand_maps(pair)
     if d not in HEAD_DIMS_SM90 or dv not in HEAD_DIMS_SM90 or maps_of is None:
         raise KumikoError("E1801", at=at, why=f"the SM90 attention kernel takes head dims {list(HEAD_DIMS_SM90)} and "
                           f"Q, K, V read as tensor-map views (at most {MAX_BATCH_DIMS} batch axes); got D {d}, DV {dv}",

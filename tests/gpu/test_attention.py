@@ -227,7 +227,7 @@ def test_fused_attention_builds_for_sm80_and_sm90a_without_spills(d):
             assert "warning" not in res.log, res.log
             r = res.resources[c.launches[0].kernel]
             assert r.spill_stores == r.spill_loads == 0 and r.stack_frame == 0 and r.registers <= 255, r
-            for instr in ("cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4.trans",
+            for instr in ("cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4.trans", "ex2.approx.ftz.f32",
                           f"mma.sync.aligned.m16n8k16.row.col.f32.{dt.replace('fp', 'f')}"):
                 assert instr in res.ptx, instr
 
@@ -271,6 +271,10 @@ def test_sm90_plans_take_the_tma_wgmma_kernel():
     assert {m.swizzle for m in k.maps} == {"128B"} and [r.buffers for r in k.rings] == [("sK",), ("sV",)]
     assert k.threads == 384 and ln.block == 384 and not ln.scratch and len(ln.maps) == 3
     assert "TMA + wgmma, 2 consumer warpgroups" in describe_gpu_plan(c.plans[ln.region])
+    # causal: the query blocks with the most key blocks run first; the full-attention grid runs in order
+    full = compile_cuda(attention(64, False, "fp16").tiny, arch="sm90")
+    assert "gridDim.x - 1 - blockIdx.x" in c.source and "gridDim.x - 1 - blockIdx.x" not in full.source
+    assert "kk_inside" in full.source and "kk_turn" in full.source
     q = Tensor.input("Q", (1, 12, 128, 64), dtype="fp16")
     kk, v = (Tensor.input(n, (1, 12, 128, 64), dtype="fp16") for n in "KV")
     small = compile_cuda(q.scaled_dot_product_attention(kk, v).graph("O").tiny, arch="sm90")
@@ -405,3 +409,5 @@ def test_sm90_attention_builds_without_spills_or_serialized_wgmma(d):
         assert r.spill_stores == r.spill_loads == 0 and r.stack_frame == 0, r
         assert "ptxas info" in res.log and "C7517" not in res.log and "C7518" not in res.log, res.log
         assert "wgmma.mma_async.sync.aligned.m64n128k16" in res.ptx and "cp.async.bulk.tensor.4d" in res.ptx
+        # the softmax's 2^x without exp2f's subnormal range test around MUFU.EX2
+        assert "ex2.approx.ftz.f32" in res.ptx and "ex2.approx.f32" not in res.ptx

@@ -88,7 +88,9 @@ def test_other_weights_in_a_call_are_packed_for_that_call():
     assert rel_l2(exe(x=x, b=b2)["y"], ref(x=x, b=b2)["y"]) < 1e-5
     np.testing.assert_array_equal(exe(x=x)["y"], base)
     np.testing.assert_array_equal(exe(x=x)["y"], base)
-
+    (frame,) = _packer(exe)._primary.frames.values()      # x alone is checked per call; the constants by identity
+    assert frame.const_placed and [e[0] for _, e in frame.var_inputs] == ["x"]
+    assert set(frame.const_names) == {"w", "b"}
 
 def test_the_bound_weights_cannot_change_under_their_panels():
     exe = kumiko.compile(_dense(), "cpu")
