@@ -175,6 +175,12 @@ WORKLOADS = {w.key: w for w in [
     Workload("linear-128", "fp16 Linear 128 x 3072 -> 768 + bias (BERT-base FFN out at 128 tokens)",
              {"M": 128, "K": 3072, "N": 768}, {"M": 16, "K": 256, "N": 64}, _linear,
              lambda t, i, sz: t.addmm(i["b"], i["x"], i["W"]), _gemm_flops),
+    Workload("linear-128-768", "fp16 Linear 128 x 768 -> 768 + bias (BERT-base attention output at 128 tokens)",
+             {"M": 128, "K": 768, "N": 768}, {"M": 16, "K": 256, "N": 64}, _linear,
+             lambda t, i, sz: t.addmm(i["b"], i["x"], i["W"]), _gemm_flops),
+    Workload("linear-128-qkv", "fp16 Linear 128 x 768 -> 2304 + bias (GPT-2 small QKV projection at 128 tokens)",
+             {"M": 128, "K": 768, "N": 2304}, {"M": 16, "K": 256, "N": 64}, _linear,
+             lambda t, i, sz: t.addmm(i["b"], i["x"], i["W"]), _gemm_flops),
     Workload("softmax-8192", "fp16 softmax over the last axis, 8192 x 8192 (memory-bound)", {"M": 8192, "N": 8192},
              {"M": 64, "N": 1000}, _rows("softmax"), _torch_rows("softmax"), _rows_flops),
     Workload("layernorm-8192", "fp16 layernorm over the last axis, 8192 x 8192 (memory-bound)",
@@ -240,19 +246,21 @@ def parse_tile(spec: str) -> dict:
         raise SystemExit(f"--tiles: {spec!r} is not {TILE_SPEC}") from None
 
 
-WG_SPEC = ("wg:BMxBN/STAGES[/f0|/f1][/p] (e.g. wg:128x256/3/f1/p: an sm90 plan, f = wgmma groups in flight, "
-           "p = persistent)")
+WG_SPEC = ("wg:BMxBN/STAGES[/f0|/f1][/p][/sN] (e.g. wg:128x256/3/f1/p: an sm90 plan, f = wgmma groups in flight, "
+           "p = persistent, s = split-K over N CTAs a tile)")
 
 
 def parse_wgmma_tile(spec: str) -> dict:
-    """``wg:BMxBN/STAGES[/fN][/p]`` -> the sm90 plan fields it sets (``in_flight`` None: the plan's own)."""
+    """``wg:BMxBN/STAGES[/fN][/p][/sN]`` -> the sm90 plan fields it sets (``in_flight`` None: the plan's own)."""
     try:
         tile, stages, *rest = spec[3:].split("/")
         bm, bn = (int(x) for x in tile.split("x"))
-        out = {"bm": bm, "bn": bn, "stages": int(stages), "in_flight": None, "persistent": False}
+        out = {"bm": bm, "bn": bn, "stages": int(stages), "in_flight": None, "persistent": False, "split": 1}
         for r in rest:
             if r == "p":
                 out["persistent"] = True
+            elif r.startswith("s"):
+                out["split"] = int(r[1:])
             elif r.startswith("f"):
                 out["in_flight"] = int(r[1:])
             else:
@@ -263,14 +271,15 @@ def parse_wgmma_tile(spec: str) -> dict:
 
 
 def apply_wgmma_tile(plan, spec: str):
-    """An sm90 (wgmma) plan with ``wg:BMxBN/STAGES[/fN]``'s tile, ring depth and wgmma groups in flight."""
+    """An sm90 (wgmma) plan with ``wg:BMxBN/STAGES[/fN][/p][/sN]``'s tile, ring depth, wgmma groups in flight,
+    persistence and split-K."""
     f = parse_wgmma_tile(spec)
     asy = {**dict(plan.async_), "prefetch_depth": f["stages"], "epilogue_overlap": f["persistent"]}
     if f["in_flight"] is not None:
         asy["wgmma_in_flight"] = f["in_flight"]
     cache = tuple({**dict(c), "stages": f["stages"]} for c in plan.cache)
     return plan.with_(tile=(f["bm"], f["bn"], plan.tile[2]), stages=f["stages"], warp_tile=f"64x{f['bn']}",
-                      threads=128 * (1 + f["bm"] // 64), async_=asy, cache=cache)
+                      threads=128 * (1 + f["bm"] // 64), async_=asy, cache=cache, split_k=f["split"])
 
 
 AT_SPEC = ("at:BMxBN[/nopp] (e.g. at:128x64: the streaming attention kernel's query rows and keys a block; /nopp: "

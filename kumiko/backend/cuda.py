@@ -305,17 +305,25 @@ def _sm90_launch(region, syms: tuple, name: str, plan: Plan, kernels: list, laun
     g, (bm, bn, _) = low.gemm, plan.tile
     sizes = scalar_sizes(g)
     args = (tuple(("tmap", i) for i in range(len(kern.maps))) + tuple(("int", n) for n, _ in sizes)
-            + _buf_args(region, kern.params))
+            + _buf_args(region, kern.params, low.split))
     maps = tuple((m, buf) for m, buf in zip(kern.maps, low.map_bufs))
     guard = (g.align, True) if g.align else ()
     kernels.append(kern)
     persistent = 1 if plan.get("async_", "epilogue_overlap", False) else 0    # one CTA an SM (__launch_bounds__)
     sizes_of = {a.name: a.size for a in region.iters}
-    scratch = () if low.scratch is None else ((low.scratch[0], tuple(sizes_of[a] for a in low.scratch[2])),)
-    launches.append(Launch(region.name, name, ((g.n, bn), (g.m, bm), (g.batch, 1)), kern.threads, kern.smem_bytes,
-                           args, scratch, maps=maps, map_sizes=sizes, guard=guard, persistent=persistent))
+    acc = () if low.scratch is None else ((low.scratch[0], tuple(sizes_of[a] for a in low.scratch[2])),)
+    splits, counters, scratch = 1, (), acc
+    if low.split is not None:       # a slab of BM x BN floats per output tile and split, a word per tile's thread
+        splits = low.split.splits
+        tiles = (Expr.lift(g.n).ceildiv(bn), Expr.lift(g.m).ceildiv(bm), g.batch)
+        scratch += ((low.split.workspace, tiles + (splits * bm * bn,)),)
+        counters = ((low.split.counters, tiles + (bm * 2,)),)      # 128 threads a consumer of 64 rows
+    z = g.batch if splits == 1 else Expr.lift(g.batch) * splits
+    launches.append(Launch(region.name, name, ((g.n, bn), (g.m, bm), (z, 1)), kern.threads, kern.smem_bytes,
+                           args, scratch, maps=maps, map_sizes=sizes, guard=guard, persistent=persistent,
+                           counters=counters))
     if low.scratch is not None:         # the rest of the region on the SIMT kernel, from the accumulator's scratch
-        _simt_rest(region, syms, name, plan, low.scratch, kernels, launches, scratch, guard)
+        _simt_rest(region, syms, name, plan, low.scratch, kernels, launches, acc, guard)
     if g.align:
         k0, l0 = len(kernels), len(launches)
         _lower_region(region, syms, name + "_sm80", choose_gpu_plan(region, "sm80", syms), kernels, launches)

@@ -319,6 +319,27 @@ class FragEpilogue:
 
 
 @dataclass(frozen=True)
+class SplitKSum:
+    """Split-K (``Plan.split_k``) on accumulator ``acc`` (m64nN D fragment) of consumer warpgroup ``part`` of
+    ``parts``: every thread writes its elements (zeros where ``live`` is 0: a split with no K tiles) to its split's
+    slab of ``workspace``, fences, and counts itself in its own word of ``counters`` (one per output tile, consumer
+    and thread: no barrier among the threads is needed, each one's elements are its own). The thread that arrives
+    last of the tile's ``splits`` CTAs adds every split's slab into ``acc`` in split order (its own read back too, so
+    the sum never depends on which CTA is last), sets its word back to 0 for the next launch and runs ``body`` (the
+    epilogue); the others skip it. ``tile``: the output tile's index (batch included), ``split``: the CTA's split."""
+    acc: str
+    splits: int
+    workspace: str
+    counters: str
+    tile: IExpr
+    split: IExpr
+    part: int
+    parts: int
+    live: IExpr
+    body: tuple
+
+
+@dataclass(frozen=True)
 class SoftmaxInit:
     """Accumulator ``acc`` zeroed, and the online softmax's per-lane row state (rows g and g + 8 of the thread's warp)
     declared: the running max ``kk_mx`` (-inf), sum ``kk_sum`` (0) and rescale factor ``kk_al``."""
@@ -408,7 +429,8 @@ class Roles:
 
 Sm90Stmt = Union[MbarInit, MbarArrive, MbarArriveTx, MbarWait, TmaLoad, TmaStore, BulkCommit, BulkWait,
                  FenceProxyAsync, FenceMbarInit, SyncThreads, WgmmaFence, WgmmaMma, WgmmaCommit, WgmmaWait,
-                 AccToSmem, FragEpilogue, SoftmaxInit, SoftmaxStep, RescalePack, SetMaxNReg, For, If, Elect, Roles]
+                 AccToSmem, FragEpilogue, SplitKSum, SoftmaxInit, SoftmaxStep, RescalePack, SetMaxNReg, For, If,
+                 Elect, Roles]
 
 
 @dataclass(frozen=True)
@@ -461,7 +483,7 @@ def rewrite(body: tuple, fn) -> tuple:
     to keep it. The bug-injection tests mutate kernels with it (``dataclasses.replace(k, body=rewrite(...))``)."""
     out = []
     for s in body:
-        if isinstance(s, (For, If, Elect)):
+        if isinstance(s, (For, If, Elect, SplitKSum)):
             s = replace(s, body=rewrite(s.body, fn))
         elif isinstance(s, Roles):
             s = Roles(tuple(replace(r, body=rewrite(r.body, fn)) for r in s.roles))

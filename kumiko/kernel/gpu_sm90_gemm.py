@@ -17,14 +17,17 @@ tile (BM = 64 a consumer warpgroup, BN, BK = 64) and the ring's stages. The kern
   element (bias, activation, residual, cast), then a store predicated on M and N.
 
 Tails: TMA fills out-of-bounds rows and K columns with zeros (they add nothing to the sums), the epilogue's stores
-are predicated. One CTA per output tile (grid N tiles x M tiles x batch); no persistent scheduler and no overlap of
-one tile's epilogue with the next tile's loads yet.
+are predicated. One CTA per output tile (grid N tiles x M tiles x batch), or (``async_.epilogue_overlap``) a
+persistent grid striding over the tiles in the grouped order; or (``Plan.split_k`` > 1, few output tiles over a long
+K) ``split_k`` CTAs a tile (grid z = batch x splits), each over its share of the K tiles, their fp32 partial sums
+added by the tile's last CTA to arrive (``SplitKSum``) before the epilogue.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from kumiko.diagnostics import KumikoError
+from kumiko.kernel.gpu_ir import Param, SplitK
 from kumiko.kernel.gpu_ir_sm90 import (
     BarDecl,
     BarRef,
@@ -47,6 +50,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     Sm90Kernel,
     SmemBuf,
     SmemRef,
+    SplitKSum,
     SyncThreads,
     TensorMapDesc,
     TmaLoad,
@@ -83,6 +87,7 @@ class Sm90Lowering:
     gemm: Sm90Gemm
     map_bufs: tuple
     scratch: tuple | None = None
+    split: SplitK | None = None
 
 
 def _map(name: str, op: TmaOperand, dtype: str, box: tuple) -> TensorMapDesc:
@@ -111,6 +116,10 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
     S, consumers = plan.stages, bm // 64
     in_flight = plan.get("async_", "wgmma_in_flight", 1)
     persistent = bool(plan.get("async_", "epilogue_overlap", False))
+    splits = int(plan.split_k)
+    if persistent and splits > 1:
+        raise KumikoError("E1801", at=f"plan of {region.name}", why="a persistent SM90 plan takes no split-K",
+                          suggestion="split_k 1")
     if persistent and c.batch:
         raise KumikoError("E1801", at=f"plan of {region.name}", why="a persistent SM90 plan (async.epilogue_overlap) "
                           f"takes a GEMM without batch axes; this one has {list(c.batch)}",
@@ -127,6 +136,9 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
         bx, by, bz, it = v("kk_bx"), v("kk_by"), v("blockIdx.z"), v("tl") * KT + kt
     else:
         bx, by, bz, it = v("blockIdx.x"), v("blockIdx.y"), v("blockIdx.z"), kt
+    ktl, kg = KT, kt                # the K tiles this CTA runs, and K tile kt's index in K
+    if splits > 1:                  # split-K: grid z = batch x splits, split z % splits runs K tiles [t0, t0 + ktl)
+        bz, ktl, kg = v("blockIdx.z") // splits, v("kk_ktl"), kt + v("kk_t0")
     st = it % S
     a_bytes, b_bytes = bm * bk * 2, bn * bk * 2
     mn = g.y.major == "MN"
@@ -139,15 +151,15 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
 
     if g.x.head:            # K tile kt: head kt // (D / BK), its columns from kt % (D / BK) * BK
         per = g.x.head // bk
-        loads = [TmaLoad("tmA", SmemRef("sA", st), full(st), ((kt % per) * bk, by * bm, kt // per))]
+        loads = [TmaLoad("tmA", SmemRef("sA", st), full(st), ((kg % per) * bk, by * bm, kg // per))]
     else:
-        loads = [TmaLoad("tmA", SmemRef("sA", st), full(st), coords(g.x, kt * bk, by * bm))]
+        loads = [TmaLoad("tmA", SmemRef("sA", st), full(st), coords(g.x, kg * bk, by * bm))]
     if mn:
-        loads += [TmaLoad("tmB", SmemRef("sB", st, j * 64 * bk * 2), full(st), coords(g.y, bx * bn + 64 * j, kt * bk))
+        loads += [TmaLoad("tmB", SmemRef("sB", st, j * 64 * bk * 2), full(st), coords(g.y, bx * bn + 64 * j, kg * bk))
                   for j in range(bn // 64)]
     else:
-        loads.append(TmaLoad("tmB", SmemRef("sB", st), full(st), coords(g.y, kt * bk, bx * bn)))
-    fill = (For("kt", ci_(0), KT, (
+        loads.append(TmaLoad("tmB", SmemRef("sB", st), full(st), coords(g.y, kg * bk, bx * bn)))
+    fill = (For("kt", ci_(0), ktl, (
         MbarWait(empty(st), ((it // S) & 1) ^ 1), MbarArriveTx(full(st), a_bytes + b_bytes), *loads)),)
 
     # the epilogue: the M and N axes at the element's row and column, then the region's other lets and stores
@@ -168,12 +180,19 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
         if in_flight:
             # k tile kt's group stays in flight while the next one issues: waiting until at most one group is
             # pending retires kt - 1's, whose stage goes back to the producer (the last one after the loop)
-            last = (v("tl") * KT + KT - 1) if persistent else KT - 1
+            last = (v("tl") * KT + KT - 1) if persistent else ktl - 1
             loop = (*mma, WgmmaWait(1), If(kt.gt(0), (MbarArrive(empty((it - 1) % S)),)))
             drain: tuple = (WgmmaWait(0), MbarArrive(empty(last % S)))
+            if splits > 1:          # a split may have no K tiles (K short of splits x its share)
+                drain = (If(ktl.gt(0), drain),)
         else:
             loop, drain = (*mma, WgmmaWait(0), MbarArrive(empty(st))), ()
-        return (For("kt", ci_(0), KT, loop), *drain, FragEpilogue("acc", by * bm + 64 * i, bx * bn, tuple(decls), code))
+        epi = FragEpilogue("acc", by * bm + 64 * i, bx * bn, tuple(decls), code)
+        if splits > 1:
+            tile = (bz * v("gridDim.y") + by) * v("gridDim.x") + bx
+            epi = SplitKSum("acc", splits, "kk_ws", "kk_cnt", tile, v("blockIdx.z") % splits, i, consumers,
+                            ktl.gt(0), (epi,))
+        return (For("kt", ci_(0), ktl, loop), *drain, epi)
 
     if persistent:
         # grid = min(tiles, CTAs the device holds); CTA b runs tiles b, b + gridDim.x, ... in the grouped order:
@@ -193,6 +212,10 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
             return (For("tl", ci_(0), v("kk_ntl"), (*where, *body)),)
     else:
         count = ()
+        if splits > 1:
+            count = (Let("kk_per", (KT + (splits - 1)) // splits),
+                     Let("kk_t0", (v("blockIdx.z") % splits) * v("kk_per")),
+                     Let("kk_ktl", (KT - v("kk_t0")).min(v("kk_per"))))
 
         def tiles(body: tuple) -> tuple:
             return body
@@ -208,23 +231,29 @@ def lower_sm90_gemm(region: Region, syms: tuple, name: str, plan: Plan) -> Sm90L
             Roles((Role("producer", 0, 1, producer),
                    *(Role(f"consumer{i}", 1 + i, 1, consumer(i)) for i in range(consumers)))))
     setup: list = []
-    decompose(lo, "(long long)blockIdx.z", c.batch, setup)
+    decompose(lo, "(long long)blockIdx.z" if splits == 1 else f"(long long)(blockIdx.z / {splits}u)", c.batch, setup)
     setup += lo.unit_decls(c)
     notes = tuple(region.notes) + (
         f"SM90 GEMM skeleton: contraction {c.let}, batch {list(c.batch)}, M {list(c.m_axes)}, N {list(c.n_axes)}, "
         f"K {[a.name for a in c.k_axes]}; tile {bm}x{bn}x{bk}, {S} stages, A K-major, B {g.y.major}-major, "
         f"{consumers} consumer warpgroup(s), {in_flight} wgmma group(s) in flight past each wait"
         + (", persistent (grid = the device's SMs, grouped tile order, the producer runs into the next tile while "
-           "the consumers store this one)" if persistent else ""),)
+           "the consumers store this one)" if persistent else "")
+        + (f", split K x{splits} (the tile's last CTA adds the splits' partial sums)" if splits > 1 else ""),)
+    split = None
+    if splits > 1:
+        split = SplitK(splits, "kk_ws", "kk_cnt")
+        extra += (Param("kk_ws", "float"), Param("kk_cnt", "int"))
     params = kernel_params(lo, extra + status_params(lo))
     kern = Sm90Kernel(name, 128 * (1 + consumers), maps, SCALARS, smem,
                       (BarDecl("kk_full", S), BarDecl("kk_empty", S)), (("acc", bn),), body,
                       rings=(Ring(("sA", "sB"), "kk_full", "kk_empty", S),),
                       verify_sizes=(("kk_KT", (1, 2, S, S + 1, 2 * S + 1)),) + (
-                          (("kk_M", (bm, 3 * bm)), ("kk_N", (bn,)), ("gridDim.x", (1, 2))) if persistent else ()),
+                          (("kk_M", (bm, 3 * bm)), ("kk_N", (bn,)), ("gridDim.x", (1, 2))) if persistent else ())
+                      + ((("blockIdx.z", (0, splits - 1)),) if splits > 1 else ()),
                       notes=notes,
                       params=params, setup=tuple(setup))
-    return Sm90Lowering(kern, c, g, (g.x.buf, g.y.buf), scratch)
+    return Sm90Lowering(kern, c, g, (g.x.buf, g.y.buf), scratch, split)
 
 
 def scalar_sizes(g: Sm90Gemm) -> tuple:

@@ -243,10 +243,12 @@ class _Machine:
                     if isinstance(s, ir.RescalePack) and op[2] == s.regs:
                         raise self.fail("acc_in_flight", f"A registers {s.regs} are rewritten while a wgmma reading "
                                         "them is in flight", suggestion="wgmma_wait before packing the next P")
-            elif isinstance(s, (ir.FragEpilogue, ir.AccToSmem)):
+            elif isinstance(s, (ir.FragEpilogue, ir.AccToSmem, ir.SplitKSum)):
                 if any(op[0] == s.acc for op in role.in_flight()):
                     raise self.fail("acc_in_flight", f"accumulator {s.acc} is read before wgmma.wait_group retired the "
                                     "wgmma writing it", suggestion="wgmma_wait<0> before the epilogue")
+                if isinstance(s, ir.SplitKSum):     # the last thread of the tile runs the body
+                    yield from self.run(s.body, env, role, threads)
                 if isinstance(s, ir.AccToSmem):
                     key = (s.dst.buf, s.dst.stage.eval(env))
                     self.written(role, key, "threads' stores")

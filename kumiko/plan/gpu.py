@@ -27,19 +27,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kumiko import knobs
 from kumiko.diagnostics import KumikoError
-from kumiko.plan.gpu_sm90 import FILL_CTAS, choose_sm90_plan, sm90_operands, validate_sm90_plan
-from kumiko.plan.plan import GPU_ARCHS, Plan, check_fields, make_plan
+from kumiko.plan.gpu_sm90 import FILL_CTAS, choose_sm90_plan, sm90_operands, split_k_for, validate_sm90_plan
+from kumiko.plan.plan import GPU_ARCHS, SMEM_LIMIT, Plan, check_fields, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, analyze, row_axes
 from kumiko.region.srnf import children, epilogue
 from kumiko.region.ssa import Read, Reduce, Region, RExpr
 from kumiko.symbolic import Expr, prod
 
 SIMT_BINDINGS = ("thread", "warp")
-#: per-block shared memory limits (bytes) and the register file limit per thread: what a plan must fit, what the
-#: GPU IR verifier checks and the emulator enforces
-SMEM_LIMIT = {"sm80": 166912, "sm90": 232448}
+#: the register file limit per thread: what a plan must fit, what the GPU IR verifier checks
 MAX_REGISTERS = 255
 #: lanes of a warp (the SIMT warp binding's stride)
 WARP = 32
@@ -163,21 +160,6 @@ def _fills_gpu(m: int | None, n: int | None, batch: int | None) -> bool:
     if any(t is None for t in tiles):
         return True
     return tiles[0] * tiles[1] * tiles[2] >= BIG_TILE_CTAS
-
-
-#: split-K (``Plan.split_k``): a problem of known sizes whose output tiles are at most half FILL_CTAS (the SMs of an
-#: H100 or H200) splits its K tiles among up to MAX_SPLIT_K CTAs a tile, toward FILL_CTAS CTAs, each over at least
-#: MIN_SPLIT_TILES K tiles (ResNet-50's last convs at batch 1: 8 output tiles over K = 4608); ``KUMIKO_SPLIT_K`` lowers
-#: the cap
-MAX_SPLIT_K = 16
-MIN_SPLIT_TILES = 4
-
-
-def split_k_for(tiles: int | None, k: int | None, bk: int) -> int:
-    """The chooser's K split for ``tiles`` output tiles (batch included) over K = ``k`` in BK-wide K tiles (1: none)."""
-    if tiles is None or k is None or 2 * tiles > FILL_CTAS:
-        return 1
-    return max(1, min(-(-FILL_CTAS // tiles), -(-k // bk) // MIN_SPLIT_TILES, knobs.split_k(MAX_SPLIT_K)))
 
 
 def simt_threads(points, bind: str) -> int:

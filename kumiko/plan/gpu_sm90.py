@@ -13,22 +13,26 @@ and the lowering both read it. Everything else keeps the SM80 skeleton (an ``sm8
 The plan (``choose_sm90_plan``): tile [BM, 64 <= BN <= 256 (step 64), 64]; 128x256, 4 stages and persistent
 (``async_.epilogue_overlap``, without batch axes) for a large or symbolic GEMM; else BM = 128 (two consumer
 warpgroups of 64 rows) when M is at least 128, else 64 (one), BN = 64 for N <= 64, else 128, both halved to 64
-while the sizes give fewer CTAs than ``FILL_CTAS``; 4 stages; threads 128 a warpgroup,
-the producer's included; ``warp_tile`` "64xBN" (a consumer's tile); barrier model ``mbarrier``.
+while the sizes give fewer CTAs than ``FILL_CTAS``; split-K (``split_k_for``, at least ``SM90_MIN_SPLIT_TILES`` K
+tiles a split) when the tiles still fill at most half the GPU over a long K; a ring of 4 stages, or, when the grid
+is one wave (a CTA an SM whatever its shared memory), as many as the CTA's K tiles, up to 8 and what shared memory
+holds (at 128 tokens BERT-base ran 0.84 -> 0.76 ms, GPT-2 0.69 -> 0.63 as CUDA Graphs on an H100); threads 128 a
+warpgroup, the producer's included; ``warp_tile`` "64xBN" (a consumer's tile); barrier model ``mbarrier``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kumiko import knobs
 from kumiko.diagnostics import KumikoError
-from kumiko.plan.plan import Plan, make_plan
+from kumiko.plan.plan import SMEM_LIMIT, Plan, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts
 from kumiko.region.srnf import epilogue
 from kumiko.region.ssa import Read, Region
 from kumiko.symbolic import Expr, prod
 
 SM90_BK = 64
-SM90_STAGES = (2, 3, 4)
+SM90_STAGES = tuple(range(2, 9))
 #: setmaxnreg: the producer gives registers back, the consumers take them (by consumer count: 40 + 2 x 232 a thread
 #: for three warpgroups fits the SM's 65536; with two, a consumer starts at 256 already)
 PRODUCER_REGS, CONSUMER_REGS = 40, {1: 256, 2: 232}
@@ -143,13 +147,38 @@ def sm90_operands(region: Region, facts: RegionFacts, c: Contraction | None) -> 
 #: CTAs that fill a Hopper GPU once (an H100 SXM or H200 has 132 SMs, one 128x128 CTA each)
 FILL_CTAS = 132
 
+#: split-K (``Plan.split_k``): a problem of known sizes whose output tiles are at most half FILL_CTAS (the SMs of an
+#: H100 or H200) splits its K tiles among up to MAX_SPLIT_K CTAs a tile, toward FILL_CTAS CTAs, each over at least
+#: MIN_SPLIT_TILES K tiles (ResNet-50's last convs at batch 1: 8 output tiles over K = 4608); ``KUMIKO_SPLIT_K`` lowers
+#: the cap
+MAX_SPLIT_K = 16
+MIN_SPLIT_TILES = 4
+
+
+#: the SM90 skeleton's least K tiles a split: on an H100 a 128 x 3072 -> 768 projection (24 tiles of 64x64) ran
+#: 0.017 ms split 3 ways (16 K tiles a split), 0.020 unsplit, 0.020 split 4 ways and 0.022 6 ways; 128 x 768 -> 768
+#: ran fastest unsplit (bench/RESULTS.md, 2026-11-26 17:32)
+SM90_MIN_SPLIT_TILES = 16
+
+
+def split_k_for(tiles: int | None, k: int | None, bk: int, min_tiles: int = MIN_SPLIT_TILES) -> int:
+    """The chooser's K split for ``tiles`` output tiles (batch included) over K = ``k`` in BK-wide K tiles, each
+    split over at least ``min_tiles`` of them (1: none)."""
+    if tiles is None or k is None or 2 * tiles > FILL_CTAS:
+        return 1
+    return max(1, min(-(-FILL_CTAS // tiles), -(-k // bk) // min_tiles, knobs.split_k(MAX_SPLIT_K)))
+
+
+
 
 def choose_sm90_plan(region: Region, g: Sm90Gemm, c: Contraction) -> Plan:
     """A large GEMM (sizes unknown, or at least FILL_CTAS tiles of 128x256): 128x256 tiles, 4 stages, persistent
     when it has no batch axes - the fastest of the sweep on an H200 (fp16 4096^3 592 TFLOP/s against 521 for
     128x128, 8192^3 669 against 553; bench/RESULTS.md). Otherwise 128x128 tiles (two consumer warpgroups),
     halved - N first, then M - while the sizes give fewer CTAs than the GPU has SMs: a transformer's projection at
-    128 tokens (128 x 768) gets 24 CTAs of 64x64, not 6."""
+    128 tokens (128 x 768) gets 24 CTAs of 64x64, not 6, and still too few CTAs over a long K split it
+    (``split_k_for`` with SM90_MIN_SPLIT_TILES: BERT's FFN output projection, 128 x 3072 -> 768, runs 3 CTAs a tile
+    of 16 K tiles each)."""
     m, n = Expr.lift(g.m).as_int(), Expr.lift(g.n).as_int()
     b = Expr.lift(g.batch).as_int()
     known = None not in (m, n, b)
@@ -164,7 +193,15 @@ def choose_sm90_plan(region: Region, g: Sm90Gemm, c: Contraction) -> Plan:
     bn = 64 if n <= 64 else 128
     while ctas(bm, bn) < FILL_CTAS and (bm, bn) != (64, 64):
         bn, bm = (64, bm) if bn > 64 else (bn, 64)
-    return sm90_plan(region, c, bm, bn, 4)
+    k = Expr.lift(g.k).as_int()
+    split = split_k_for(ctas(bm, bn), k, SM90_BK, SM90_MIN_SPLIT_TILES)
+    stages = 4
+    if k is not None and ctas(bm, bn) * split <= FILL_CTAS:
+        # one wave: a CTA a SM whatever its shared memory, so the ring takes as many of the CTA's K tiles as fit
+        kt = -(-k // SM90_BK)
+        per = -(-kt // split)
+        stages = max(4, min(SM90_STAGES[-1], per, SMEM_LIMIT["sm90"] // ((bm + bn) * SM90_BK * 2)))
+    return sm90_plan(region, c, bm, bn, stages).with_(split_k=split)
 
 
 def sm90_plan(region: Region, c: Contraction, bm: int, bn: int, stages: int) -> Plan:
@@ -205,8 +242,12 @@ def validate_sm90_plan(plan: Plan, region: Region, facts: RegionFacts, smem_limi
         raise KumikoError("E1801", at=at, why=f"async_.epilogue_overlap={plan.get('async_', 'epilogue_overlap')!r}: "
                           "true (a persistent kernel: CTAs stride over the tiles, the producer loads the next tile "
                           "while the consumers store this one) or false (a CTA a tile)", suggestion="true or false")
+    split = plan.split_k
+    if type(split) is not int or not 1 <= split <= 64 or (split > 1 and plan.get("async_", "epilogue_overlap", False)):
+        raise KumikoError("E1801", at=at, why=f"split_k={split!r}: 1 to 64 CTAs an output tile, and 1 for a persistent "
+                          "plan (async.epilogue_overlap)", suggestion="split_k 1")
     if plan.stages not in SM90_STAGES:
-        raise KumikoError("E1801", at=at, why=f"stages={plan.stages}: the mbarrier ring has 2 to 4 stages")
+        raise KumikoError("E1801", at=at, why=f"stages={plan.stages}: the mbarrier ring has 2 to 8 stages")
     threads = 128 * (1 + bm // 64)
     if plan.threads not in (0, threads):
         raise KumikoError("E1801", at=at, why=f"threads={plan.threads}: a {bm}-row tile runs {threads} threads (a "

@@ -37,6 +37,9 @@ from kumiko.diagnostics import KumikoError
 
 CPU_ARCHS = ("cpu-avx512", "cpu-avx2", "cpu-scalar")
 GPU_ARCHS = ("sm80", "sm90")
+#: per-block shared memory limits (bytes): what a GPU plan must fit, what the GPU IR verifiers check and the emulator
+#: enforces
+SMEM_LIMIT = {"sm80": 166912, "sm90": 232448}
 ARCHS = CPU_ARCHS + GPU_ARCHS
 #: the Plan's JSON shape (``--dump plan``, ``--plan``, the tuning cache): 2 named each backend's blocks
 PLAN_FORMAT = 2

@@ -36,6 +36,7 @@ from kumiko.kernel.gpu_ir_sm90 import (
     SmemRef,
     SoftmaxInit,
     SoftmaxStep,
+    SplitKSum,
     SyncThreads,
     TmaLoad,
     TmaStore,
@@ -141,6 +142,8 @@ class _Sm90Renderer:
                      f"{pad}    if (kk_gm < kk_M && kk_gn < {s.cols}) {{"]
                     + code(s.decls, len(pad) // 2 + 3) + [f"{pad}      const float kk_acc = {acc};"]
                     + code(s.code, len(pad) // 2 + 3) + [f"{pad}    }}", f"{pad}  }}", f"{pad}}}"])
+        if isinstance(s, SplitKSum):
+            return self.split_sum(s, pad)
         if isinstance(s, SoftmaxInit):
             n = dict(k.accs)[s.acc]
             return [f"{pad}// the online softmax's row state (rows g, g + 8 of the warp): max, sum, rescale factor",
@@ -184,6 +187,40 @@ class _Sm90Renderer:
             self.role_first = 0
             return out + [f"{pad}}}"]
         raise TypeError(f"not an SM90 GPU IR statement: {type(s).__name__}")
+
+    def split_sum(self, s: SplitKSum, pad: str) -> list[str]:
+        """``SplitKSum``: this split's slab (a thread's element v at float v x 128 + its index in the warpgroup, so a
+        warp's stores are coalesced), the thread's counter, and in the last thread to arrive the sum and the body."""
+        n = dict(self.k.accs)[s.acc]
+        slab = 64 * n                                   # floats of one consumer's share of a tile and split
+        return [f"{pad}{{  // split-K: {s.acc}'s partial sums to split {s.split.c()}'s slab; the tile's last "
+                "thread to arrive adds every split's",
+                f"{pad}  const int kk_t = threadIdx.x % 128;",
+                f"{pad}  const long long kk_sk = (long long)({s.tile.c()});",
+                f"{pad}  float* const kk_wt = {s.workspace} + (kk_sk * {s.splits * s.parts} + {s.part}) * {slab}LL "
+                "+ kk_t;  // split j's slab: + j x parts x slab",
+                f"{pad}  float* const kk_mine = kk_wt + (long long)({s.split.c()}) * {s.parts * slab};",
+                f"{pad}  const bool kk_live = {s.live.c()};",
+                f"{pad}#pragma unroll",
+                f"{pad}  for (int kk_v = 0; kk_v < {n // 2}; ++kk_v) kk_mine[kk_v * 128] = kk_live ? {s.acc}[kk_v] "
+                ": 0.0f;",
+                f"{pad}  __threadfence();  // the slab is visible device-wide before the count",
+                f"{pad}  int* const kk_cw = {s.counters} + (kk_sk * {s.parts} + {s.part}) * 128 + kk_t;",
+                f"{pad}  if (atomicAdd(kk_cw, 1) == {s.splits - 1}) {{",
+                f"{pad}    __threadfence();  // every split's slab, read past L1",
+                f"{pad}#pragma unroll",
+                f"{pad}    for (int kk_v = 0; kk_v < {n // 2}; ++kk_v) {s.acc}[kk_v] = 0.0f;",
+                f"{pad}#pragma unroll 1",
+                f"{pad}    for (int kk_s = 0; kk_s < {s.splits}; ++kk_s) {{",
+                f"{pad}      const float* const kk_p = kk_wt + (long long)kk_s * {s.parts * slab};",
+                f"{pad}#pragma unroll",
+                f"{pad}      for (int kk_v = 0; kk_v < {n // 2}; ++kk_v)",
+                f"{pad}        {s.acc}[kk_v] += ld_global_cg(kk_p + kk_v * 128);",
+                f"{pad}    }}",
+                f"{pad}    *kk_cw = 0;  // zero again for the next launch",
+                *self.stmts(s.body, pad + "    "),
+                f"{pad}  }}",
+                f"{pad}}}"]
 
     def softmax(self, s: SoftmaxStep, pad: str) -> list[str]:
         """The score code at each element of the block (element v: row 16w + l/4 + 8((v >> 1) & 1), column
@@ -290,6 +327,8 @@ def _uses(body) -> set:
             out |= {s.acc} | ({s.a} if isinstance(s.a, str) else set())
         elif isinstance(s, (AccToSmem, FragEpilogue, SoftmaxInit, SoftmaxStep)):
             out.add(s.acc)
+        elif isinstance(s, SplitKSum):
+            out |= {s.acc} | _uses(s.body)
         elif isinstance(s, RescalePack):
             out |= {s.out, s.acc, s.regs}
         elif isinstance(s, (For, If, Elect, Role)):

@@ -119,7 +119,7 @@ def test_plan_validation_rejects_what_the_skeleton_cannot_build():
     assert plan.threads == 384
     compile_cuda(g.tiny, "sm90", plans={name: plan})
     assert Plan.from_json(plan.to_json()) == plan
-    for bad in (plan.with_(tile=(96, 128, 64)), plan.with_(tile=(128, 128, 32)), plan.with_(stages=5),
+    for bad in (plan.with_(tile=(96, 128, 64)), plan.with_(tile=(128, 128, 32)), plan.with_(stages=9),
                 plan.with_(threads=256)):
         with pytest.raises(KumikoError) as e:
             compile_cuda(g.tiny, "sm90", plans={name: bad})
@@ -309,7 +309,7 @@ def test_a_gemm_followed_by_layernorm_takes_wgmma_and_a_simt_rest(shape):
     assert kinds[:2] == ["Sm90Kernel", "SimtKernel"], kinds
     (plan,) = c.plans.values()
     assert plan.algo == "wgmma" and plan.get("bind", "rest.point") == "warp"
-    assert c.launches[0].scratch and c.launches[1].scratch == c.launches[0].scratch
+    assert c.launches[0].scratch and c.launches[1].scratch == c.launches[0].scratch[:1]
     if m == 128:
         assert c.kernels[1].threads == 32
     ref = kumiko.compile(g, "eval")

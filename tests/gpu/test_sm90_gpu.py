@@ -145,6 +145,29 @@ def test_persistent_kernel_on_the_device(mnk, tile):
     assert b.launches[0].grid == (min(tiles, CudaDevice.get(0).sm_count), 1, 1)
 
 
+@pytest.mark.parametrize("mnk, tile, split", [((128, 768, 3072), None, None), ((128, 768, 768), (64, 64, 4), 2),
+                                              ((256, 264, 1024), (128, 128, 4), 5), ((40, 72, 128), (64, 64, 4), 3)])
+def test_split_k_on_the_device(mnk, tile, split):
+    """Split-K on the SM90 skeleton (the chooser's for BERT's 128-token projections; two consumers; a split with no
+    K tiles), against numpy, three launches in a row: each leaves its counters zero for the next."""
+    from kumiko.plan.gpu_sm90 import sm90_plan
+    from kumiko.region.analysis import analyze
+    m, n, k = mnk
+    g = gemm("fp16", sizes=(m, k, n), bias_relu=True)
+    plans = None
+    if tile is not None:
+        r = kumiko.compile(g, "cuda")._run.program.regions[0]
+        plans = {r.name: sm90_plan(r, analyze(r).contraction, *tile).with_(split_k=split)}
+    exe = kumiko.compile(g, "cuda", plans=plans)
+    assert next(iter(exe._run.plans.values())).split_k > 1 and kinds(exe) == {"Sm90Kernel"}
+    rng = np.random.default_rng(17)
+    for _ in range(3):
+        a, w, bias = (rng.standard_normal(s, np.float32).astype(np.float16) for s in ((m, k), (k, n), (n,)))
+        y = exe(A=a, B=w, bias=bias)["y"]
+        want = np.maximum(a.astype(np.float32) @ w.astype(np.float32) + bias.astype(np.float32), 0)
+        assert rel_l2(y, want) < TOL["fp16"]
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_merged_attention_heads_through_a_3d_tensor_map(d):
     """An attention output [1, H, S, D] read as a projection's rows (BERT's and GPT-2's output projections at batch
