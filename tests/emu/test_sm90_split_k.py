@@ -129,7 +129,7 @@ def test_nvcc_builds_split_kernels_for_sm90a_without_spills():
         plans = _plans(g, split)
         if split is not None:           # two consumer warpgroups, each summing its own 64 rows
             (name, plan), = plans.items()
-            plans = {name: plan.with_(tile=(128, 128, 64), threads=384, warp_tile="64x128")}
+            plans = {name: plan.with_(tile=(128, 128, 64), threads=384, warp_tile="64x128", stages=4)}
         c = compile_cuda(g.tiny, "sm90", plans=plans)
         assert next(iter(c.plans.values())).split_k > 1
         res = nvcc_check(c, "sm_90a")

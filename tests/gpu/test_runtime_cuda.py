@@ -584,12 +584,13 @@ def test_gpu_bench_tile_specs(bench_gpu):
 
 
 def test_gpu_bench_sm90_and_attention_specs(bench_gpu):
-    """--tiles wg:BMxBN/S[/fN][/p] sets an sm90 plan's tile, ring, wgmma groups in flight and persistence;
+    """--tiles wg:BMxBN/S[/fN][/p][/sN] sets an sm90 plan's tile, ring, wgmma groups in flight, persistence and split;
     at:BMxBN the streaming attention plan's tile; --archs lists plan archs. Each result is a plan the cuda
     backend validates and builds (sm_90a, no device)."""
     mod = bench_gpu
     assert mod.parse_wgmma_tile("wg:128x256/3/f0/p") == {"bm": 128, "bn": 256, "stages": 3, "in_flight": 0,
-                                                         "persistent": True}
+                                                         "persistent": True, "split": 1}
+    assert mod.parse_wgmma_tile("wg:64x64/8/s3")["split"] == 3
     assert mod.parse_attention_tile("at:128x64") == (128, 64, True)
     assert mod.parse_attention_tile("at:128x128/nopp") == (128, 128, False)
     assert mod.parse_args(["--archs", "sm90,sm80", "--tiles", "wg:64x64/2,at:64x128"]).archs == ["sm90", "sm80"]
@@ -602,6 +603,8 @@ def test_gpu_bench_sm90_and_attention_specs(bench_gpu):
     assert (p.tile, p.stages, p.threads, p.warp_tile) == ((128, 256, 64), 3, 384, "64x256")
     assert p.get("async_", "wgmma_in_flight") == 0 and p.get("async_", "epilogue_overlap") is True
     assert compile_cuda(g, "sm90", plans={name: p}).launches[0].persistent == 1
+    split = compile_cuda(g, "sm90", plans={name: mod.apply_tile(plan, "wg:64x64/6/s2")})
+    assert split.plans[name].split_k == 2 and split.launches[0].counters
     att = graph("attention_causal", "fp16")
     chosen = compile_cuda(att.tiny).plans
     plans = {n: mod.apply_tile(q, "at:128x64") if q.algo == "streaming_softmax" else q for n, q in chosen.items()}
