@@ -72,6 +72,23 @@ def test_fp16_bf16_conversions(emu_module):
     np.testing.assert_array_equal(bff.view(np.uint32), pat.astype(np.uint32) << 16)
 
 
+def test_exp2_ftz_flushes_subnormal_results(emu_module):
+    """exp2_ftz is ex2.approx.ftz.f32 on a GPU: 2^x where that is a normal float (or 0, inf, NaN at -inf, inf,
+    NaN), +0 where it would be subnormal (x below -126: the PTX ISA flushes .ftz results to sign-preserving 0)."""
+    mod = emu_module("semantics")
+    x = np.array([0.0, 1.0, -1.0, 10.5, -126.0, -126.5, -127.0, -140.0, -149.0, -200.0, -np.inf, np.inf, np.nan,
+                  2.0**-140, -(2.0**-140), 127.5], np.float32)
+    y = np.full(x.size, np.float32(7.0))
+    mod.launch("exp2_ftz_map", 1, 32, args=[x, y, x.size])
+    with np.errstate(over="ignore"):
+        want = np.exp2(x.astype(np.float64)).astype(np.float32)
+    want[(want < np.finfo(np.float32).tiny) & ~np.isnan(want)] = 0.0
+    np.testing.assert_allclose(y[~np.isnan(x)], want[~np.isnan(x)], rtol=1e-6, atol=0)
+    assert np.isnan(y[np.isnan(x)]).all()
+    assert (y[(x < -126) & (x > -np.inf)] == 0).all() and np.signbit(y[x < -126]).sum() == 0
+    assert y[x == -126.0][0] == np.finfo(np.float32).tiny      # 2^-126, the smallest normal, is kept
+
+
 def _warp_order(mod, bug: int = 0):
     x = np.random.default_rng(1).standard_normal(256).astype(np.float32)
     y = np.zeros(256, np.float32)

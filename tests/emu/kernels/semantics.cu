@@ -60,6 +60,12 @@ extern "C" __global__ void convert(const float* x, unsigned short* h, unsigned s
 }
 KUMIKO_ENTRY(convert)
 
+// exp2_ftz, the softmax's 2^x (ex2.approx.ftz.f32 on the GPU): its results below the smallest normal float are +0.
+extern "C" __global__ void exp2_ftz_map(const float* x, float* y, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] = exp2_ftz(x[i]);
+}
+KUMIKO_ENTRY(exp2_ftz_map)
+
 // The order threads first run in: each writes the value of a counter it then increments (fibers switch
 // only where they block, so the unguarded increment is exact). Then, for `bug` = 0, every warp reads the
 // values the previous warp stored after a barrier; `bug` = 1 leaves the barrier out, which only a
