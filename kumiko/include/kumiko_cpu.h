@@ -342,7 +342,7 @@ KUMIKO_INLINE kv_t kv_fma(kv_t a, kv_t b, kv_t c) {
 #elif defined(__FMA__) && KUMIKO_VW == 8
     return (kv_t)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 #else
-    return a * b + c; /* contracted to an FMA under -ffp-contract=fast where the ISA has one */
+    return a * b + c; /* no FMA on this ISA: a multiply and an add (the kernels build with -ffp-contract=off) */
 #endif
 }
 

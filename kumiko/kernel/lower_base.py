@@ -40,6 +40,10 @@ class RegionEmitter:
     """C for one region's expressions; its facts come from ``facts`` (``analyze(region)`` when not given),
     copied: a lowering extends them (reduce axes as sizes, lets of its own)."""
 
+    #: how the target spells a fused multiply-add for a sum of products (``reduce_step``); None: a plain add
+    #: (the GPU emitters, whose nvcc fuses on its own)
+    FMA: str | None = None
+
     def __init__(self, region: Region, syms: tuple, name: str, facts: RegionFacts | None = None):
         self.facts = facts if facts is not None else analyze(region)
         self.r, self.types = self.facts.region, dict(self.facts.types)
@@ -159,11 +163,7 @@ class RegionEmitter:
         for a in e.axes:
             self.red_axes.append(a.name)
         body: list = []
-        v = self.expr(e.body, body, e.dtype)
-        bt = self.dt(e.body)
-        if bt is not None and bt is not e.dtype:
-            v = C.cast(v, bt, e.dtype)
-        upd = C.reduce_update(e.op, acc, v, ct)
+        upd = self.reduce_step(e, acc, body, ct)
         inner: tuple = tuple(body) + (Assign(acc, upd),)
         for a in reversed(e.axes):
             inner = (axis_loop(a.name, self.trip(a.name, a.size), inner),)
@@ -171,6 +171,23 @@ class RegionEmitter:
             self.red_axes.remove(a.name)
         out.append(Block(inner))
         return acc
+
+    def reduce_step(self, e: Reduce, acc: str, out: list, ct: str) -> str:
+        """The accumulator's next value after the element at the current point. An fp32 sum of products (a dot
+        product, a conv window) is one fused multiply-add where the emitter spells one (``FMA``: the CPU's
+        ``KUMIKO_FMAF``); nothing else is fused: the CPU kernels build with ``-ffp-contract=off``, so ``x -
+        mean(x)`` over one element is exactly 0 as in the evaluator (with contraction gcc fused the product into
+        the subtraction and left its rounding error)."""
+        f = fma_factors(e, self.dt) if self.FMA else None
+        if f is not None and ct == "float":
+            hint = self.dt(f[0]) or self.dt(f[1])
+            a, b = self.expr(f[0], out, hint), self.expr(f[1], out, hint)
+            return f"{self.FMA}({a}, {b}, {acc})"
+        v = self.expr(e.body, out, e.dtype)
+        bt = self.dt(e.body)
+        if bt is not None and bt is not e.dtype:
+            v = C.cast(v, bt, e.dtype)
+        return C.reduce_update(e.op, acc, v, ct)
 
     def scratch_expr(self, dims: tuple) -> Expr:
         return C.offset_expr(tuple(Expr.sym(a) for a in dims), tuple(self.sizes[a] for a in dims))
@@ -205,3 +222,14 @@ class RegionEmitter:
             out.append(Decl(C.COMPUTE[self.types[let.name].dtype.name], f"v_{let.name}", v))
         out += self.store(Ref(self.r.yields[0].src))
         return out
+
+
+def fma_factors(e: Reduce, dt) -> tuple | None:
+    """The two factors of a sum whose element is a product of fp32 values (no cast between): the reductions
+    whose update is a fused multiply-add. ``dt``: the lowering's dtype of an expression (None: unknown)."""
+    b = e.body
+    if e.op != "sum" or e.dtype != dtypes.fp32 or not isinstance(b, Binary) or b.fn != "mul":
+        return None
+    if any(dt(x) is not None and dt(x) != dtypes.fp32 for x in (b, b.x, b.y)):
+        return None
+    return b.x, b.y

@@ -81,7 +81,10 @@ _CSIZE = {"float": 4, "double": 8, "int32_t": 4, "int": 4}
 class CpuLowering(VectorEmitter, RegionEmitter):
     """The region's loop nest (see the module docstring) on the shared expression emitter, with the CPU's
     own math: a float exp2 is ``kumiko_cpu.h``'s ``kumiko_exp2``, the scalar twin of the lanes' ``kv_exp2``
-    (vectorisable, and the same bits in a vector loop's lanes and its tail, or in a GEMM's epilogue)."""
+    (vectorisable, and the same bits in a vector loop's lanes and its tail, or in a GEMM's epilogue). A sum
+    of products accumulates through one fused multiply-add (``KUMIKO_FMAF``, ``kv_fma``: ``reduce_step``)."""
+
+    FMA = "KUMIKO_FMAF"
 
     def __init__(self, region: Region, syms: tuple, name: str, parallel: bool = True,
                  facts: RegionFacts | None = None):

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from kumiko import dtypes, ops
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import Assign, Block, Decl, For, If, Stmt, VecStore, axis_loop
+from kumiko.kernel.lower_base import fma_factors
 from kumiko.region.srnf import children
 from kumiko.region.ssa import (
     Binary,
@@ -382,6 +383,17 @@ class VectorEmitter:
         x = self.tmp()
         stmts += [Decl("kv_t", x, v), Assign(nan, f"{nan} | ({x} != {x})"), Assign(acc, r.cv.format(acc=acc, v=x))]
 
+    def _vfma(self, e: Reduce, out: list) -> tuple[str, str] | None:
+        """A sum of fp32 products (``fma_factors``): its two factors as vectors, for ``kv_fma``; else None."""
+        f = fma_factors(e, self.dt) if self.FMA else None
+        if f is None:
+            return None
+        hint = self.dt(f[0]) or self.dt(f[1])
+        (ka, a), (kb, b) = self.vexpr(f[0], out, hint), self.vexpr(f[1], out, hint)
+        if ka != "f" or kb != "f":
+            raise NotVector("product")
+        return a, b
+
     def _vbody(self, e: Reduce, out: list) -> str:
         k, v = self.vexpr(e.body, out, e.dtype)
         bt = self.dt(e.body)
@@ -409,7 +421,11 @@ class VectorEmitter:
         self._vctx.red_trip.update({a.name: self.trip(a.name, a.size) for a in e.axes})
         self.red_axes += [a.name for a in e.axes]
         body: list = []
-        self._vupdate(e.op, acc, nan, self._vbody(e, body), body)
+        fma = self._vfma(e, body)
+        if fma is not None:
+            body.append(Assign(acc, f"kv_fma({fma[0]}, {fma[1]}, {acc})"))
+        else:
+            self._vupdate(e.op, acc, nan, self._vbody(e, body), body)
         for a in e.axes:
             self.red_axes.remove(a.name)
         inner: tuple = tuple(body)
@@ -443,7 +459,8 @@ class VectorEmitter:
                 self.red_axes = red
                 return None
             acc, nan = self._vacc(e, pre)
-            v = self._vbody(e, vb)
+            fma = self._vfma(e, vb)
+            v = None if fma is not None else self._vbody(e, vb)
         except NotVector:
             self.red_axes = red
             return None
@@ -452,7 +469,13 @@ class VectorEmitter:
             self._vnames -= set(ctx.vlets)
         n = C.index(self.trip(last.name, last.size), set())
         body: list = list(vb)
-        self._vupdate(e.op, acc, nan, v, body)
+
+        def add_to(a: str) -> Assign:           # a sum of products: one fused multiply-add a lane
+            return Assign(a, f"kv_fma({fma[0]}, {fma[1]}, {a})" if fma is not None else f"{a} + {v}")
+        if fma is not None:
+            body.append(add_to(acc))
+        else:
+            self._vupdate(e.op, acc, nan, v, body)
         vloops: tuple = (For(last.name, "0", f"{n} - (KUMIKO_VW - 1)", tuple(body), step="KUMIKO_VW"),)
         combine: tuple = ()
         if e.op == "sum":
@@ -461,7 +484,7 @@ class VectorEmitter:
             pre += [Decl("kv_t", a, "kv_zero()") for a in accs[1:]]
             u, step = self.tmp(), f"{SUM_ACCUMULATORS}*KUMIKO_VW"
             blocks = tuple(Block((Decl("const long long", last.name, f"{u} + {k}*KUMIKO_VW"),) + tuple(vb) +
-                                 (Assign(a, f"{a} + {v}"),)) for k, a in enumerate(accs))
+                                 (add_to(a),)) for k, a in enumerate(accs))
             vloops = (For(u, "0", f"{n} - ({step} - 1)", blocks, step=step),
                       dataclasses.replace(vloops[0], lo=f"({n}) / ({step}) * ({step})"))
             # combined once, after the loops over the reduction's outer axes: inside them the other
@@ -474,12 +497,7 @@ class VectorEmitter:
         tail: list = []
         if fuse is not None:
             tail += fuse()
-        v = self.expr(e.body, tail, e.dtype)
-        bt = self.dt(e.body)
-        if bt is not None and bt is not e.dtype:
-            v = C.cast(v, bt, e.dtype)
-        upd = C.reduce_update(e.op, res, v, ct)
-        tail.append(Assign(res, upd))
+        tail.append(Assign(res, self.reduce_step(e, res, tail, ct)))     # fused where the vector lanes are
         self.red_axes = red
         inner: tuple = vloops + (For(last.name, f"({n}) / KUMIKO_VW * KUMIKO_VW", n, tuple(tail), tail=True),)
         for a in reversed(e.axes[:-1]):

@@ -21,7 +21,7 @@ def _fmas(mr: int, nv: int, vw: int, src, indent: str) -> list:
     lines = []
     for i in range(mr):
         lines.append(f"{indent}{{ const float s{i} = {src(i)}; kk_vf a{i} = (kk_vf){{{', '.join([f's{i}'] * vw)}}};")
-        lines.append(f"{indent}  " + " ".join(f"c{i}_{v} += a{i} * b{v};" for v in range(nv)) + " }")
+        lines.append(f"{indent}  " + " ".join(f"c{i}_{v} = kk_vfma(a{i}, b{v}, c{i}_{v});" for v in range(nv)) + " }")
     return lines
 
 
@@ -208,7 +208,18 @@ __attribute__((unused, noinline)) static void kk_pack_rows8(float* KUMIKO_RESTRI
 """
 
 
+#: the micro-kernels' fused multiply-add by vector width: an explicit instruction (the kernels build with
+#: -ffp-contract=off, so nothing else in them is fused); without FMA hardware a multiply and an add
+_VFMA = {16: ("defined(__AVX512F__)", "_mm512_fmadd_ps", "__m512"),
+         8: ("defined(__FMA__)", "_mm256_fmadd_ps", "__m256")}
+
+
 def vector_types(vw: int) -> str:
+    fma = "#define kk_vfma(a, b, c) ((a) * (b) + (c))\n"
+    if vw in _VFMA:
+        guard, fn, t = _VFMA[vw]
+        fma = (f"#if {guard}\n#define kk_vfma(a, b, c) ((kk_vf){fn}(({t})(a), ({t})(b), ({t})(c)))\n#else\n"
+               f"{fma}#endif\n")
     return (f"typedef float kk_vf __attribute__((vector_size({4 * vw})));\n"
             "typedef kk_vf kk_vfu __attribute__((aligned(4)));\n"
-            f"typedef int kk_vmi __attribute__((vector_size({4 * vw})));\n" + _HELPERS)
+            f"typedef int kk_vmi __attribute__((vector_size({4 * vw})));\n" + fma + _HELPERS)

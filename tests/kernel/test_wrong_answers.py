@@ -7,6 +7,11 @@
 - gcc 12's loop vectorizer miscompiles an in-order float reduction that reads backwards along its
   inner reduction axis (``x.flip(1).sum()`` returned 67 for 66); such kernels are built with that one
   pass off (``Kernel.no_loop_vectorize``).
+- With ``-ffp-contract=fast`` gcc fused a product into every add and subtract that used it, across
+  statements: ``p - mean(p)`` over an axis of one element kept the product's rounding error (the fused
+  ``fma(a, b, -round(a * b))``), and a layernorm there scaled it by ``1 / sqrt(eps)`` (fuzz seeds 91080 and
+  91958: -7.7e-5 where the answer is 0). The kernels build with contraction off; a sum of products (GEMM
+  micro-kernels, dot products, conv windows) is an explicit fused multiply-add.
 """
 from __future__ import annotations
 
@@ -63,3 +68,37 @@ def test_only_backwards_reductions_turn_the_loop_vectorizer_off():
     assert "no-tree-loop-vectorize" in source(x.flip([1]).sum())
     assert "no-tree-loop-vectorize" not in source(x.sum())
     assert "no-tree-loop-vectorize" not in source(x.flip([1]).relu())
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 130])
+def test_a_product_minus_its_mean_over_one_element_is_exactly_zero(rows):
+    a, b = Tensor.input("a", (rows, 1)), Tensor.input("b", (rows, 1))
+    p = (a * 2.0 - 3.0) * b
+    g = (p - p.mean(axis=-1, keepdim=True)).layernorm(-1).graph("y")
+    rng = np.random.default_rng(rows)
+    ins = {n: rng.standard_normal((rows, 1), dtype=np.float32) for n in "ab"}
+    got = kumiko.compile(g)(**ins)["y"]
+    assert np.array_equal(got, np.zeros_like(got)), got.ravel()[:8]
+
+
+@pytest.mark.parametrize("seed", [91080, 91958])
+def test_fuzz_seeds_of_fused_products(seed):
+    from tests.fuzz.netgraphs import RandomDraw, agrees, draw_graph, inputs_for
+    g, shapes, _ = draw_graph(RandomDraw(seed))
+    ins = inputs_for(shapes, seed)
+    ok, err = agrees(g, ins, kumiko.compile(g, "cpu")(**ins)["y"], kumiko.compile(g, "eval")(**ins)["y"])
+    assert ok, err
+
+
+def test_sums_of_products_are_fused_multiply_adds(monkeypatch):
+    """The contraction's micro-kernel and a loop nest's dot product spell their fused multiply-adds; the build
+    turns contraction off."""
+    from kumiko.runtime.cpu import DEFAULT_FLAGS
+    monkeypatch.setenv("KUMIKO_PROGRAM_CACHE", "0")         # the source, not a cached program
+    assert "-ffp-contract=off" in DEFAULT_FLAGS
+    x, w = Tensor.input("x", (96, 200)), Tensor.input("w", (200, 64))
+    src = kumiko.compile((x @ w).graph("y")).compilation.source
+    assert "kk_vfma(" in src.source
+    v = Tensor.input("v", (3, 300))
+    src = kumiko.compile((v * v).sum(axis=-1).graph("y")).compilation.source
+    assert "kv_fma(" in src.source
