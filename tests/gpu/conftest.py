@@ -75,3 +75,21 @@ def run_and_compare(c: CompiledCuda, g: Graph, emu: str, seed: int, shapes=None)
     out = c.runner(emu)(ins, env)
     want = ref(**ins)
     return {k: rel_l2(out[k], want[k]) for k in want}
+
+
+def assert_missing_splits_reported(c: CompiledCuda, g: Graph, out: str) -> None:
+    """Injected bug: the split-K launch's grid z holds the batch but not the splits, so no tile's counters reach
+    the last split, no epilogue runs and the output keeps its poison; the counters stay non-zero, which the
+    runner reports (E1704). The right launches match the evaluator."""
+    from dataclasses import replace
+
+    from kumiko.diagnostics import KumikoError
+    ln = next(x for x in c.launches if x.counters)
+    broken = replace(c, launches=[replace(ln, grid=ln.grid[:2] + ((1, 1),)) if x is ln else x for x in c.launches])
+    ref = kumiko.compile(g, "eval")
+    ins = ref.random_inputs(5)
+    env = ref.bind(ins, None)
+    with pytest.raises(KumikoError) as e:
+        broken.runner("deferred")(ins, env)
+    assert e.value.code == "E1704" and "split-K counters" in e.value.why
+    assert rel_l2(c.runner("deferred")(ins, env)[out], ref(**ins)[out]) < 2e-3
