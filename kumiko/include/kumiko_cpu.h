@@ -75,6 +75,35 @@
  * Visible even under -fvisibility=hidden, unmangled if the file is compiled as C++. */
 #define KUMIKO_KERNEL KUMIKO_EXTERN_C __attribute__((visibility("default"))) int
 
+/* kumiko_phase_row: a source row of n floats, with lo zeros in front of it and zeros past its end, dealt into
+ * f phases of sc floats each: dst[ph * ps + q] = src[q * f + ph - lo], 0 where that index is outside [0, n).
+ * A strided conv's stage (kumiko/kernel/stage.py) fills its rows with it; the two-phase rows (stride 2) are
+ * deinterleaved 16 floats at a time on AVX-512 (two loads, one permute). */
+KUMIKO_INLINE void kumiko_phase_row(float* KUMIKO_RESTRICT dst, long long ps, const float* KUMIKO_RESTRICT src,
+                                    long long n, long long lo, long long sc, int f) {
+    for (int ph = 0; ph < f; ph++) {
+        float* KUMIKO_RESTRICT d = dst + ph * ps;
+        long long q0 = lo > ph ? (lo - ph + f - 1) / f : 0;      /* the first q whose index is >= 0 */
+        long long q1 = (n + lo - ph + f - 1) / f;                 /* past the last q whose index is < n */
+        if (q1 > sc) q1 = sc;
+        if (q0 > sc) q0 = sc;
+        if (q1 < q0) q1 = q0;
+        for (long long q = 0; q < q0; q++) d[q] = 0.0f;
+        for (long long q = q1; q < sc; q++) d[q] = 0.0f;
+        long long q = q0;
+#if defined(__AVX512F__)
+        if (f == 2) {
+            const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            for (; q + 16 <= q1 && 2 * q + ph - lo + 32 <= n; q += 16) {
+                const float* s = src + 2 * q + ph - lo;
+                _mm512_storeu_ps(d + q, _mm512_permutex2var_ps(_mm512_loadu_ps(s), even, _mm512_loadu_ps(s + 16)));
+            }
+        }
+#endif
+        for (; q < q1; q++) d[q] = src[q * f + ph - lo];
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* heap scratch of generated loop nests                                                           */
 

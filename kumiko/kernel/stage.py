@@ -212,11 +212,10 @@ class Stage:
         else:       # deinterleave the row into its phases, zeros outside the source
             f = self.f[last]
             row = (Decl("float* KUMIKO_RESTRICT", "kk_sd", f"kk_S + {dst}"),
-                   Decl("const int", "kk_in", inside),
-                   For("kk_ph", "0", str(f), (For("kk_q", "0", f"kk_sc{last}", (
-                       Decl("const long long", "kk_jj", f"kk_q * {f} + kk_ph"),
-                       Raw(f"kk_sd[kk_ph * kk_sps{last} + kk_q] = kk_in && kk_jj >= kk_spl{last} && "
-                           f"kk_jj < kk_spl{last} + {n_last} ? ({src})[kk_jj - kk_spl{last}] : 0.0f;"),)),)))
+                   If(inside, (Raw(f"kumiko_phase_row(kk_sd, kk_sps{last}, {src}, {n_last}, kk_spl{last}, "
+                                   f"kk_sc{last}, {f});"),),
+                      (For("kk_ph", "0", str(f), (
+                          Raw(f"memset(kk_sd + kk_ph * kk_sps{last}, 0, sizeof(float) * kk_sc{last});"),)),)))
         body = (*idx, *row)
         return [If("kk_stg", (
             Decl("const long long", "kk_srn", rows),

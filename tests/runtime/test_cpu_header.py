@@ -204,6 +204,11 @@ KUMIKO_KERNEL masks(void** b, const long long* s) {
     misc[0] = t[0]; misc[1] = t[KUMIKO_VW - 1]; misc[2] = f[0]; misc[3] = kv_any(f);
     return 0;
 }
+/* a stage's row dealt into phases: s = (n, lo, sc, f), dst holds f rows of sc floats */
+KUMIKO_KERNEL phases(void** b, const long long* s) {
+    kumiko_phase_row((float*)b[1], s[2], (const float*)b[0], s[0], s[1], s[2], (int)s[3]);
+    return 0;
+}
 KUMIKO_KERNEL misc(void** b, const long long* s) {
     (void)s;
     float* out = b[0];
@@ -509,3 +514,17 @@ def test_masks_affine_lanes_and_bools(mod):
     assert np.array_equal(bl_out, ~bl)
     assert list(misc[:4]) == [-1, -1, 0, 0]
     assert list(misc[4:]) == [int(bl[i * vw:(i + 1) * vw].any()) for i in range(8)]
+
+
+@pytest.mark.parametrize("n, lo, f", [(224, 1, 2), (224, 3, 2), (56, 1, 2), (57, 0, 2), (7, 1, 2), (100, 2, 3),
+                                      (33, 0, 1), (64, 5, 4), (1, 1, 2)])
+def test_phase_rows_deal_a_row_into_its_phases(mod, n, lo, f):
+    """kumiko_phase_row: dst[ph][q] = src[q * f + ph - lo] inside the source, 0 around it (a stride-f conv's
+    stage row), for pads in front and behind, rows shorter than a vector, and the AVX-512 two-phase path."""
+    src = np.random.default_rng(n + lo).standard_normal(n).astype(np.float32)
+    sc = (n + 2 * lo + f - 1) // f
+    dst = np.full((f, sc), np.nan, np.float32)
+    _run(mod, "phases", [src, dst], [n, lo, sc, f])
+    padded = np.zeros(sc * f, np.float32)
+    padded[lo:lo + n] = src[:max(0, min(n, sc * f - lo))]
+    np.testing.assert_array_equal(dst, padded.reshape(sc, f).T)
