@@ -77,6 +77,20 @@ def test_strided_and_dilated_dense(n):
     check(*conv(n, 8, 12, 16, 16, 1, stride=2))
 
 
+@pytest.mark.parametrize("n,c,co,hw,k", [(1, 64, 48, 56, 3), (2, 32, 64, 58, 3), (1, 96, 64, 56, 1), (1, 3, 32, 97, 3)])
+def test_strided_convs_at_network_sizes_with_bound_weights(n, c, co, hw, k):
+    """Stride-2 convs whose output rows are 28-49 pixels, weights bound as constants (pre-packed, the pixels in
+    the vector lanes): their panels hold 16-pixel chunks that are one stride-2 run (deinterleaved by a permute,
+    ``kernel/pack.py``) and chunks that cross a row (copied a float at a time), and the stem-like stage rows
+    dealt into phases (``kumiko_phase_row``)."""
+    rng = np.random.default_rng(c + co)
+    wv = (rng.standard_normal((co, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    x = Tensor.input("x", (n, c, hw, hw))
+    y = x.conv2d(Tensor(wv, name="w", role="param"), Tensor(rng.standard_normal(co).astype(np.float32), name="b",
+                 role="param"), stride=2, padding=k // 2).relu()
+    check(y.graph("y"), {"x": rng.standard_normal((n, c, hw, hw), np.float32)})
+
+
 def _parallel_conditions(src: str) -> list[str]:
     return re.findall(r"#pragma omp parallel for[^\n]* if\((.*)\)\n", src)
 
