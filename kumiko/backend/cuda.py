@@ -317,7 +317,7 @@ def _sm90_launch(region, syms: tuple, name: str, plan: Plan, kernels: list, laun
         splits = low.split.splits
         tiles = (Expr.lift(g.n).ceildiv(bn), Expr.lift(g.m).ceildiv(bm), g.batch)
         scratch += ((low.split.workspace, tiles + (splits * bm * bn,)),)
-        counters = ((low.split.counters, tiles + (bm * 2,)),)      # 128 threads a consumer of 64 rows
+        counters = ((low.split.counters, tiles + (bm // 64 * 128,)),)      # a word per consumer thread
     z = g.batch if splits == 1 else Expr.lift(g.batch) * splits
     launches.append(Launch(region.name, name, ((g.n, bn), (g.m, bm), (z, 1)), kern.threads, kern.smem_bytes,
                            args, scratch, maps=maps, map_sizes=sizes, guard=guard, persistent=persistent,

@@ -219,7 +219,8 @@ class _PackText:
         R, src = self.R, self.src
         if not self.vec or R < 16:
             return []
-        one = f"kk_dp[kk_r] = {src}[kk_o + kk_rel[kk_r]];"
+        ld_g, v_g = self.at_rel
+        one = f"{{ {ld_g} kk_dp[kk_r] = {v_g}; }}"
         L = ["#if defined(__AVX512F__)", "      if (kk_s2any) {",
              "        const __m512i kk_ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, "
              "30);"]
