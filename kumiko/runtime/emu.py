@@ -208,11 +208,14 @@ _build_lock = threading.Lock()
 #: one lock per loaded library: configure + launch + read the fault record is one step (EmuModules
 #: made by with_config share the library and its emulator state)
 _launch_locks: dict[str, threading.Lock] = {}
+#: one lock per library being built: threads of one process that need the same library build it once (two
+#: builds at once would each clear the name the other is writing)
+_compile_locks: dict[str, threading.Lock] = {}
 
 
-def _launch_lock(path: Path) -> threading.Lock:
+def _launch_lock(path: Path, table: dict[str, threading.Lock] = _launch_locks) -> threading.Lock:
     with _build_lock:
-        return _launch_locks.setdefault(str(path), threading.Lock())
+        return table.setdefault(str(path), threading.Lock())
 
 
 def build(source: str, config: EmuConfig | None = None, *, name: str = "kernel",
@@ -240,11 +243,12 @@ def build(source: str, config: EmuConfig | None = None, *, name: str = "kernel",
     lib = root / f"{key}.so"
     srcdir = root / key
     what = "cache hit"
-    if not lib.is_file():
-        clear_path(lib)                # a directory squatting the library's name
-        t0 = time.perf_counter()
-        _compile(cxx, flags, source, dyn, name, srcdir, lib)
-        what = f"compiled in {(time.perf_counter() - t0) * 1e3:.0f} ms"
+    with _launch_lock(lib, _compile_locks):
+        if not lib.is_file():
+            clear_path(lib)            # a directory squatting the library's name
+            t0 = time.perf_counter()
+            _compile(cxx, flags, source, dyn, name, srcdir, lib)
+            what = f"compiled in {(time.perf_counter() - t0) * 1e3:.0f} ms"
     log(2, f"build_emu {name} ({config.label}): {what}: {lib}")
     return EmuModule(lib, config, name=name, source_path=srcdir / f"{name}.cu", kernels=entry_names(source))
 
@@ -253,7 +257,7 @@ def _compile(cxx: str, flags: list[str], source: str, dyn: list[str], name: str,
     """Compile into a temp file and publish it with os.replace; on failure (a timeout included) remove every
     trace. The sources stay in the cache beside the library (reports point into them)."""
     clean_stale(lib.parent)
-    if not srcdir.is_dir():
+    if not srcdir.is_dir() and (srcdir.exists() or srcdir.is_symlink()):
         clear_path(srcdir)             # a file squatting the sources' directory name
     src = srcdir / f"{name}.cu"
     write_file(src, source, "the emulator source")

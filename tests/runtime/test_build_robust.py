@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -195,6 +196,33 @@ def test_emulator_cache_deleted_during_the_build(sandbox, monkeypatch):
     with pytest.raises(KumikoError) as e:
         build("// nothing\n", name="deleted")
     assert e.value.code == "E1502" and str(cache) in e.value.at and "vanished" in e.value.why
+
+
+def test_emulator_library_built_once_for_threads_that_need_it_together(sandbox, monkeypatch):
+    """Threads of one process that need the same emulator library at once build it once: two builds at once
+    each cleared the name the other was writing (CI saw E1502 "it is a directory" from four threads calling
+    one cuda-emu Executable for the first time)."""
+    from kumiko.runtime.emu import build
+    log = sandbox / "gxx.log"
+    fake_tool(sandbox / "bin", "g++", f'echo run >> "{log}"\nsleep 0.3\nexec /usr/bin/g++ "$@"\n')
+    monkeypatch.setenv("PATH", f"{sandbox / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    start, got, errors = threading.Barrier(4), [], []
+
+    def worker() -> None:
+        start.wait()
+        try:
+            got.append(build("// built together\n", name="together"))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not errors and len(got) == 4
+    assert log.read_text().count("run") == 1
+    assert all(m.path == got[0].path and m.path.is_file() for m in got)
 
 
 def test_entry_paths_occupied_by_directories(sandbox):
