@@ -49,7 +49,7 @@ from kumiko.util.log import log
 
 INCLUDE_DIR = Path(__file__).resolve().parents[1] / "include"
 DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11",
-                                  "-ffp-contract=off")
+                                  "-ffp-contract=off", "-fno-trapping-math")
 #: libraries built (compiled, or linked from objects), served from the disk cache or from the modules already
 #: loaded here, cache entries found corrupt and rebuilt (libraries, objects, precompiled headers); objects
 #: of ``build_units`` compiled and found in the cache; links run; precompiled headers built and found
