@@ -1,0 +1,68 @@
+"""The CPU backend as an AVX2 machine (Zen 1-3, Haswell-class Xeons) sees it, run on whatever machine the tests
+run on: plans for 8-float vectors (6 x 16 micro-tiles, other orientations and staging choices than AVX-512's
+12 x 32) and kernels built with ``-mno-avx512f``, checked against onnxruntime.
+
+Plans differ by ISA, so a path only AVX2 plans take goes untested on an AVX-512 host: a Llama layer's
+attention row pipe once took the A-side stage for its P operand (held in the pipe's panels, not a buffer)
+and failed to compile (KeyError) on a Zen 3 only."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kumiko.backend import cpu as cpu_backend
+from kumiko.runtime import cpu as cpu_runtime
+from kumiko.runtime.host import cpu_features
+from tests.frontend.test_onnx_networks import bert, bert_feeds, check, float_input, llama, mbconv, needs_gxx, resnet
+
+
+@pytest.fixture
+def avx2(monkeypatch):
+    """Plans chosen for an AVX2 machine and kernels built without AVX-512 (no program cache: the source is
+    made again)."""
+    feats = dict(cpu_features())
+    if not feats.get("avx2") or not feats.get("fma"):
+        pytest.skip("this machine has no AVX2 and FMA")
+    feats.update(avx512f=False, avx512bw=False, avx512vl=False, avx512_bf16=False, vector_width_f32=8)
+    monkeypatch.setattr(cpu_backend, "cpu_features", lambda: feats)
+    monkeypatch.setattr(cpu_runtime, "DEFAULT_FLAGS", tuple(cpu_runtime.DEFAULT_FLAGS) + ("-mno-avx512f",))
+    monkeypatch.setenv("KUMIKO_PROGRAM_CACHE", "0")
+
+
+def _plan_archs(g) -> set[str]:
+    import kumiko
+    return {p.arch for p in kumiko.compile(g, "cpu").compilation.plan.values()}
+
+
+@needs_gxx
+def test_plans_are_avx2_plans(avx2):
+    g = check(resnet(1, 8, 6), {"x": float_input(np.random.default_rng(0), (1, 8, 6, 6), "fp32")}, "cpu")
+    assert _plan_archs(g) == {"cpu-avx2"}
+
+
+@needs_gxx
+@pytest.mark.parametrize("size", [(2, 8, 32, 4, 2), (1, 6, 48, 6, 3)], ids=str)
+def test_llama(avx2, size):
+    b, s, d, heads, kv = size
+    check(llama(b, s, d, heads, kv, ff=3 * d // 2), {"x": float_input(np.random.default_rng(400 + s), (b, s, d),
+                                                                       "fp32")}, "cpu")
+
+
+@needs_gxx
+def test_bert(avx2):
+    check(bert(2, 8, 32, 4, ff=64), bert_feeds(2, 8, 50, 308, d=32), "cpu")
+
+
+@needs_gxx
+@pytest.mark.parametrize("size", [(1, 16, 12), (1, 16, 28)], ids=str)
+def test_resnet(avx2, size):
+    n, c, hw = size
+    check(resnet(n, c, hw), {"x": float_input(np.random.default_rng(100 + hw), (n, c, hw, hw), "fp32")}, "cpu")
+
+
+@needs_gxx
+@pytest.mark.parametrize("size", [(1, 12, 7), (1, 16, 28)], ids=str)
+def test_mbconv(avx2, size):
+    n, c, hw = size
+    check(mbconv(n, c, hw, act="hardswish"), {"x": float_input(np.random.default_rng(200 + hw), (n, c, hw, hw),
+                                                                "fp32")}, "cpu")
