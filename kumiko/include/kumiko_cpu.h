@@ -78,7 +78,8 @@
 /* kumiko_phase_row: a source row of n floats, with lo zeros in front of it and zeros past its end, dealt into
  * f phases of sc floats each: dst[ph * ps + q] = src[q * f + ph - lo], 0 where that index is outside [0, n).
  * A strided conv's stage (kumiko/kernel/stage.py) fills its rows with it; the two-phase rows (stride 2) are
- * deinterleaved 16 floats at a time on AVX-512 (two loads, one permute). */
+ * deinterleaved 16 floats at a time on AVX-512 (two loads, one permute), 8 at a time on AVX2 (two loads, a
+ * shuffle and a cross-lane permute). */
 KUMIKO_INLINE void kumiko_phase_row(float* KUMIKO_RESTRICT dst, long long ps, const float* KUMIKO_RESTRICT src,
                                     long long n, long long lo, long long sc, int f) {
     for (int ph = 0; ph < f; ph++) {
@@ -97,6 +98,16 @@ KUMIKO_INLINE void kumiko_phase_row(float* KUMIKO_RESTRICT dst, long long ps, co
             for (; q + 16 <= q1 && 2 * q + ph - lo + 32 <= n; q += 16) {
                 const float* s = src + 2 * q + ph - lo;
                 _mm512_storeu_ps(d + q, _mm512_permutex2var_ps(_mm512_loadu_ps(s), even, _mm512_loadu_ps(s + 16)));
+            }
+        }
+#elif defined(__AVX2__)
+        if (f == 2) {
+            for (; q + 8 <= q1 && 2 * q + ph - lo + 16 <= n; q += 8) {
+                const float* s = src + 2 * q + ph - lo;
+                /* a0 a2 b0 b2 | a4 a6 b4 b6, then its 64-bit pairs in the order 0 2 1 3 */
+                const __m256 e = _mm256_shuffle_ps(_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8), _MM_SHUFFLE(2, 0, 2, 0));
+                _mm256_storeu_ps(d + q, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e),
+                                                                              _MM_SHUFFLE(3, 1, 2, 0))));
             }
         }
 #endif
@@ -231,19 +242,23 @@ KUMIKO_INLINE uint16_t kumiko_f32_to_bf16(float f) {
 #define KUMIKO_EXP2_P1 6.931472028550421e-1f
 
 KUMIKO_INLINE float kumiko_exp2(float x) {
-    if (x != x) return x;
-    if (x <= -150.0f) return 0.0f;   /* 2^x <= 2^-150 rounds to 0; computing it would underflow (see kv_exp2) */
+    /* Branch-free, kv_exp2's AVX2 steps on one lane, so gcc can vectorize a loop of it without
+     * -fno-trapping-math: x clamped to [-150, 129] (a NaN stays NaN and makes p and the product NaN),
+     * n's integer read off the bits of x + 1.5 * 2^23, and a dead x (<= -150: 2^x rounds to 0) scaled by
+     * +0 instead of 2^k1, an exact 0 rather than an underflow (an assist on Intel cores). */
+    const uint32_t dead = x <= -150.0f ? 0xffffffffu : 0u;
     x = x > 129.0f ? 129.0f : x;
-    float n = (x + 12582912.0f) - 12582912.0f; /* rint for |x| < 2^22 (0x1.8p23 trick) */
-    float f = x - n;
+    x = x < -150.0f ? -150.0f : x;
+    const float t = x + 12582912.0f;
+    const float f = x - (t - 12582912.0f);  /* n = rint(x) for |x| < 2^22 (the 0x1.8p23 trick) */
     float p = KUMIKO_FMAF(KUMIKO_EXP2_P6, f, KUMIKO_EXP2_P5);
     p = KUMIKO_FMAF(p, f, KUMIKO_EXP2_P4);
     p = KUMIKO_FMAF(p, f, KUMIKO_EXP2_P3);
     p = KUMIKO_FMAF(p, f, KUMIKO_EXP2_P2);
     p = KUMIKO_FMAF(p, f, KUMIKO_EXP2_P1);
     p = KUMIKO_FMAF(p, f, 1.0f);
-    int32_t k = (int32_t)n, k1 = k >> 1, k2 = k - k1;   /* k1 = floor(k / 2), as kv_exp2's shift */
-    return p * kumiko_bits_f32((uint32_t)(k1 + 127) << 23) * kumiko_bits_f32((uint32_t)(k2 + 127) << 23);
+    const uint32_t k = kumiko_f32_bits(t) - 0x4B400000u, k1 = (uint32_t)((int32_t)k >> 1), k2 = k - k1;
+    return p * kumiko_bits_f32(((k1 + 127u) << 23) & ~dead) * kumiko_bits_f32((k2 + 127u) << 23);
 }
 
 /* erf in fp32 (max error 2.4 ulp against the float64 erf over [-6, 6] and down to 1e-30; kv_erf is the same
@@ -270,15 +285,15 @@ KUMIKO_INLINE float kumiko_exp2(float x) {
 #define KUMIKO_ERF_Q0 (-11.262853622436523f)
 
 KUMIKO_INLINE float kumiko_erff(float x) {
+    /* both sides computed and one selected, as kv_erf does: a loop of it vectorizes without
+     * -fno-trapping-math (gcc will not move a floating-point op that may trap out of a branch) */
     const float a = fabsf(x), s = x * x;
-    if (a <= KUMIKO_ERF_SPLIT) {
-        float p = KUMIKO_FMAF(KUMIKO_ERF_P5, s, KUMIKO_ERF_P4);
-        p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P3);
-        p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P2);
-        p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P1);
-        p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P0);
-        return KUMIKO_FMAF(p, x, x);
-    }
+    float p = KUMIKO_FMAF(KUMIKO_ERF_P5, s, KUMIKO_ERF_P4);
+    p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P3);
+    p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P2);
+    p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P1);
+    p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P0);
+    p = KUMIKO_FMAF(p, x, x);
     const float u = a - 2.5f;
     float q = KUMIKO_FMAF(KUMIKO_ERF_Q9, u, KUMIKO_ERF_Q8);
     q = KUMIKO_FMAF(q, u, KUMIKO_ERF_Q7);
@@ -290,8 +305,9 @@ KUMIKO_INLINE float kumiko_erff(float x) {
     q = KUMIKO_FMAF(q, u, KUMIKO_ERF_Q1);
     q = KUMIKO_FMAF(q, u, KUMIKO_ERF_Q0);
     q = q < 0.0f ? q : (q != q ? q : 0.0f);          /* min(q, 0), a NaN kept */
-    const float r = a >= 4.0f ? 1.0f : 1.0f - kumiko_exp2(q);
-    return copysignf(r, x);
+    const float e = 1.0f - kumiko_exp2(q);
+    const float r = a >= 4.0f ? 1.0f : e;
+    return a <= KUMIKO_ERF_SPLIT ? p : copysignf(r, x);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -54,12 +54,15 @@ def _lit_value(s: str) -> float | None:
     return {"INFINITY": math.inf, "(-INFINITY)": -math.inf}.get(s) or float(s[:-1])
 
 
-def _minmax_lit(fn: str, a: str, b: str, la: str | None, lb: str | None, pick) -> str | None:
+def _minmax_lit(fn: str, a: str, b: str, la: str | None, lb: str | None, pick, pick_tie=None) -> str | None:
     """numpy's ``maximum``/``minimum`` of ``a`` and ``b`` when one is a float literal ``L`` (its text ``la`` or
     ``lb``), as the one-instruction form ``pick(L, x)`` = ``L > x ? L : x`` (``<`` for min; x86's maxps/minps:
     a NaN ``x`` comes out, as numpy's). numpy gives its second operand on a tie: with ``L`` first that is
-    ``x``, as ``pick``; with ``L`` second it differs only for zeros of the other sign, so ``L = +0`` adds
-    ``+0`` (a ``-0`` becomes ``+0``, any other value is unchanged) and ``L = -0`` keeps the general form."""
+    ``x``, as ``pick``; with ``L`` second it differs only for zeros of the other sign, so ``L = +0`` takes
+    ``pick_tie(L, x)`` = ``x <= L ? L : x`` (``>=`` for min: L on a tie, a NaN ``x`` out), or adds ``+0`` to
+    ``pick`` (a ``-0`` becomes ``+0``, any other value is unchanged), and ``L = -0`` keeps the general form.
+    The scalar C takes the one select: gcc does not if-convert ``(L > x ? L : x) + 0`` on AVX2 (it moves the
+    add onto one arm, and an add may trap), so a ReLU6 epilogue stayed scalar."""
     if fn not in ("max", "min"):
         return None
     if la is not None and _lit_value(la) is not None:
@@ -67,7 +70,9 @@ def _minmax_lit(fn: str, a: str, b: str, la: str | None, lb: str | None, pick) -
     v = _lit_value(lb) if lb is not None else None
     if v is None or (v == 0 and math.copysign(1.0, v) < 0):
         return None
-    return pick(b, a) if v != 0 else f"({pick(b, a)} + {b})"
+    if v != 0:
+        return pick(b, a)
+    return pick_tie(b, a) if pick_tie is not None else f"({pick(b, a)} + {b})"
 
 
 def index(e, axes: set) -> str:
@@ -198,7 +203,9 @@ def binary(fn: str, a: str, b: str, ct: str) -> str:
         return op.c_small_int(a, int(n.group(1)), "1.0f")
     if ct == "float":
         sym = ">" if fn == "max" else "<"
-        lit = _minmax_lit(fn, a, b, a, b, lambda c, x: f"({c} {sym} ({x}) ? {c} : ({x}))")
+        tie = "<=" if fn == "max" else ">="
+        lit = _minmax_lit(fn, a, b, a, b, lambda c, x: f"({c} {sym} ({x}) ? {c} : ({x}))",
+                          lambda c, x: f"(({x}) {tie} {c} ? {c} : ({x}))")
         if lit is not None:
             return lit
     return op.spell(ct, a=a, b=b)

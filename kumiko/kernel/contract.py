@@ -94,8 +94,9 @@ class ContractionLowering(PanelPacking):
         #: ``a_check``; 3x3 convs at 14x14 and 7x7 with bound weights ran 0.86-0.95 of the time with it,
         #: ResNet-50 b1 0.977-0.985), or of a 1x1 conv (IN_PLACE_COLS)
         self.astage = None
-        adims = (stage_bounds(self.a.table) if self.stage is None and "a" not in self.pre
-                 and self.a.table.tensor in lo.cname else None)   # not a row pipe's P (held in its panels)
+        adims = stage_bounds(self.a.table) if self.stage is None and "a" not in self.pre else None
+        if adims is not None and self.a.table.tensor not in lo.cname:
+            adims = None            # a row pipe's P: held in the pipe's panels, not a buffer
         if adims is not None:
             st = Stage(adims, self.a.rows, tuple(a.name for a in c.k_axes), c.batch, lo.sizes,
                        lo.cname[self.a.table.tensor], self.mr, bool(self.a.table.guards), key="a")

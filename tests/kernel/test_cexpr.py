@@ -80,11 +80,13 @@ def test_small_integer_powers_are_multiplies_and_match_the_evaluator():
 def test_max_min_with_a_literal_are_one_instruction_forms():
     """``maximum(x, L)``/``minimum(x, L)`` with a float literal: ``L > x ? L : x`` (maxps/minps), not the
     general NaN-aware compare-and-blend, which gcc vectorised into ~35 instructions a vector in a GEMM's
-    ReLU6 epilogue. ``L = +0`` on the right adds ``+0`` (numpy's tie gives the second operand); ``-0`` and
-    non-literals keep the general form."""
+    ReLU6 epilogue. ``L = +0`` on the right is ``x <= L ? L : x`` (numpy's tie gives the second operand; one
+    select, which gcc if-converts on AVX2 where it would not ``(0 > x ? 0 : x) + 0``), and the vector form adds
+    ``+0``; ``-0`` and non-literals keep the general form."""
     assert C.binary("max", "x", "6.0f", "float") == "(6.0f > (x) ? 6.0f : (x))"
     assert C.binary("min", "1e-05f", "x", "float") == "(1e-05f < (x) ? 1e-05f : (x))"
-    assert C.binary("max", "x", "0.0f", "float") == "((0.0f > (x) ? 0.0f : (x)) + 0.0f)"
+    assert C.binary("max", "x", "0.0f", "float") == "((x) <= 0.0f ? 0.0f : (x))"
+    assert C.binary("min", "x", "0.0f", "float") == "((x) >= 0.0f ? 0.0f : (x))"
     assert C.binary("max", "x", "-0.0f", "float") == "kk_maxf(x, -0.0f)"
     assert C.binary("max", "x", "y", "float") == "kk_maxf(x, y)"
     assert C.vbinary("min", "v", "kv_broadcast(6.0f)", "f") == "kv_min(kv_broadcast(6.0f), v)"

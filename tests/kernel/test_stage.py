@@ -382,7 +382,11 @@ def test_a_stage_falls_back_to_packing_for_short_rows(monkeypatch):
     """Output rows of 3 pixels: an 8- or 12-row panel spans three or more runs of the stage, so the A panels
     are packed as before (the same results)."""
     x, w = Tensor.input("x", (1, 7, 9, 3)), Tensor.input("w", (32, 7, 3, 3))
-    assert _a_staged(monkeypatch, x.conv2d(w, padding=1).graph("y"), None) == 0
+    g = x.conv2d(w, padding=1).graph("y")
+    (plan,) = _channels_in_lanes(g)._run.plans.values()
+    if plan.register_block.mr <= 2 * 3:
+        pytest.skip(f"this machine's micro-tile ({plan.register_block}) spans at most two rows: it stages them")
+    assert _a_staged(monkeypatch, g, None) == 0
 
 
 def test_strided_pixels_on_the_a_side_stay_packed():

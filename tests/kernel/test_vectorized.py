@@ -1,11 +1,13 @@
 """The elementwise loops the CPU backend marks ``#pragma omp simd`` (fused epilogues, stage outputs) are
 vectorized by gcc on every ISA we build for, AVX2 machines (Zen, Haswell: ``-march=x86-64-v3``) included.
 
-With gcc's default ``-ftrapping-math`` a clamp such as ``max(x, 0) + 0`` then ``min(., 6)`` (ReLU6, with
-the sign of zero normalised) is not if-converted on AVX2: the add sits on one arm of the select and may
-raise a floating-point exception, so the loop stayed scalar ("control flow in loop"). On a Zen 3 that made
-MobileNetV2's 1x1 expand convs 3.7x slower than onnxruntime's; AVX-512 machines hid it with masked stores.
-The kernels build with ``-fno-trapping-math`` (values are unchanged: it only lets gcc ignore exception flags).
+With gcc's default ``-ftrapping-math`` a select followed by arithmetic (a ReLU6 clamp then ``+ 0``; exp2's
+clamp of its argument then ``x + 1.5 * 2^23``) is not if-converted on AVX2: gcc moves the arithmetic onto
+the select's arms, and an add may raise a floating-point exception, so the loop stayed scalar ("control flow
+in loop"). On a Zen 3 that made MobileNetV2's 1x1 expand convs 3.7x slower than onnxruntime; AVX-512 hid it
+with masked operations. The kernels build with ``-fno-trapping-math`` (values are unchanged: gcc may ignore
+exception flags, as clang does by default), and ``kumiko_exp2`` is branch-free, so a dead lane (2^x below
+2^-150) is still an exact 0 and not an underflow when gcc vectorizes it (``test_cpu_header``).
 """
 from __future__ import annotations
 
@@ -63,6 +65,7 @@ GRAPHS = {
     "conv1x1_relu6": lambda: kumiko.from_onnx(conv_clip(16, 96, 56, 1)),
     "conv3x3_relu6": lambda: kumiko.from_onnx(conv_clip(8, 32, 30, 3)),
     "mlp_gelu": lambda: kumiko.load(EXAMPLES / "mlp_subgraphs.kumiko"),
+    "conv_silu": lambda: kumiko.load(EXAMPLES / "conv3x3_s2_p1_silu.kumiko"),
     "gemm_bias_relu": lambda: kumiko.load(EXAMPLES / "gemm_bias_relu.json"),
 }
 
@@ -78,5 +81,5 @@ def test_simd_loops_are_vectorized(name, march, tmp_path, monkeypatch):
 
 
 def test_the_build_ignores_floating_point_exceptions():
-    """What lets the clamps vectorize; contraction stays off (see test_wrong_answers)."""
+    """What lets the selects vectorize; contraction stays off (see test_wrong_answers)."""
     assert "-fno-trapping-math" in DEFAULT_FLAGS and "-ffp-contract=off" in DEFAULT_FLAGS

@@ -520,7 +520,8 @@ def test_masks_affine_lanes_and_bools(mod):
                                       (33, 0, 1), (64, 5, 4), (1, 1, 2)])
 def test_phase_rows_deal_a_row_into_its_phases(mod, n, lo, f):
     """kumiko_phase_row: dst[ph][q] = src[q * f + ph - lo] inside the source, 0 around it (a stride-f conv's
-    stage row), for pads in front and behind, rows shorter than a vector, and the AVX-512 two-phase path."""
+    stage row), for pads in front and behind, rows shorter than a vector, and the AVX-512 and AVX2 two-phase
+    paths."""
     src = np.random.default_rng(n + lo).standard_normal(n).astype(np.float32)
     sc = (n + 2 * lo + f - 1) // f
     dst = np.full((f, sc), np.nan, np.float32)
