@@ -32,9 +32,10 @@ def machine_arch(features: dict) -> tuple[str, int]:
 
 
 #: padding of the A side's rows to a multiple of MR that a micro-tile's extra rows are worth (beyond it, a
-#: smaller MR that wastes less wins: a 64-row conv weight on 12-row tiles computes 72 rows). On a 2-core
-#: Zen 1 (AVX2), W3's 64 conv weights ran 3% faster as 4 x 24 tiles (64 rows) than as 6 x 16 (66 rows, 3%
-#: padding), while 1024-row GEMMs ran as fast either way.
+#: smaller MR that wastes less wins: a 64-row conv weight on 12-row tiles computes 72 rows). AVX-512 only:
+#: AVX2's 16 registers leave 6 x 16 as the one tile that runs at speed. On a 2-core Zen 3, 6 x 16 ran
+#: 0.72-0.79 of 4 x 24's time on 128-row (BERT's Linears: 3% padding), 64-row, 49-row (10% padding) and
+#: 196-row GEMMs (in-process A/B); a Zen 1 had once run 64 rows 3% faster as 4 x 24.
 MAX_PAD = 0.02
 
 
@@ -45,8 +46,8 @@ def _balance(units: int, threads: int) -> float:
 
 def micro_tile(vw: int, rows: int | None = None, cols: int | None = None, threads: int = 1) -> tuple[int, int]:
     """(MR, NR) for ``rows`` rows on the A side (None: not known when compiling). NR is 2 vectors; MR the
-    largest the registers allow (12 with 32 vector registers, 6 with 16) unless that pads a known row count
-    by more than MAX_PAD, when the candidate (that one or two thirds of it) padding least is taken. A
+    largest the registers allow (12 with 32 vector registers, 6 with 16) unless, off AVX2, that pads a known
+    row count by more than MAX_PAD, when the candidate (that one or two thirds of it) padding least is taken. A
     smaller MR keeps the accumulator budget (MR x 2 vectors): NR grows to as many vectors as fit in it
     (8 rows x 3 vectors on AVX-512), so each k still issues as many multiply-adds per load, which matters
     where B's loads are unaligned (a staged operand read in place).
@@ -67,7 +68,7 @@ def micro_tile(vw: int, rows: int | None = None, cols: int | None = None, thread
             if rows and (-rows % m) / rows > MAX_PAD and rows % (m - 1) == 0:    # one row fewer pads nothing
                 m -= 1                                                              # (49 rows: 7 x 48)
             return m, nv * vw
-    if rows is None or rows <= 0:
+    if rows is None or rows <= 0 or vw == 8:
         return mr, nr
     cands = (mr, mr * 2 // 3)
 
