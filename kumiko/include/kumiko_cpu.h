@@ -242,10 +242,11 @@ KUMIKO_INLINE uint16_t kumiko_f32_to_bf16(float f) {
 #define KUMIKO_EXP2_P1 6.931472028550421e-1f
 
 KUMIKO_INLINE float kumiko_exp2(float x) {
-    /* Branch-free, kv_exp2's AVX2 steps on one lane, so gcc can vectorize a loop of it without
-     * -fno-trapping-math: x clamped to [-150, 129] (a NaN stays NaN and makes p and the product NaN),
-     * n's integer read off the bits of x + 1.5 * 2^23, and a dead x (<= -150: 2^x rounds to 0) scaled by
-     * +0 instead of 2^k1, an exact 0 rather than an underflow (an assist on Intel cores). */
+    /* Branch-free, kv_exp2's AVX2 steps on one lane, so a loop of it vectorizes (the kernels build with
+     * -fno-trapping-math, which lets gcc compute both arms of a select) without an underflow: x clamped to
+     * [-150, 129] (a NaN stays NaN and makes p and the product NaN), n's integer read off the bits of
+     * x + 1.5 * 2^23, and a dead x (<= -150: 2^x rounds to 0) scaled by +0 instead of 2^k1, an exact 0
+     * rather than an underflow (an assist on Intel cores). */
     const uint32_t dead = x <= -150.0f ? 0xffffffffu : 0u;
     x = x > 129.0f ? 129.0f : x;
     x = x < -150.0f ? -150.0f : x;
@@ -285,8 +286,8 @@ KUMIKO_INLINE float kumiko_exp2(float x) {
 #define KUMIKO_ERF_Q0 (-11.262853622436523f)
 
 KUMIKO_INLINE float kumiko_erff(float x) {
-    /* both sides computed and one selected, as kv_erf does: a loop of it vectorizes without
-     * -fno-trapping-math (gcc will not move a floating-point op that may trap out of a branch) */
+    /* both sides computed and one selected, as kv_erf does: a loop of it has no branch to if-convert, and
+     * its exp2 of a dead q is an exact 0 (kumiko_exp2) */
     const float a = fabsf(x), s = x * x;
     float p = KUMIKO_FMAF(KUMIKO_ERF_P5, s, KUMIKO_ERF_P4);
     p = KUMIKO_FMAF(p, s, KUMIKO_ERF_P3);

@@ -2,9 +2,9 @@
 
 The machine decides the vector width (AVX-512: 16 floats, AVX2: 8, else 4 with SSE/NEON vectors) and
 from it the register micro-tile: MR x NR with NR = 2 vectors and MR as large as the vector registers
-allow (MR*2 accumulators + 2 B vectors + 1 broadcast <= the register count), or two thirds of that when a
-row count known at compile time would otherwise be padded by more than 2%, or a divisor of it (a conv's
-7x7 pixels: 7 x 64) when that pads too (``micro_tile``). Which operand the lanes hold follows the region
+allow (MR*2 accumulators + 2 B vectors + 1 broadcast <= the register count), or on AVX-512 two thirds of
+that when a row count known at compile time would otherwise be padded by more than 2%, or a divisor of it
+(a conv's 7x7 pixels: 7 x 64) when that pads too (``micro_tile``; AVX2 keeps 6 x 16, its fast tile). Which operand the lanes hold follows the region
 (``orient``), unless the other side pads the tiles less and is a constant (``_orientation``). Cache blocks
 follow the usual analysis for a 32 KiB L1 / >= 512 KiB L2: a KC x NR panel of B stays in L1 (KC = 256), an
 MC x KC block of A in L2 (MC a multiple of MR near 120), NC large. These are upper bounds: the kernel
