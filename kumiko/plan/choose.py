@@ -1,20 +1,19 @@
 """Choosing a Plan for each region of a Program on the CPU.
 
-The machine decides the vector width (AVX-512: 16 floats, AVX2: 8, else 4 with SSE/NEON vectors) and
-from it the register micro-tile: MR x NR with NR = 2 vectors and MR as large as the vector registers
-allow (MR*2 accumulators + 2 B vectors + 1 broadcast <= the register count), or on AVX-512 two thirds of
-that when a row count known at compile time would otherwise be padded by more than 2%, or a divisor of it
-(a conv's 7x7 pixels: 7 x 64) when that pads too (``micro_tile``; AVX2 keeps 6 x 16, its fast tile). Which operand the lanes hold follows the region
-(``orient``), unless the other side pads the tiles less and is a constant (``_orientation``). Cache blocks
-follow the usual analysis for a 32 KiB L1 / >= 512 KiB L2: a KC x NR panel of B stays in L1 (KC = 256), an
-MC x KC block of A in L2 (MC a multiple of MR near 120), NC large. These are upper bounds: the kernel
-evens the blocks out at run time (equal K blocks, the rows of each thread in equal MR-multiples, N blocks
-of whole window groups when a pooling window is fused). A region whose structure is a contraction (found
-by the region analysis, ``kumiko.region.analysis.find_contraction``, never by op name) gets the packed
-algorithm; every other region the generic loop nest with its outer loops in parallel. A packed plan also
-says how the kernel blocks K (``k_blocks``) and which axis its threads split (``bind.split``), from the
-sizes and which operands read only ``constants`` (pre-packed): ``kumiko.plan.packed``.
-"""
+The machine decides the vector width (AVX-512: 16 floats, AVX2: 8, else 4 with SSE/NEON vectors) and from it
+the register micro-tile: MR x NR with NR = 2 vectors and MR as large as the vector registers allow (MR*2
+accumulators + 2 B vectors + 1 broadcast <= the register count), or (not on AVX2, whose fast tile is 6 x 16)
+two thirds of that when a row count known at compile time would otherwise be padded by more than 2%, or a
+divisor of it (a conv's 7x7 pixels: 7 x 64) when that pads too (``micro_tile``). Which operand the lanes hold
+follows the region (``orient``), unless the other side pads the tiles less and is a constant
+(``_orientation``). Cache blocks follow the usual analysis for a 32 KiB L1 / >= 512 KiB L2: a KC x NR panel of
+B stays in L1 (KC = 256), an MC x KC block of A in L2 (MC a multiple of MR near 120), NC large. These are
+upper bounds: the kernel evens the blocks out at run time (equal K blocks, the rows of each thread in equal
+MR-multiples, N blocks of whole window groups when a pooling window is fused). A region whose structure is a
+contraction (found by the region analysis, ``kumiko.region.analysis.find_contraction``, never by op name) gets
+the packed algorithm; every other region the generic loop nest with its outer loops in parallel. A packed plan
+also says how the kernel blocks K (``k_blocks``) and which axis its threads split (``bind.split``), from the
+sizes and which operands read only ``constants`` (pre-packed): ``kumiko.plan.packed``."""
 from __future__ import annotations
 
 from kumiko.plan.packed import k_blocks_rule, n_block_padded, prepackable, split_rule
@@ -32,8 +31,8 @@ def machine_arch(features: dict) -> tuple[str, int]:
 
 
 #: padding of the A side's rows to a multiple of MR that a micro-tile's extra rows are worth (beyond it, a
-#: smaller MR that wastes less wins: a 64-row conv weight on 12-row tiles computes 72 rows). AVX-512 only:
-#: AVX2's 16 registers leave 6 x 16 as the one tile that runs at speed. On a 2-core Zen 3, 6 x 16 ran
+#: smaller MR that wastes less wins: a 64-row conv weight on 12-row tiles computes 72 rows). Not on AVX2:
+#: its 16 registers leave 6 x 16 as the one tile that runs at speed. On a 2-core Zen 3, 6 x 16 ran
 #: 0.72-0.79 of 4 x 24's time on 128-row (BERT's Linears: 3% padding), 64-row, 49-row (10% padding) and
 #: 196-row GEMMs (in-process A/B); a Zen 1 had once run 64 rows 3% faster as 4 x 24.
 MAX_PAD = 0.02

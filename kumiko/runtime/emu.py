@@ -213,7 +213,7 @@ _launch_locks: dict[str, threading.Lock] = {}
 _compile_locks: dict[str, threading.Lock] = {}
 
 
-def _launch_lock(path: Path, table: dict[str, threading.Lock] = _launch_locks) -> threading.Lock:
+def _lock_for(path: Path, table: dict[str, threading.Lock] = _launch_locks) -> threading.Lock:
     with _build_lock:
         return table.setdefault(str(path), threading.Lock())
 
@@ -243,7 +243,7 @@ def build(source: str, config: EmuConfig | None = None, *, name: str = "kernel",
     lib = root / f"{key}.so"
     srcdir = root / key
     what = "cache hit"
-    with _launch_lock(lib, _compile_locks):
+    with _lock_for(lib, _compile_locks):
         if not lib.is_file():
             clear_path(lib)            # a directory squatting the library's name
             t0 = time.perf_counter()
@@ -473,7 +473,7 @@ class EmuModule:
             argv, keep = emu_worker.pack_args(sig, list(args), [x.address if x else None for x in guarded])
         except emu_worker.ArgError as e:
             raise KumikoError("E1703", at=kernel, why=str(e), signature=",".join(sig)) from None
-        with _launch_lock(self.path):
+        with _lock_for(self.path):
             emu_worker.configure(lib, self.config.runtime_options())
             t0, c0 = time.perf_counter(), time.process_time()
             rc, err, stats = emu_worker.call(lib, launch, g, b, int(smem), argv)
