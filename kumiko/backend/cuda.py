@@ -13,12 +13,8 @@ from kumiko import knobs
 from kumiko.backend import Backend, Options, override_plans, refuse_tune
 from kumiko.diagnostics import KumikoError
 from kumiko.kernel.abi import Launch, program_symbols
-from kumiko.kernel.gpu_attention import (
-    find_attention_pair,
-    lower_attention,
-    pair_attention,
-    pair_buffers,
-)
+from kumiko.kernel.attention_pair import find_attention_pair, pair_attention
+from kumiko.kernel.gpu_attention import lower_attention, pair_buffers
 from kumiko.kernel.gpu_attention_sm90 import lower_attention_sm90
 from kumiko.kernel.gpu_ir import SimtKernel, ir_json
 from kumiko.kernel.gpu_mma import lower_mma

@@ -1,5 +1,5 @@
 """Fused streaming attention on SM90 (FlashAttention-3 structure), from the same attention Region pair as the SM80
-kernel (``gpu_attention``: ``find_attention_pair``, ``pair_code``), as SM90 GPU IR (``gpu_ir_sm90``).
+kernel (``attention_pair.find_attention_pair``, ``gpu_attention.pair_code``), as SM90 GPU IR (``gpu_ir_sm90``).
 
 One CTA owns ``BM = 64 * consumers`` query rows of one batch point (grid: query blocks x batch points):
 
@@ -33,15 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_attention import (
-    HEAD_DIMS_SM90,
-    MAX_BATCH_DIMS,
-    AttentionPair,
-    operand_maps,
-    operand_reads,
-    pair_code,
-    pair_note,
-)
+from kumiko.kernel.attention_pair import HEAD_DIMS_SM90, MAX_BATCH_DIMS, AttentionPair, operand_maps, operand_reads
+from kumiko.kernel.gpu_attention import pair_code, pair_note
 from kumiko.kernel.gpu_ir_sm90 import (
     BarDecl,
     BarRef,

@@ -257,7 +257,7 @@ def choose_gpu_plan(region: Region, arch: str, syms: tuple) -> Plan:
         barrier_model="cp_async_group", threads=mma_threads((bm, bn), f"{wm}x{wn}"), split_k=split)
 
 
-# -- the attention pair's plans (made by kernel.gpu_attention.pair_attention) -------------------------------
+# -- the attention pair's plans (made by kernel.attention_pair.pair_attention) ------------------------------
 #: the producer plan's algo (``algo_choice.contraction``) and the consumer's (``algo_choice.region``)
 STREAMING = "streaming_softmax"
 FUSED = "fused"

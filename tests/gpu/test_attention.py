@@ -13,7 +13,8 @@ import kumiko
 from kumiko import Tensor
 from kumiko.accuracy import bound
 from kumiko.diagnostics import KumikoError
-from kumiko.kernel.gpu_attention import AttentionKernel, LoadBlock, OnlineSoftmax, find_attention_pair
+from kumiko.kernel.attention_pair import find_attention_pair
+from kumiko.kernel.gpu_attention import AttentionKernel, LoadBlock, OnlineSoftmax
 from kumiko.kernel.gpu_ir import Barrier, KLoop
 from kumiko.kernel.gpu_ir_sm90 import (
     For,
