@@ -317,10 +317,11 @@ def _compose(acc: Access, f) -> Access:
     return Access(acc.value_id, v.exprs if acc.map is not None else None, v.pieces, acc.tensor, acc.note)
 
 
-def poly_view(book: IndexBook) -> PolyView:
-    """Poly-View of an IndexBook (warnings are emitted and also kept in ``diagnostics``)."""
+def poly_view(book: IndexBook, emit: bool = True) -> PolyView:
+    """Poly-View of an IndexBook (warnings are kept in ``diagnostics``, and emitted unless ``emit`` is
+    False: a view built to answer one question about part of a graph)."""
     view = _Builder(book).build()
-    for d in view.diagnostics:
+    for d in view.diagnostics if emit else ():
         if d.is_warning:
             from kumiko.diagnostics import warn
             warn(d.code, at=d.at, why=d.why, **d.details)

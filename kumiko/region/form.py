@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 from kumiko import dtypes, ops
 from kumiko.region.index import injective, move_index
+from kumiko.region.pairview import compute_at_verdict
 from kumiko.region.srnf import children, normalize
 from kumiko.region.ssa import (
     Axis,
@@ -181,7 +182,6 @@ class Former:
         self._cheap: dict[str, bool] = {}
         self._wide: dict[str, frozenset | None] = {}     # nid -> the comparable tensors it reads; None: too many
         self._poly: dict = {}
-        self._view = None
         self.fused_by_poly: list[str] = []
 
     def _compute_users(self) -> dict[str, set]:
@@ -287,31 +287,11 @@ class Former:
 
     def poly_verdict(self, producer: str, consumer: str) -> tuple[bool, str] | None:
         """Poly Core's compute-at report: legal and no recompute (buffer class ``reg``: each producer
-        element used by one consumer point). None when Poly Core cannot analyse the pair (non-SCoP)."""
+        element used by one consumer point). None when Poly Core cannot analyse the pair (non-SCoP).
+        Asked of the pair's own subgraph (``pairview``), cached by its shape."""
         key = (producer, consumer)
         if key not in self._poly:
-            try:
-                if self._view is None:
-                    from kumiko.indexbook import build_indexbook
-                    from kumiko.poly import poly_view
-                    self._view = poly_view(build_indexbook(self.g))
-                from kumiko.poly import compute_at
-                pb = self._view.blocks.get(producer) or self._view.block_of_value(producer)
-                cb = self._view.blocks.get(consumer) or self._view.block_of_value(consumer)
-                if pb is None or cb is None or pb.name == cb.name:
-                    raise LookupError("not two statements")   # part of the consumer's own statement
-                ca = compute_at(self._view, producer, consumer, all_footprints=False)
-            except Exception:    # noqa: BLE001 - a value outside the SCoP: fall back to the index check
-                self._poly[key] = None
-            else:
-                buf = dict(ca.min_buffer).get("buffer") if ca.min_buffer else None
-                if not ca.ok:
-                    self._poly[key] = (False, ca.diagnostic.why if ca.diagnostic else "illegal")
-                elif buf != "reg":
-                    self._poly[key] = (False, f"minimum buffer {buf}: " +
-                                       str(dict(ca.min_buffer).get("why", "producer elements are reused")))
-                else:
-                    self._poly[key] = (True, str(dict(ca.min_buffer).get("why", "no recompute")))
+            self._poly[key] = compute_at_verdict(self.g, producer, consumer)
         return self._poly[key]
 
     def compute(self, b: _Build, n: Node, index: tuple, scope: tuple) -> RExpr:
