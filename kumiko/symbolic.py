@@ -180,7 +180,7 @@ class Expr:
         rest = Expr(rest.terms, rest.const - q * t)
         if rest.is_const:
             return whole + (rest.const // q) + t
-        inner = _lone_floor(rest)
+        inner = lone_floor(rest)
         if inner is not None:
             # floor((floor(x/a) + c)/q) = floor((x + a*c)/(a*q)): nested divisions flatten
             return whole + t + (inner.num + inner.den * rest.const).floordiv(inner.den * q)
@@ -288,7 +288,7 @@ class Expr:
         return str(self)
 
 
-def _lone_floor(e: "Expr") -> FloorDiv | None:
+def lone_floor(e: "Expr") -> FloorDiv | None:
     """``A`` when ``e`` is ``A + c`` for one floor atom ``A`` with coefficient 1 and a constant ``c``."""
     if len(e.terms) == 1:
         (m, c), = e.terms
@@ -358,7 +358,7 @@ def _floor_in(num: "Expr", q: int, ranges: Mapping[str, Interval]) -> "Expr":
     ``i mod q = i``); with a smaller ``c`` it is ``floor((6*a + b)/12) = floor(a/2)`` for ``0 <= b < 6``."""
     if q == 1:
         return num
-    inner = _lone_floor(Expr(num.terms, 0))
+    inner = lone_floor(Expr(num.terms, 0))
     if inner is not None:     # floor((floor(x/a) + c)/q) = floor((x + a*c)/(a*q))
         return _floor_in(inner.num + inner.den * num.const, inner.den * q, ranges)
     for c in _divisors(q):

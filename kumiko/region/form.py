@@ -117,6 +117,7 @@ class _Build:
     consumers: list = field(default_factory=list)   # the reductions being built, innermost last
     depth: int = 0                                  # nested ``inline`` calls in progress (R-depth)
     contraction: str | None = None                  # the top-level contraction this region holds (R-contract)
+    points: dict = field(default_factory=dict)      # nid -> the point a value holding a reduction is built at
 
 
 def _free(index: tuple) -> set:
@@ -244,8 +245,15 @@ class Former:
         if key in b.shared:
             return Ref(b.shared[key])
         inside = len(scope) > len(b.iters)
-        if inside and nid != b.root and not self.cheap(nid):
-            self.check_fusable(b, nid, index, scope)
+        if nid != b.root and not self.cheap(nid):
+            # a value holding a reduction is built at one point of a kernel: at a second one (a channel
+            # window under pad guards, LRN's sum of shifted squares) it would be recomputed, its whole
+            # reduction again, for each (seed 001 §6.7.6): materialised once instead
+            if b.points.setdefault(nid, key[1]) != key[1]:
+                raise NeedsRoot(nid, "R-fanout", f"{nid} holds a reduction and is needed at two different "
+                                "points of one kernel: materialised once")
+            if inside:
+                self.check_fusable(b, nid, index, scope)
         b.inlined.add(nid)
         expr = self.compute(b, n, index, scope)
         # a value valid only under a guard stays in the guarded branch: as a top-level let it would be

@@ -12,7 +12,7 @@ from typing import Mapping
 
 from kumiko.indexbook.build import NonAffineStep, step_map
 from kumiko.indexbook.expr import axis_var
-from kumiko.symbolic import Expr, iter_ranges, simplify
+from kumiko.symbolic import Expr, iter_ranges, lone_floor, simplify
 from kumiko.tiny.ir import Node, TinyGraph
 
 
@@ -58,13 +58,29 @@ def linear(index: tuple, shape: tuple) -> Expr:
     return off
 
 
+def _merge_divmod(index: tuple) -> list[Expr]:
+    """``index`` with each pair of components ``floor(X/q) + c`` and ``X - q*floor(X/q)`` (an axis split by a
+    reshape: a grouped conv's channel is ``(g, c) = (floor(i/C), i mod C)``) replaced by ``X`` and 0. The pair
+    is a bijection of ``X``, so the index is injective exactly when the merged one is."""
+    exprs = [Expr.lift(e) for e in index]
+    for j, e in enumerate(exprs):
+        a = lone_floor(e)
+        if a is None:
+            continue
+        rem = a.num - a.den * (e - e.const)
+        k = next((k for k, f in enumerate(exprs) if k != j and f == rem), None)
+        if k is not None:
+            exprs[j], exprs[k] = a.num, Expr.lift(0)
+    return exprs
+
+
 def injective(index: tuple, sizes: dict) -> bool:
     """Is ``point -> index`` injective over the box of ``sizes``? Every axis must appear, in one index
     expression only, and within an expression the terms sorted by |coefficient| must not overlap
-    (each term's span stays below the next coefficient). Conservative with symbolic extents."""
+    (each term's span stays below the next coefficient); an axis split in two components by floor and
+    remainder counts as one (``_merge_divmod``). Conservative with symbolic extents."""
     seen: set[str] = set()
-    for e in index:
-        e = Expr.lift(e)
+    for e in _merge_divmod(index):
         terms = []
         for name in sorted(e.symbols()):
             if name not in sizes:
