@@ -11,11 +11,12 @@ stated, deterministic rules (each recorded in the region's notes for ``kumiko ex
 - R-contract a value holding a reduction, read inside another reduction over axes it lacks (a
              contraction operand: inlining would recompute it per missing axis), is materialised;
              ``deferred`` when it has a single consumer (seed 001 §6.8.3: attention's P).
-- R-contract a second contraction (a sum of products whose two factors each lack one of the region's
-             iters: a GEMM or a convolution) at the top level of a region that already holds one is
-             materialised: a kernel runs one contraction's micro-kernel, and a second one would run as
-             scalar loops in its epilogue (ResNet's downsampling shortcut added to the block's last 1x1
-             conv: 28 ms fused, under 1 ms as a kernel of its own).
+- R-contract a second contraction (a sum of products whose two factors each lack one of the axes in
+             scope: a GEMM or a convolution) anywhere in a region that already holds one is materialised:
+             a kernel runs one contraction's micro-kernel, and a second one would run as scalar loops in
+             its epilogue (ResNet's downsampling shortcut added to the block's last 1x1 conv: 28 ms fused,
+             under 1 ms as a kernel of its own); so is a contraction under a pad guard (a Concat branch):
+             the micro-kernel computes all of its kernel's output.
 - R-window   a value holding a reduction, read inside another reduction with all of its axes, is fused
              (computed at the consumer) when Poly Core's compute-at report says it is legal and needs
              no recompute (buffer class ``reg``: Conv -> ReLU -> MaxPool 2x2/2); otherwise (overlapping
@@ -28,7 +29,9 @@ stated, deterministic rules (each recorded in the region's notes for ``kumiko ex
              comparable size), else materialised once. Without the width bound a transformer's residual
              stream, an add chain through every layer, was recomputed from all of its terms in every
              LayerNorm: quadratic in the depth. Inside one region a value is never
-             recomputed: the same (value, index) is one shared let (seed 001 §6.7.6).
+             recomputed: the same (value, index) is one shared let (seed 001 §6.7.6), and a value
+             holding a reduction needed at a second point of one region (LRN's shifted channels under
+             pad guards) is materialised.
 - R-reshape  a reshape that merges symbolic axes has no affine inverse: its source is materialised and
              read through its flat row-major offset.
 - R-depth    a value ``MAX_DEPTH`` nested inlinings below its region's root is materialised: every pass
@@ -338,10 +341,14 @@ class Former:
         b.consumers.append(n.id)
         body = self.inline(b, n.src[0], tuple(body_index), inner)
         b.consumers.pop()
-        if op == "sum" and len(scope) == len(b.iters) and _contraction(body, b.iters, b.sizes):
+        if op == "sum" and _contraction(body, scope, b.sizes):
             if b.contraction is not None and b.contraction != n.id:
                 raise NeedsRoot(n.id, "R-contract", f"{n.id} is a second contraction in the kernel of {b.root} "
                                 f"(which holds {b.contraction}): a kernel runs one contraction")
+            if b.guarded:
+                raise NeedsRoot(n.id, "R-contract", f"{n.id} is a contraction under a pad guard (a Concat's "
+                                f"part, a Pad's interior) in the kernel of {b.root}: a kernel's contraction "
+                                "covers all of its output")
             b.contraction = n.id
         return Reduce(op, tuple(axes), _neutral(n.arg["op"], n.dtype), n.dtype, body)
 
