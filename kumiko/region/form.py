@@ -16,7 +16,8 @@ stated, deterministic rules (each recorded in the region's notes for ``kumiko ex
              a kernel runs one contraction's micro-kernel, and a second one would run as scalar loops in
              its epilogue (ResNet's downsampling shortcut added to the block's last 1x1 conv: 28 ms fused,
              under 1 ms as a kernel of its own); so is a contraction under a pad guard (a Concat branch):
-             the micro-kernel computes all of its kernel's output.
+             the micro-kernel computes all of its kernel's output; and one inside another reduction in a
+             region that also reduces over its own iters (SqueezeNet's conv -> pool -> channel softmax).
 - R-window   a value holding a reduction, read inside another reduction with all of its axes, is fused
              (computed at the consumer) when Poly Core's compute-at report says it is legal and needs
              no recompute (buffer class ``reg``: Conv -> ReLU -> MaxPool 2x2/2); otherwise (overlapping
@@ -121,6 +122,8 @@ class _Build:
     depth: int = 0                                  # nested ``inline`` calls in progress (R-depth)
     contraction: str | None = None                  # the top-level contraction this region holds (R-contract)
     points: dict = field(default_factory=dict)      # nid -> the point a value holding a reduction is built at
+    rows: bool = False                              # a reduction over the region's iters (§6.8.3 row form)
+    nested: str | None = None                       # a contraction built inside another reduction
 
 
 def _free(index: tuple) -> set:
@@ -345,6 +348,9 @@ class Former:
             if b.contraction is not None and b.contraction != n.id:
                 raise NeedsRoot(n.id, "R-contract", f"{n.id} is a second contraction in the kernel of {b.root} "
                                 f"(which holds {b.contraction}): a kernel runs one contraction")
+            if len(scope) > len(b.iters):
+                b.nested = n.id
+                self.nested_under_rows(b)
             if b.guarded:
                 raise NeedsRoot(n.id, "R-contract", f"{n.id} is a contraction under a pad guard (a Concat's "
                                 f"part, a Pad's interior) in the kernel of {b.root}: a kernel's contraction "
@@ -383,12 +389,22 @@ class Former:
                 return None
             nid = self.g.nodes[nid].src[0]
         body = self.g.nodes[nid]
-        if (nid, _unit_free(idx, body.shape, b.sizes)) in b.shared:
-            return tuple(axes), tuple(body_index)
-        if lacks and not b.guarded and body.uop not in ("INPUT", "CONST") and nid not in self.roots \
-                and not self.cheap(nid) and _top_level(idx, body.shape, b.iters):
+        if (nid, _unit_free(idx, body.shape, b.sizes)) in b.shared or (
+                lacks and not b.guarded and body.uop not in ("INPUT", "CONST") and nid not in self.roots
+                and not self.cheap(nid) and _top_level(idx, body.shape, b.iters)):
+            b.rows = True
+            self.nested_under_rows(b)
             return tuple(axes), tuple(body_index)
         return None
+
+    @staticmethod
+    def nested_under_rows(b: _Build) -> None:
+        """A contraction inside another reduction (a conv under a global pool) in a region that also reduces
+        over its own iters (a softmax over the pooled channels) would run as scalar loops: materialised."""
+        if b.rows and b.nested is not None:
+            raise NeedsRoot(b.nested, "R-contract", f"{b.nested} is a contraction inside another reduction in "
+                            f"the kernel of {b.root}, which reduces over its own iters (a softmax over a conv's "
+                            "pooled channels): it runs as its own kernel's micro-kernel")
 
     def movement(self, b: _Build, n: Node, index: tuple, scope: tuple) -> RExpr:
         src_index, guards = move_index(self.g, n, index, b.sizes)
