@@ -82,7 +82,7 @@ def pair_graph(g: TinyGraph, producer: str, consumer: str) -> tuple[TinyGraph, t
         if n.uop == "MUL" and not set(users[nid]) <= keep:
             # read outside the pair too: a stand-in reader keeps it a block of its own, not merged into
             # the REDUCE that sums it (Poly-View merges a MUL only when that REDUCE is its one reader)
-            sink = f"{nid}.reader"
+            sink = f"{nid}_reader"
             nodes[sink] = Node(sink, "NEG", (nid,), FrozenDict(), n.dtype, n.shape)
             canon.append(("NEG", ("ref", num[nid])))
     inputs = tuple((nid, nid) for nid, n in nodes.items() if n.uop == "INPUT")

@@ -87,3 +87,17 @@ def test_repeated_blocks_are_analysed_once(monkeypatch):
     runs.clear()
     form_regions(g.tiny)                # a second compile asks the cache only
     assert runs == []
+
+
+def test_a_product_read_outside_the_pair_stays_its_own_block():
+    """A MUL its REDUCE sums and another node reads is a block of its own in the whole graph's view (Poly-View
+    merges a MUL into its REDUCE only when that is its one reader): the pair's subgraph keeps it so."""
+    x, y = Tensor.input("x", (4, 5)), Tensor.input("y", (4, 5))
+    m = x * y
+    g = m.sum(1).graph("s", outputs={"z": m + 1.0})
+    t = g.tiny
+    mul = next(nid for nid, n in t.nodes.items() if n.uop == "MUL")
+    red = next(nid for nid, n in t.nodes.items() if n.uop == "REDUCE")
+    assert mul in poly_view(build_indexbook(t), emit=False).blocks      # the whole graph: its own block
+    sub, _ = pairview.pair_graph(t, mul, red)
+    assert mul in poly_view(build_indexbook(sub), emit=False).blocks
