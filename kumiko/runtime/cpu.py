@@ -44,7 +44,16 @@ import numpy as np
 from kumiko.diagnostics import KumikoError
 from kumiko.runtime.host import CC, compiler_version, cpu_features, native_macros  # noqa: F401 (re-exported)
 from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, first_errors, run_tool
-from kumiko.util.files import cache_root, clear_path, file_error, forget_roots, publish_entry, read_entry, safe_stem
+from kumiko.util.files import (
+    cache_root,
+    clear_path,
+    file_error,
+    forget_roots,
+    place_entry,
+    publish_entry,
+    read_entry,
+    safe_stem,
+)
 from kumiko.util.log import log
 
 INCLUDE_DIR = Path(__file__).resolve().parents[1] / "include"
@@ -365,14 +374,11 @@ def _precompiled(prefix: str, compile_flags: Sequence[str], name: str, root: Pat
     except OSError as e:
         raise file_error(work / header, e, "write the units' common header into the build directory") from None
     gch = work / f"{header}.gch"
-    data = _load_object(root / f"{key}.gch", root / f"{key}.json")
-    if data is not None:
-        _count("pch_cached")
-        try:
-            gch.write_bytes(data)
-        except OSError:
-            clear_path(gch)             # no precompiled header: the units parse the text
-        return header, None
+    if (root / f"{key}.gch").exists():
+        if place_entry(root / f"{key}.gch", root / f"{key}.json", gch):
+            _count("pch_cached")
+            return header, None
+        _count("rebuilt_corrupt")       # damaged and removed: built again below
     if n_units < _PCH_MIN_UNITS:
         return header, None
 

@@ -37,6 +37,7 @@ import numpy as np
 from kumiko.diagnostics import KumikoError
 from kumiko.plan.gpu import SMEM_LIMIT  # the shared memory of the GPU the emulation stands in for
 from kumiko.runtime import emu_worker
+from kumiko.runtime.pch import emulator_header
 from kumiko.runtime.tensormap import TensorMapArg, emu_encode
 from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, run_tool
 from kumiko.util.files import cache_root, clear_path, file_error, write_file
@@ -232,6 +233,9 @@ def build(source: str, config: EmuConfig | None = None, *, name: str = "kernel",
     cxx = _find_cxx()
     dyn = dynamic_shared_names(source)
     flags = _BASE_FLAGS + config.compile_flags() + _define_flags(defines) + list(extra_flags)
+    # the precompiled emulator header leaves the build's own macros out: one header serves every kernel of a
+    # config (g++ reads the text instead when one of those macros is one the header tests)
+    header_flags = _BASE_FLAGS + config.compile_flags() + list(extra_flags)
     h = hashlib.sha256()
     for part in (source, _dynamic_smem_unit(dyn) if dyn else "", " ".join(flags), _compiler_id(cxx)):
         h.update(part.encode())
@@ -247,13 +251,22 @@ def build(source: str, config: EmuConfig | None = None, *, name: str = "kernel",
         if not lib.is_file():
             clear_path(lib)            # a directory squatting the library's name
             t0 = time.perf_counter()
-            _compile(cxx, flags, source, dyn, name, srcdir, lib)
+            _compile(cxx, flags, header_flags, source, dyn, name, srcdir, lib)
             what = f"compiled in {(time.perf_counter() - t0) * 1e3:.0f} ms"
     log(2, f"build_emu {name} ({config.label}): {what}: {lib}")
     return EmuModule(lib, config, name=name, source_path=srcdir / f"{name}.cu", kernels=entry_names(source))
 
 
-def _compile(cxx: str, flags: list[str], source: str, dyn: list[str], name: str, srcdir: Path, lib: Path) -> None:
+def _run_cxx(cmd: list[str], cxx: str, name: str) -> subprocess.CompletedProcess:
+    try:
+        return run_tool(cmd, at=name)
+    except OSError as e:
+        raise KumikoError("E1701", at=name, why=f"cannot run {cxx}: {e}",
+                          suggestion="Install g++ 12 or newer (C++20).") from None
+
+
+def _compile(cxx: str, flags: list[str], header_flags: list[str], source: str, dyn: list[str], name: str, srcdir: Path,
+             lib: Path) -> None:
     """Compile into a temp file and publish it with os.replace; on failure (a timeout included) remove every
     trace. The sources stay in the cache beside the library (reports point into them)."""
     clean_stale(lib.parent)
@@ -272,13 +285,13 @@ def _compile(cxx: str, flags: list[str], source: str, dyn: list[str], name: str,
     except OSError as e:
         raise file_error(lib.parent, e, "write into the emulator cache") from None
     os.close(fd)
-    cmd = [cxx, *flags, "-I", str(INCLUDE_DIR), "-I", str(srcdir), *units, "-o", tmp]
     try:
-        try:
-            proc = run_tool(cmd, at=name)
-        except OSError as e:
-            raise KumikoError("E1701", at=name, why=f"cannot run {cxx}: {e}",
-                              suggestion="Install g++ 12 or newer (C++20).") from None
+        with build_dir("emu") as scratch:      # the precompiled emulator header, first on the include path
+            pre = ["-I", scratch] if emulator_header(cxx, header_flags, _compiler_id(cxx), INCLUDE_DIR / "cuda_emu.h",
+                                                     [INCLUDE_DIR / h for h in _HEADERS], lib.parent,
+                                                     Path(scratch)) else []
+            cmd = [cxx, *flags, *pre, "-I", str(INCLUDE_DIR), "-I", str(srcdir), *units, "-o", tmp]
+            proc = _run_cxx(cmd, cxx, name)
         if proc.returncode != 0:
             check_source_kept(src, cmd)
             log = proc.stderr[-8000:]

@@ -175,6 +175,39 @@ def read_entry(path: Path, meta: Path, accept=None) -> tuple[bytes, dict] | None
     return None
 
 
+#: large entries (precompiled headers) found whole by this process: path -> (inode, size, mtime) when checked
+_WHOLE: dict[str, tuple[int, int, int]] = {}
+
+
+def place_entry(path: Path, meta: Path, dest: Path) -> bool:
+    """Put the cache entry ``path`` at ``dest`` (a scratch directory's file) if the entry is whole, as a hard
+    link where the file system allows (a copy where not): True when ``dest`` holds it. A large entry (a
+    precompiled header: tens of MB) is read and hashed once per process, not once per build: the file linked
+    is whole when its inode, size and modification time are those of one checked before (an entry is replaced,
+    never rewritten in place, by ``publish_entry``). A damaged entry is removed, as ``read_entry`` does."""
+    try:
+        dest.unlink(missing_ok=True)
+        try:
+            os.link(path, dest)
+        except OSError:
+            shutil.copyfile(path, dest)
+        st = dest.stat()
+    except OSError:
+        clear_path(dest)
+        return False
+    ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+    with _lock:
+        if _WHOLE.get(str(path)) == ident:
+            return True
+    if read_entry(dest, meta) is None:           # checks what was placed; a damaged one goes, the entry too
+        clear_path(path)
+        clear_path(meta)
+        return False
+    with _lock:
+        _WHOLE[str(path)] = ident
+    return True
+
+
 def publish_entry(path: Path, data: str | bytes) -> None:
     """Write one file of a cache entry atomically, replacing whatever occupies its name."""
     if path.is_dir() and not path.is_symlink():

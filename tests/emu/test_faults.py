@@ -130,7 +130,9 @@ def test_build_failure_leaves_nothing(tmp_path, monkeypatch):
         build(bad, name="broken")
     _check_diag(ei.value, "E1701")
     assert "undefined_name" in ei.value.why or "undefined_name" in ei.value.details["log"]
-    assert not [p for p in (tmp_path / "emu").rglob("*") if p.is_file()]
+    # only the precompiled emulator header stays: whole, with its sidecar, and no part of the failed kernel
+    left = sorted(p.name for p in (tmp_path / "emu").rglob("*") if p.is_file())
+    assert [n.split(".")[-1] for n in left] == ["gch", "json"] and all(n.startswith("pch-") for n in left)
 
 
 def test_build_cache_and_out_of_bounds_guard(tmp_path, monkeypatch):
