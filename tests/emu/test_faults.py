@@ -130,9 +130,10 @@ def test_build_failure_leaves_nothing(tmp_path, monkeypatch):
         build(bad, name="broken")
     _check_diag(ei.value, "E1701")
     assert "undefined_name" in ei.value.why or "undefined_name" in ei.value.details["log"]
-    # only the precompiled emulator header stays: whole, with its sidecar, and no part of the failed kernel
-    left = sorted(p.name for p in (tmp_path / "emu").rglob("*") if p.is_file())
-    assert [n.split(".")[-1] for n in left] == ["gch", "json"] and all(n.startswith("pch-") for n in left)
+    # nothing of the failed library (the precompiled emulator header it built stays: whole, with its sidecar;
+    # the session's background builds may be writing here too, since KUMIKO_CACHE is process-wide)
+    assert not [p for p in (tmp_path / "emu").rglob("*") if "broken" in str(p.relative_to(tmp_path))]
+    assert all(p.name.startswith("pch-") for p in (tmp_path / "emu").glob("*.gch"))
 
 
 def test_build_cache_and_out_of_bounds_guard(tmp_path, monkeypatch):
