@@ -20,7 +20,7 @@ from kumiko.plan.tune import tune as tune_plans
 from kumiko.plan.validate import validate
 from kumiko.region.ssa import Program
 from kumiko.render.cpu_program import CpuKernels, CpuSource, lower_cpu_kernels, render_cpu_kernels
-from kumiko.runtime.cpu import build_units, compiler_version, cpu_features
+from kumiko.runtime.cpu import UNIT_FLAGS, build_units, compiler_version, cpu_features
 from kumiko.runtime.cpu_artifact import CompiledCpu
 from kumiko.runtime.program import CpuProgram, program_symbols
 from kumiko.tiny.evaluate import bind_symbols
@@ -57,7 +57,8 @@ def build_cpu(name: str, program: Program, plans: dict[str, Plan], c: CpuSource,
     """The library of ``c``'s units (cached per object) and the CpuProgram that runs it."""
     constants = dict(constants or {})
     with stage(f"gcc ({len(c.units)} units)"):
-        module = build_units(c.units, name=name, aliases=c.aliases, prefix=c.prefix)
+        module = build_units(c.units, name=name, aliases=c.aliases, prefix=c.prefix,
+                             unit_extra=[UNIT_FLAGS.get(k, ()) for k in c.unit_kinds] if c.unit_kinds else None)
     return CompiledCpu(program, plans, c.source, module, CpuProgram(program, module, c.names, steps=c.steps,
                                                                     constants=constants))
 

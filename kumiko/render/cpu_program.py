@@ -73,6 +73,11 @@ class CpuSource:
     steps: tuple[Step, ...]
     aliases: tuple[tuple[str, str], ...] = ()
     prefix: str = ""        # the text every unit starts with (``build_units`` precompiles it)
+    #: what each unit holds: "shared" (the contraction helpers' state), "contraction" (a packed or skinny
+    #: contraction kernel with a pointwise epilogue), "contraction+reduce" (one whose epilogue reduces: a
+    #: softmax's rows, a pooling window), "pack" (a constant operand's packing), "stream" (a row-block
+    #: pipeline), "loops" (a loop nest); the build gives each kind its flags (``kumiko.runtime.cpu.UNIT_FLAGS``)
+    unit_kinds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class _Piece:
     kernel: Kernel
     micros: tuple       # (kind, mr, nr, vw) of the micro-kernels it calls: kind "p" packed, "r" a_rows, "s" stage
     vw: int             # the vector width of its types (kk_vf)
+    kind: str = "loops"     # its unit's kind (``CpuSource.unit_kinds``)
 
 
 def kernel_name(program: Program, k: int) -> str:
@@ -127,13 +133,15 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             kern = lower_pipe(pipe, plan, plan1, syms, name, cname, r.notes + r1.notes)
             micros = (("p", *plan.register_block, plan.vector_width),
                       ("r", *plan1.register_block, plan1.vector_width))
-            pieces.append(_Piece(kern, micros, plan.vector_width))
+            pieces.append(_Piece(kern, micros, plan.vector_width, "stream"))
             fused_into.add(r1.name)
             calls.append((len(pieces) - 1, (r.name, r1.name), pipe_buffers(pipe), ()))
             continue
         facts = analyze(r)
-        kern, micros, packs = None, (), []
+        kern, micros, packs, kind = None, (), [], "loops"
         if plan.algo in ("packed", "skinny") and facts.contraction is not None:
+            c = facts.contraction
+            kind = "contraction" if c.pointwise and c.outer is None else "contraction+reduce"
             lo = CpuLowering(r, syms, name, facts=facts)
             kern, prepacks = lower_contraction_kernels(lo, plan, constants,
                                                        SkinnyLowering if plan.algo == "skinny" else None)
@@ -141,11 +149,11 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             micros = ((("p", *m),) + ((("s", *m),) if lo.staged else ()) + ((("l", *m),) if lo.b_ld else ())
                       + ((("a", *m),) if lo.a_staged else ()))
             for pk in prepacks:
-                pieces.append(_Piece(pk.kernel, (("p", *m),), plan.vector_width))
+                pieces.append(_Piece(pk.kernel, (("p", *m),), plan.vector_width, "pack"))
                 packs.append((len(pieces) - 1, pk, f"{r.name}.pack_{pk.key}"))
         if kern is None:
             kern = CpuLowering(r, syms, name, facts=facts).lower()
-        pieces.append(_Piece(kern, micros, plan.vector_width))
+        pieces.append(_Piece(kern, micros, plan.vector_width, kind))
         calls.append((len(pieces) - 1, (r.name,), tuple(n for n, _ in r.inputs) + tuple(o.name for o in r.outputs)
                       + tuple(b for _, _, b in packs), tuple(packs)))
     return CpuKernels(tuple(pieces), tuple(calls), syms)
@@ -180,7 +188,7 @@ def render_cpu_kernels(lowered: CpuKernels) -> CpuSource:
                                                       for j, pk, b in packs)))
 
     source = render_unit([texts[i] for i in kept], extra)
-    units, aliases = [], []
+    units, aliases, kinds = [], [], []
     for i in kept:
         p, body = pieces[i], texts[i]
         if canon[i] is not None:
@@ -189,11 +197,14 @@ def render_cpu_kernels(lowered: CpuKernels) -> CpuSource:
             body = _FN_PLACEHOLDER.sub(fn, canon[i])
             aliases.append((p.kernel.name, fn))
         units.append(render_unit([body], _unit_extra(p)))
+        kinds.append(p.kind)
     if all_micros:
         units.insert(0, render_unit([], _shared_state(vector_types(vw), define=True)))
+        kinds.insert(0, "shared")
     prefix = render_unit([])                      # the header and the prelude: what every unit starts with
     assert all(u.startswith(prefix) for u in units)
-    return CpuSource(source, tuple(units) or (source,), names, syms, tuple(steps), tuple(aliases), prefix)
+    return CpuSource(source, tuple(units) or (source,), names, syms, tuple(steps), tuple(aliases), prefix,
+                     tuple(kinds) if units else ("loops",))
 
 
 def canonical_kernel(text: str, kernel: Kernel, reserved: frozenset = frozenset()) -> str | None:

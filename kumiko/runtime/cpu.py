@@ -59,6 +59,15 @@ from kumiko.util.log import log
 INCLUDE_DIR = Path(__file__).resolve().parents[1] / "include"
 DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11",
                                   "-ffp-contract=off", "-fno-trapping-math")
+#: flags a kind of unit (``kumiko.render.cpu_program.CpuSource.unit_kinds``) gets after the others. A packed
+#: contraction's hot loops are its micro-kernels, vectorised by hand (GCC vector types), which -O2 compiles as
+#: -O3 does; -O3's loop versioning, peeling and unswitching of the rest (index tables, packing, thread modes)
+#: doubled the unit's compile time and code size. On a 2-core Zen 3, -O2 against -O3 (one process, builds
+#: interleaved 30 rounds): 3x3 convs 64 -> 64 at 56x56 and 256 -> 256 at 14x14 0.99 and 1.01 of the time, a
+#: 1x1 conv 1.01, a 128 x 768 x 3072 GEMM with a GELU epilogue 1.00; ResNet-50's cold compile 15.2 -> 10.8 s.
+#: A contraction whose epilogue reduces keeps -O3 (a batched matmul with its softmax ran 1.09-1.18x slower at
+#: -O2), and so do loop nests: their scalar tails and row loops are what -O3 vectorises.
+UNIT_FLAGS: dict[str, tuple[str, ...]] = {"contraction": ("-O2",)}
 #: libraries built (compiled, or linked from objects), served from the disk cache or from the modules already
 #: loaded here, cache entries found corrupt and rebuilt (libraries, objects, precompiled headers); objects
 #: of ``build_units`` compiled and found in the cache; links run; precompiled headers built and found
@@ -221,7 +230,7 @@ def _cached_or_made(key: str, name: str, verb: str, make: Callable[[Path, Path, 
 
 def build_units(units: Sequence[str], *, flags: Sequence[str] | None = None, extra_flags: Sequence[str] = (),
                 name: str = "kumiko", jobs: int | None = None, aliases: Sequence[tuple[str, str]] = (),
-                prefix: str = "") -> CModule:
+                prefix: str = "", unit_extra: Sequence[Sequence[str]] | None = None) -> CModule:
     """Compile each of ``units`` (C translation units) into an object, in parallel, link them into one
     library and load it; every object and the library are cached (module docstring).
 
@@ -229,9 +238,10 @@ def build_units(units: Sequence[str], *, flags: Sequence[str] | None = None, ext
     processes at a time (default: the CPUs this process may use); ``aliases``: (name, defined name) pairs the
     library exports as well (``ld --defsym``: the same function under a second name, no code); ``prefix``:
     text every unit starts with (the header and the prelude), parsed once into a precompiled header
-    (``_PCH_MIN_UNITS``). A unit that does not compile raises E1701 with the compiler's first errors (the
-    units not started yet are not compiled), a link that fails E1701 too; nothing of a failed build lands in
-    the cache, but the objects compiled before it stay there."""
+    (``_PCH_MIN_UNITS``); ``unit_extra``: flags of each unit's own, after the others (``UNIT_FLAGS``). A unit
+    that does not compile raises E1701 with the compiler's first errors (the units not started yet are not
+    compiled), a link that fails E1701 too; nothing of a failed build lands in the cache, but the objects
+    compiled before it stay there."""
     if not units:
         raise ValueError("build_units: no translation units")
     if prefix and not all(u.startswith(prefix) for u in units):
@@ -243,10 +253,13 @@ def build_units(units: Sequence[str], *, flags: Sequence[str] | None = None, ext
             raise ValueError(f"build_units: alias {alias!r} -> {defined!r} is not a pair of C names")
         link_flags += (f"-Wl,--defsym={alias}={defined}",)
     headers = _headers()
-    keys = [cache_key(u, compile_flags, headers) for u in units]
+    if unit_extra is not None and len(unit_extra) != len(units):
+        raise ValueError("build_units: unit_extra needs one entry per unit")
+    per_unit = [compile_flags + tuple(unit_extra[i] if unit_extra is not None else ()) for i in range(len(units))]
+    keys = [cache_key(u, f, headers) for u, f in zip(units, per_unit)]
     key = link_key(keys, link_flags)
     mod = _cached_or_made(key, name, "linked", lambda root, so, meta: _build_linked(
-        units, keys, compile_flags, link_flags, name, root, so, meta, jobs, prefix))
+        units, keys, compile_flags, per_unit, link_flags, name, root, so, meta, jobs, prefix))
     # the same tag as build_c's line: KUMIKO_DEBUG=2 readers (and tests) look for "build_c NAME:"
     log(2, f"build_c {name}: {len(units)} units, "
         f"{'cache hit' if mod.cached else f'built in {mod.compile_s * 1e3:.0f} ms'}: {mod.path}")
@@ -262,10 +275,10 @@ def build_jobs() -> int:
 
 
 def _build_linked(units: Sequence[str], keys: Sequence[str], compile_flags: Sequence[str],
-                  link_flags: Sequence[str], name: str, root: Path, so: Path, meta: Path, jobs: int | None,
-                  prefix: str = "") -> float:
-    """The objects (from the cache, or compiled in parallel), copied into a scratch directory and linked
-    there; the library published like ``_compile``'s. Returns the seconds it took."""
+                  per_unit: Sequence[Sequence[str]], link_flags: Sequence[str], name: str, root: Path, so: Path,
+                  meta: Path, jobs: int | None, prefix: str = "") -> float:
+    """The objects (from the cache, or compiled in parallel with ``per_unit`` flags each), copied into a scratch
+    directory and linked there; the library published like ``_compile``'s. Returns the seconds it took."""
     clean_stale(root)
     stem = safe_stem(name, "kumiko")
     t0 = time.perf_counter()
@@ -287,6 +300,7 @@ def _build_linked(units: Sequence[str], keys: Sequence[str], compile_flags: Sequ
         tasks = []
         include = None
         if prefix and todo:
+            # one precompiled prefix for every unit: gcc takes it whatever a unit's -O level (the macros agree)
             include, pch_task = _precompiled(prefix, compile_flags, name, root, work, len(todo))
             tasks += [pch_task] if pch_task is not None else []
 
@@ -295,7 +309,7 @@ def _build_linked(units: Sequence[str], keys: Sequence[str], compile_flags: Sequ
         def one(i: int) -> None:
             text = units[i] if include is None else \
                 f'#include "{include}"\n#line {body_line}\n' + units[i][len(prefix):]
-            _compile_object(units[i], text, compile_flags, f"{name}[{i}]", f"{stem}_{i}", root, keys[i], work, objs[i])
+            _compile_object(units[i], text, per_unit[i], f"{name}[{i}]", f"{stem}_{i}", root, keys[i], work, objs[i])
         tasks += [functools.partial(one, i) for i in todo]
         workers = min(jobs or build_jobs(), len(tasks))
         if workers <= 1:

@@ -318,3 +318,29 @@ def test_a_damaged_compiler_memo_is_asked_again(fresh_cache):
     finally:
         for f in queries:
             f.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------------
+# flags by kind of unit
+
+def test_each_kind_of_unit_gets_its_flags(fresh_cache):
+    """A contraction with a pointwise epilogue builds at -O2 (``UNIT_FLAGS``), one whose epilogue reduces (a
+    softmax's rows) and a loop nest at the default -O3; every object's sidecar says what it was built with, and
+    the answers are the evaluator's."""
+    x, w, b = Tensor.input("x", (40, 96)), Tensor.input("w", (96, 72)), Tensor.input("b", (72,))
+    h = (x @ w + b).relu()
+    s = (h @ Tensor.input("w2", (72, 72))).softmax(-1)
+    g = (s.exp() * 2.0).sum(axis=0).graph("y")
+    _, c = rendered(g)
+    kinds = dict(zip(c.units, c.unit_kinds))
+    assert {"contraction", "contraction+reduce", "loops"} <= set(kinds.values())
+    exe, _ = compile_counting(g)
+    check_against_eval(g, exe)
+    seen = set()
+    for obj in fresh_cache.glob("*.o"):
+        unit = obj.with_suffix(".c").read_text()
+        flags = json.loads(obj.with_suffix(".json").read_text())["flags"]
+        kind = kinds[unit]
+        assert flags[-1] == "-O2" if kind == "contraction" else "-O2" not in flags and "-O3" in flags, (kind, flags)
+        seen.add(kind)
+    assert seen == set(kinds.values())
