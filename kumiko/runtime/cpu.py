@@ -43,7 +43,7 @@ import numpy as np
 
 from kumiko.diagnostics import KumikoError
 from kumiko.runtime.host import CC, compiler_version, cpu_features, native_macros  # noqa: F401 (re-exported)
-from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, first_errors, run_tool
+from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, first_errors, optional_output, run_tool
 from kumiko.util.files import (
     cache_root,
     clear_path,
@@ -399,11 +399,7 @@ def _precompiled(prefix: str, compile_flags: Sequence[str], name: str, root: Pat
     def build() -> None:
         tmp = work / f"{header}.part"
         cmd = [CC, *pch_flags, f"-I{INCLUDE_DIR}", "-x", "c-header", str(work / header), "-o", str(tmp)]
-        try:
-            r = run_tool(cmd, at=f"{name} (precompiled header)", cwd=work)
-            built = tmp.read_bytes() if r.returncode == 0 else None
-        except OSError:
-            built = None
+        built = optional_output(cmd, f"{name} (precompiled header)", work, tmp)
         if built is None:
             log(1, f"the precompiled header of {name} did not build; the units parse its text")
             return

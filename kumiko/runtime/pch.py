@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from kumiko.runtime.toolchain import build_dir, run_tool
+from kumiko.runtime.toolchain import build_dir, optional_output
 from kumiko.util.files import place_entry, publish_entry
 from kumiko.util.log import log
 
@@ -65,11 +65,7 @@ def _build(cxx: str, flags: Sequence[str], header: Path, gch: Path, meta: Path) 
     with build_dir("pch") as work:
         out = Path(work) / f"{header.name}.gch"
         cmd = [cxx, *flags, "-I", str(header.parent), "-x", "c++-header", str(header), "-o", str(out)]
-        try:
-            r = run_tool(cmd, at=f"{header.name} (precompiled header)", cwd=work)
-            data = out.read_bytes() if r.returncode == 0 else None
-        except OSError:
-            data = None
+        data = optional_output(cmd, f"{header.name} (precompiled header)", work, out)
         if data is None:
             log(1, f"the emulator's precompiled header did not build; its builds parse {header.name}")
             return False

@@ -67,6 +67,16 @@ def first_errors(log: str, n: int = 12) -> str:
     return "\n".join("  " + ln for ln in lines[first:first + n])
 
 
+def optional_output(cmd: Sequence[str], at: str, cwd, out: Path) -> bytes | None:
+    """Run a tool whose output ``out`` a build can do without (a precompiled header): the bytes it wrote, or
+    None when it failed or could not be started."""
+    try:
+        r = run_tool(list(cmd), at=at, cwd=cwd)
+        return out.read_bytes() if r.returncode == 0 else None
+    except OSError:
+        return None
+
+
 def check_source_kept(src: Path, cmd: Sequence[str]) -> None:
     """After a failed compile: E1502 when the build's own source file is gone, because then its directory was
     deleted under the compiler (a temporary-directory cleaner, the cache removed by hand) - not a compile
