@@ -376,10 +376,11 @@ def _precompiled(prefix: str, compile_flags: Sequence[str], name: str, root: Pat
     that precompiles it, if one is needed.
 
     gcc reads ``<header>.gch`` in its place when the file is there and valid, and the header's text when not,
-    so the precompiled header only saves time: a cached one (``<key>.gch``, checked like an object) is copied
-    into ``work``; else, with ``_PCH_MIN_UNITS`` units or more to compile, the returned task builds it, runs
-    first in the pool and publishes it into ``work`` (atomically) and the cache, while units that start
-    before it is there parse the text. A precompiled header that fails to build is left out, not an error."""
+    so the precompiled header only saves time: a cached one (``<key>.gch``, checked like an object, once per
+    process) is hard-linked into ``work`` (``place_entry``); else, with ``_PCH_MIN_UNITS`` units or more to
+    compile, the returned task builds it, runs first in the pool and publishes it into ``work`` (atomically)
+    and the cache, while units that start before it is there parse the text. A precompiled header that fails
+    to build is left out, not an error."""
     pch_flags = tuple(f for f in compile_flags if f != "-c")
     key = cache_key(prefix, pch_flags + ("-x", "c-header"))
     header = f"kumiko_prefix_{key[:16]}.h"

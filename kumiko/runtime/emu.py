@@ -268,7 +268,8 @@ def _run_cxx(cmd: list[str], cxx: str, name: str) -> subprocess.CompletedProcess
 def _compile(cxx: str, flags: list[str], header_flags: list[str], source: str, dyn: list[str], name: str, srcdir: Path,
              lib: Path) -> None:
     """Compile into a temp file and publish it with os.replace; on failure (a timeout included) remove every
-    trace. The sources stay in the cache beside the library (reports point into them)."""
+    trace. The sources stay in the cache beside the library (reports point into them). ``header_flags``: those
+    of the precompiled ``cuda_emu.h`` the unit includes (``kumiko.runtime.pch``)."""
     clean_stale(lib.parent)
     if not srcdir.is_dir() and (srcdir.exists() or srcdir.is_symlink()):
         clear_path(srcdir)             # a file squatting the sources' directory name

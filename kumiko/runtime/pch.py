@@ -41,8 +41,9 @@ def _key(flags: Sequence[str], compiler: str, headers: Sequence[Path]) -> str:
 
 def emulator_header(cxx: str, flags: Sequence[str], compiler: str, header: Path, headers: Sequence[Path],
                     root: Path, scratch: Path) -> bool:
-    """Put a precompiled ``header`` for ``flags`` (the unit's g++ flags) into ``scratch`` (named so that g++
-    finds it in place of the header when ``scratch`` comes first on the include path), built into the cache
+    """Put a precompiled ``header`` for ``flags`` (the unit's g++ flags but its own macros) into ``scratch``
+    (named so that g++ finds it in place of the header when ``scratch`` comes first on the include path), built
+    into the cache
     ``root`` when it is not there; True when ``scratch`` holds one. ``headers``: every file the header
     includes from kumiko's include directory (the key covers them)."""
     pch_flags = [f for f in flags if f != "-shared"]
