@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import json
 import os
 import re
 import tempfile
@@ -50,6 +49,7 @@ from kumiko.util.files import (
     file_error,
     forget_roots,
     place_entry,
+    publish_checked,
     publish_entry,
     read_entry,
     safe_stem,
@@ -339,10 +339,8 @@ def _build_linked(units: Sequence[str], keys: Sequence[str], compile_flags: Sequ
             raise file_error(out, e, f"read the library {CC} just linked") from None
     _count("links")
     _count("compiles")
-    info = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "name": name, "flags": list(link_flags),
-            "compiler": compiler_version(), "objects": list(keys)}
-    publish_entry(meta, json.dumps(info, indent=1))
-    publish_entry(so, data)                         # last: a visible .so always has its sidecar
+    publish_checked(so, meta, data, name=name, flags=list(link_flags), compiler=compiler_version(),
+                    objects=list(keys))
     return time.perf_counter() - t0
 
 
@@ -363,11 +361,9 @@ def _compile_object(source: str, text: str, flags: Sequence[str], at: str, stem:
     except OSError as e:
         raise file_error(out, e, f"read the object {CC} just wrote") from None
     _count("objects_compiled")
-    info = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "name": at, "flags": list(flags),
-            "compiler": compiler_version()}
     publish_entry(root / f"{key}.c", source)
-    publish_entry(root / f"{key}.json", json.dumps(info, indent=1))
-    publish_entry(root / f"{key}.o", data)          # last: a visible .o always has its sidecar
+    publish_checked(root / f"{key}.o", root / f"{key}.json", data, name=at, flags=list(flags),
+                    compiler=compiler_version())
 
 
 def _precompiled(prefix: str, compile_flags: Sequence[str], name: str, root: Path, work: Path, n_units: int
@@ -406,10 +402,8 @@ def _precompiled(prefix: str, compile_flags: Sequence[str], name: str, root: Pat
             return
         os.replace(tmp, gch)            # atomically: a gcc that starts now sees all of it or nothing
         _count("pch_compiled")
-        info = {"sha256": hashlib.sha256(built).hexdigest(), "size": len(built), "name": header,
-                "flags": list(pch_flags), "compiler": compiler_version()}
-        publish_entry(root / f"{key}.json", json.dumps(info, indent=1))
-        publish_entry(root / f"{key}.gch", built)
+        publish_checked(root / f"{key}.gch", root / f"{key}.json", built, name=header, flags=list(pch_flags),
+                        compiler=compiler_version())
     return header, build
 
 
@@ -436,9 +430,7 @@ def load_library(data: bytes, *, name: str = "kumiko") -> CModule:
     so, meta = root / f"{key}.so", root / f"{key}.json"
     lib = _load_entry(so, meta)
     if lib is None:
-        publish_entry(so, data)
-        publish_entry(meta, json.dumps({"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
-                                        "name": name, "saved": True}))
+        publish_checked(so, meta, data, name=name, saved=True)
         lib = _dlopen(so)
         if lib is None:
             raise KumikoError("E1502", at=name, why="the saved kernel library cannot be loaded (a damaged file, "
@@ -492,11 +484,8 @@ def _compile(source: str, flags: Sequence[str], name: str, root: Path, so: Path,
         except OSError as e:
             raise file_error(out, e, f"read the library {CC} just wrote") from None
     _count("compiles")
-    info = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "name": name,
-            "flags": list(flags), "compiler": compiler_version()}
     publish_entry(so.with_suffix(".c"), source)     # kept beside the build, for reading and debugging
-    publish_entry(meta, json.dumps(info, indent=1))
-    publish_entry(so, data)                         # last: a visible .so always has its sidecar
+    publish_checked(so, meta, data, name=name, flags=list(flags), compiler=compiler_version())
     return time.perf_counter() - t0
 
 

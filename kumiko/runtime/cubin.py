@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import re
 import tempfile
 import time
@@ -36,7 +35,7 @@ from kumiko.diagnostics import KumikoError
 from kumiko.runtime.cpu import header_digest
 from kumiko.runtime.ptxas import INCLUDE_DIR, KernelResources, nvcc_path, parse_ptxas_report
 from kumiko.runtime.toolchain import build_dir, check_source_kept, clean_stale, first_errors, run_tool
-from kumiko.util.files import cache_root, publish_entry, read_entry, safe_stem
+from kumiko.util.files import cache_root, publish_checked, publish_entry, read_entry, safe_stem
 from kumiko.util.log import log
 
 #: flags of every cubin build (``-std`` as the nvcc compile checks use). No ``-lineinfo`` by default: it
@@ -118,13 +117,11 @@ def build_cubin(source: str, arch: str = "sm_80", *, name: str = "kernel", extra
     took = time.perf_counter() - t0
     STATS["compiles"] += 1
     resources = parse_ptxas_report(log)
-    info = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "arch": arch, "name": name,
-            "flags": list(flags), "compiler": nvcc_version(nvcc), "command": cmd, "log": log}
     path = root / f"{key}.cubin"
     clean_stale(root)
     publish_entry(root / f"{key}.cu", source)                  # for reading and debugging
-    publish_entry(root / f"{key}.json", json.dumps(info, indent=1))
-    publish_entry(path, data)                                  # last: a visible cubin always has its sidecar
+    publish_checked(path, root / f"{key}.json", data, arch=arch, name=name, flags=list(flags),
+                    compiler=nvcc_version(nvcc), command=cmd, log=log)
     _debug(name, arch, f"compiled in {took * 1e3:.0f} ms: {path}")
     return Cubin(arch, key, path, data, resources, log, cached=False, compile_s=took)
 

@@ -236,12 +236,14 @@ def build(source: str, config: EmuConfig | None = None, *, name: str = "kernel",
     # the precompiled emulator header leaves the build's own macros out: one header serves every kernel of a
     # config (g++ reads the text instead when one of those macros is one the header tests)
     header_flags = _BASE_FLAGS + config.compile_flags() + list(extra_flags)
+    headers = hashlib.sha256()          # the headers, read once: the library's key and the precompiled one's
+    for hdr in _HEADERS:
+        headers.update(hdr.encode() + b"\0" + (INCLUDE_DIR / hdr).read_bytes() + b"\0")
     h = hashlib.sha256()
-    for part in (source, _dynamic_smem_unit(dyn) if dyn else "", " ".join(flags), _compiler_id(cxx)):
+    for part in (source, _dynamic_smem_unit(dyn) if dyn else "", " ".join(flags), _compiler_id(cxx),
+                 headers.hexdigest()):
         h.update(part.encode())
         h.update(b"\0")
-    for hdr in _HEADERS:
-        h.update((INCLUDE_DIR / hdr).read_bytes())
     key = f"{name}-{h.hexdigest()[:20]}"
     root = cache_root("emu")           # KUMIKO_CACHE=0 or an unwritable cache: this process's temporary one
     lib = root / f"{key}.so"
@@ -251,7 +253,7 @@ def build(source: str, config: EmuConfig | None = None, *, name: str = "kernel",
         if not lib.is_file():
             clear_path(lib)            # a directory squatting the library's name
             t0 = time.perf_counter()
-            _compile(cxx, flags, header_flags, source, dyn, name, srcdir, lib)
+            _compile(cxx, flags, header_flags, headers.hexdigest(), source, dyn, name, srcdir, lib)
             what = f"compiled in {(time.perf_counter() - t0) * 1e3:.0f} ms"
     log(2, f"build_emu {name} ({config.label}): {what}: {lib}")
     return EmuModule(lib, config, name=name, source_path=srcdir / f"{name}.cu", kernels=entry_names(source))
@@ -265,8 +267,8 @@ def _run_cxx(cmd: list[str], cxx: str, name: str) -> subprocess.CompletedProcess
                           suggestion="Install g++ 12 or newer (C++20).") from None
 
 
-def _compile(cxx: str, flags: list[str], header_flags: list[str], source: str, dyn: list[str], name: str, srcdir: Path,
-             lib: Path) -> None:
+def _compile(cxx: str, flags: list[str], header_flags: list[str], headers: str, source: str, dyn: list[str],
+             name: str, srcdir: Path, lib: Path) -> None:
     """Compile into a temp file and publish it with os.replace; on failure (a timeout included) remove every
     trace. The sources stay in the cache beside the library (reports point into them). ``header_flags``: those
     of the precompiled ``cuda_emu.h`` the unit includes (``kumiko.runtime.pch``)."""
@@ -289,8 +291,7 @@ def _compile(cxx: str, flags: list[str], header_flags: list[str], source: str, d
     try:
         with build_dir("emu") as scratch:      # the precompiled emulator header, first on the include path
             pre = ["-I", scratch] if emulator_header(cxx, header_flags, _compiler_id(cxx), INCLUDE_DIR / "cuda_emu.h",
-                                                     [INCLUDE_DIR / h for h in _HEADERS], lib.parent,
-                                                     Path(scratch)) else []
+                                                     headers, lib.parent, Path(scratch)) else []
             cmd = [cxx, *flags, *pre, "-I", str(INCLUDE_DIR), "-I", str(srcdir), *units, "-o", tmp]
             proc = _run_cxx(cmd, cxx, name)
         if proc.returncode != 0:

@@ -14,14 +14,13 @@ a damaged one is removed and built again. Threads of one process that need the s
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
 from pathlib import Path
 from typing import Sequence
 
 from kumiko.runtime.toolchain import build_dir, optional_output
-from kumiko.util.files import place_entry, publish_entry
+from kumiko.util.files import place_entry, publish_checked
 from kumiko.util.log import log
 
 #: precompiled headers built, and builds that included one
@@ -30,22 +29,24 @@ _lock = threading.Lock()
 _key_locks: dict[str, threading.Lock] = {}
 
 
-def _key(flags: Sequence[str], compiler: str, headers: Sequence[Path]) -> str:
+def _key(flags: Sequence[str], compiler: str, headers: str) -> str:
     h = hashlib.sha256(b"emu-pch\0")
-    for part in (*flags, compiler):
+    for part in (*flags, compiler, headers):
         h.update(part.encode() + b"\0")
-    for p in headers:
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:24]
 
 
-def emulator_header(cxx: str, flags: Sequence[str], compiler: str, header: Path, headers: Sequence[Path],
-                    root: Path, scratch: Path) -> bool:
+def emulator_header(cxx: str, flags: Sequence[str], compiler: str, header: Path, headers: str, root: Path,
+                    scratch: Path) -> bool:
     """Put a precompiled ``header`` for ``flags`` (the unit's g++ flags but its own macros) into ``scratch``
     (named so that g++ finds it in place of the header when ``scratch`` comes first on the include path), built
-    into the cache
-    ``root`` when it is not there; True when ``scratch`` holds one. ``headers``: every file the header
-    includes from kumiko's include directory (the key covers them)."""
+    into the cache ``root`` when it is not there; True when ``scratch`` holds one. ``headers``: a digest of every file the
+    header includes from kumiko's include directory (the key covers it; the caller read them for its own key).
+
+    Unlike the cpu backend's per-program header (built in the build's pool, beside the units, and only for
+    programs of many units), this one is built first and always: it is one header per emulator config, shared
+    by every kernel library of that config, and a library is a single translation unit that cannot start
+    before it."""
     pch_flags = [f for f in flags if f != "-shared"]
     key = _key(pch_flags, compiler, headers)
     gch, meta = root / f"pch-{key}.gch", root / f"pch-{key}.json"
@@ -70,10 +71,7 @@ def _build(cxx: str, flags: Sequence[str], header: Path, gch: Path, meta: Path) 
         if data is None:
             log(1, f"the emulator's precompiled header did not build; its builds parse {header.name}")
             return False
-    info = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "name": header.name,
-            "flags": list(flags), "compiler": cxx}
-    publish_entry(meta, json.dumps(info, indent=1))
-    publish_entry(gch, data)                        # last: a visible header always has its sidecar
+    publish_checked(gch, meta, data, name=header.name, flags=list(flags), compiler=cxx)
     with _lock:
         STATS["built"] += 1
     log(2, f"precompiled {header.name} for the emulator: {gch} ({len(data) >> 20} MiB, pid {os.getpid()})")

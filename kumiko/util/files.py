@@ -9,7 +9,9 @@ E1502 FileError naming the path, or recovers where recovering is what the user w
   kumiko cannot write (read-only, another user's) is replaced by a temporary one for this process, with a
   warning, since a build does not need the cache to be right;
 - ``write_file``: an atomic write whose failure is E1502; ``publish_entry`` also clears a directory that
-  squats a cache entry's name (the cache is kumiko's own, so whatever occupies an entry's path is debris).
+  squats a cache entry's name (the cache is kumiko's own, so whatever occupies an entry's path is debris);
+- ``publish_checked`` / ``read_entry`` / ``place_entry``: an entry with a sidecar of its size and SHA-256,
+  published sidecar first, read back (or hard-linked into a build directory) only when whole.
 """
 from __future__ import annotations
 
@@ -213,3 +215,13 @@ def publish_entry(path: Path, data: str | bytes) -> None:
     if path.is_dir() and not path.is_symlink():
         clear_path(path)
     write_file(path, data, "a cache entry")
+
+
+def publish_checked(path: Path, meta: Path, data: bytes, **info) -> dict:
+    """Publish a cache entry that ``read_entry`` and ``place_entry`` check: first its JSON sidecar (the
+    entry's size and SHA-256, then ``info``), last the file, so that a visible entry always has its sidecar
+    and a reader never trusts a half-published one. Each file is written atomically. Returns the sidecar."""
+    record = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), **info}
+    publish_entry(meta, json.dumps(record, indent=1))
+    publish_entry(path, data)
+    return record

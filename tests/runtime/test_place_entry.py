@@ -10,9 +10,19 @@ from kumiko.util import files
 
 def _entry(root, data: bytes):
     path, meta = root / "e.gch", root / "e.json"
-    files.publish_entry(meta, json.dumps({"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}))
-    files.publish_entry(path, data)
+    files.publish_checked(path, meta, data, name="e")
     return path, meta
+
+
+def test_publish_checked_writes_the_sidecar_first_and_read_entry_accepts_it(tmp_path, monkeypatch):
+    order = []
+    real = files.publish_entry
+    monkeypatch.setattr(files, "publish_entry", lambda p, d: order.append(p.name) or real(p, d))
+    path, meta = _entry(tmp_path, b"abc")
+    assert order == ["e.json", "e.gch"]                         # a visible entry always has its sidecar
+    data, info = files.read_entry(path, meta)
+    assert data == b"abc" and info["name"] == "e" and info["sha256"] == hashlib.sha256(b"abc").hexdigest()
+    assert json.loads(meta.read_text())["size"] == 3
 
 
 def test_a_whole_entry_is_linked_and_hashed_once(tmp_path, monkeypatch):
