@@ -19,7 +19,7 @@ from __future__ import annotations
 from kumiko.plan.packed import k_blocks_rule, n_block_padded, prepackable, split_rule
 from kumiko.plan.plan import CacheBlock, Plan, RegisterBlock, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, analyze
-from kumiko.region.operands import Orientation, orient, phase_count, stage_bounds, steps_last_dim
+from kumiko.region.operands import Orientation, lane_rows, orient, phase_count, stage_bounds, steps_last_dim
 from kumiko.region.srnf import epilogue
 from kumiko.region.ssa import Program, Region
 from kumiko.symbolic import Expr, prod
@@ -186,7 +186,8 @@ def _orientation(c: Contraction, facts: RegionFacts, o: Orientation, vw: int, co
     channels, a multiple of 16) and that side is a constant (its panels pre-packed, whatever its layout):
     then the channels go to the lanes and the pixels to the tile's rows (7 x 64 tiles; the stores run down
     the output's columns). On the 2-core EPYC, one process, alternating: ResNet-50's 1x1 2048 -> 512 and
-    3x3 512 -> 512 convs at 7x7 0.81 and 0.88 of the time, 1024 -> 256 at 14x14 0.93."""
+    3x3 512 -> 512 convs at 7x7 0.81 and 0.88 of the time, 1024 -> 256 at 14x14 0.93. Pixels read in place
+    with a short K stay on the lanes whatever the tiles pad (``_b_panel_in_l1``)."""
     rows, cols = _panel_extents(c, facts, o)
     tile = micro_tile(vw, rows, cols, threads)
     if c.outer is not None or rows is None or cols is None:
@@ -196,9 +197,31 @@ def _orientation(c: Contraction, facts: RegionFacts, o: Orientation, vw: int, co
     if not prepackable("b", o2.b, c, 2048 // tile2[1] * tile2[1], tile2[1], constants):
         return o, tile
     gain = tile_efficiency(tile2, cols, rows) / tile_efficiency(tile, rows, cols)
-    if gain > FLIP_GAIN or (gain >= 1 and _a_stage_pays(o, o2, tile, tile2, facts)):
+    if (gain > FLIP_GAIN and not _b_panel_in_l1(c, facts, o, tile)) or (
+            gain >= 1 and _a_stage_pays(o, o2, tile, tile2, facts)):
         return o2, tile2
     return o, tile
+
+
+#: the most bytes of a B panel read in place (all of K, NR lanes) that stay in L1 beside the A panel and the C
+#: tile (half of a 32 KiB L1)
+IN_PLACE_PANEL_BYTES = 16 << 10
+
+
+def _b_panel_in_l1(c: Contraction, facts: RegionFacts, o: Orientation, tile: tuple[int, int]) -> bool:
+    """Whether ``o`` reads its B operand in place (a conv's pixels along the lanes, from the source or a
+    padded, phased stage: nothing packed per call) with the panel of all of K small enough for L1. Then the
+    operands keep their sides whatever the tiles pad: on the 2-core EPYC, one process, alternating, packing
+    the pixels as A panels instead (channels on the lanes) took 2.2-2.4x the time for MobileNetV2's first
+    conv (3 -> 32, stride 2, K 27), 1.07-1.5x for its 1x1 convs 32 -> 16 at 112x112, 192 -> 32 at 28x28 and
+    96 -> 576 at 14x14, 1.05-1.07x for 256 -> 1024 at 14x14 and 160 -> 960 at 7x7; past the L1 (1024 -> 256
+    and 576 -> 160, K 1024 and 576), the packed side ran 0.79-0.83 of the time. MobileNetV2 as a whole:
+    0.85 of the time."""
+    b = o.b_table
+    if b is None or stage_bounds(b) is None or not lane_rows(o.b_rows, b, facts.sizes):
+        return False
+    k = Expr.lift(prod([Expr.lift(a.size) for a in c.k_axes])).as_int() if c.k_axes else 1
+    return k is not None and k * tile[1] * 4 <= IN_PLACE_PANEL_BYTES
 
 
 def _a_stage_pays(o: Orientation, o2: Orientation, tile: tuple, tile2: tuple, facts: RegionFacts) -> bool:

@@ -217,6 +217,35 @@ def _conv(c, co, hw, k, symbolic=False):
     return x.conv2d(w, b, padding=k // 2).relu().graph("y", name="conv")
 
 
+def _short_k(plan, k: int) -> bool:
+    """A B panel of all of ``k`` on the plan's lanes fits ``IN_PLACE_PANEL_BYTES`` (the pixels stay there)."""
+    from kumiko.plan.choose import IN_PLACE_PANEL_BYTES
+    return k * plan.register_block.nr * 4 <= IN_PLACE_PANEL_BYTES
+
+
+@pytest.mark.parametrize("c,co,hw,k,stride", [(3, 32, 48, 3, 2), (32, 16, 40, 1, 1), (96, 576, 14, 1, 1),
+                                              (1024, 256, 14, 1, 1)])
+def test_pixels_read_in_place_keep_the_lanes_while_their_panel_fits_l1(c, co, hw, k, stride):
+    """MobileNetV2's first conv (3 -> 32, stride 2: its pixels read through a phased stage) and 1x1 convs
+    with a short K keep the pixels on the lanes although 16 or 32 output channels, or 196 pixels, pad the
+    tiles: packing the pixels into A panels instead took 1.07-2.4x the time on AVX2. Past L1 (K 1024) the
+    channels take the lanes where the pixels pad them. Against the evaluator, batch 1."""
+    rng = np.random.default_rng(7)
+    x = Tensor.input("x", (1, c, hw, hw))
+    w = Tensor(rng.standard_normal((co, c, k, k)).astype(np.float32) * 0.1, name="w", role="param")
+    b = Tensor(rng.standard_normal(co).astype(np.float32), name="b", role="param")
+    g = x.conv2d(w, b, stride=stride, padding=k // 2).relu().graph("y", name="conv")
+    exe = kumiko.compile(g, "cpu")
+    (plan,) = exe._run.plans.values()
+    if c * k * k <= 96:
+        assert plan.lanes == "m", plan.register_block
+    elif hw == 14 and plan.vector_width == 8:
+        assert plan.lanes == "n", plan.register_block
+    ins = exe.random_inputs(4)
+    want = kumiko.compile(g, "eval")(**ins)["y"]
+    assert np.linalg.norm(exe(**ins)["y"] - want) <= 1e-5 * np.linalg.norm(want)
+
+
 @pytest.mark.parametrize("c,co,hw,k", [(128, 48, 7, 3), (1024, 64, 5, 1), (32, 48, 7, 3), (8, 20, 17, 3),
                                       (64, 96, 14, 1), (16, 32, 8, 3)])
 def test_plan_says_which_side_the_lanes_hold_and_the_kernel_follows(c, co, hw, k):
@@ -232,9 +261,10 @@ def test_plan_says_which_side_the_lanes_hold_and_the_kernel_follows(c, co, hw, k
         if symbolic:
             assert plan.lanes == "m"
         else:       # 8x8 pixels fill 16-lane vectors; 49, 25, 289 and 196 do not, 48 to 96 channels do (on AVX2's
-            #         6-row tiles 32 channels pad the rows more than 64 pixels do)
+            #         6-row tiles 32 channels pad the rows more than 64 pixels do); a 1x1 conv whose pixels' panel
+            #         of all of K fits in L1 reads them in place whatever they pad
             keep = (8, 17) if plan.vector_width == 16 else (17,)
-            assert plan.lanes == ("m" if hw in keep else "n"), plan.register_block
+            assert plan.lanes == ("m" if hw in keep or (k == 1 and _short_k(plan, c)) else "n"), plan.register_block
         ins = exe.random_inputs(2, {"H": hw, "W": hw} if symbolic else None)
         want = kumiko.compile(g, "eval")(**ins)["y"]
         to = "n" if plan.lanes == "m" else "m"
@@ -303,7 +333,7 @@ def test_channels_in_the_lanes_with_a_residual(c, co, hw, k, n):
     exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
     (plan,) = exe._run.plans.values()
     if plan.vector_width == 16:
-        assert plan.lanes == "n", plan.register_block
+        assert plan.lanes == ("m" if _short_k(plan, c * k * k) else "n"), plan.register_block
     for seed in (0, 1):
         ins = exe.random_inputs(seed)
         got, want = exe(**ins)["y"], ref(**ins)["y"]
