@@ -70,6 +70,7 @@ def load_json(d: object, where: str = "graph") -> Graph | TinyGraph:
     return Graph.from_json(d, where)
 
 
+_INT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.float64)
 _I32 = np.iinfo(np.int32)
 
 
@@ -188,13 +189,13 @@ class Executable:
         """The one place a call's arrays are narrowed to kumiko's dtypes: int64 (numpy's default integer,
         ONNX's index type) for an i32 input, float64 for an fp32 input in ``fp64_inputs``. A value the
         narrowing would change is E1015; any other dtype is left for the input check to refuse."""
-        dt = self._in_dtypes.get(name)
-        if arr.dtype == np.int64 and dt is dtypes.i32:
+        dt, adt = self._in_dtypes.get(name), arr.dtype
+        if adt == _INT64 and dt is dtypes.i32:
             if arr.size and not _I32.min <= arr.min() <= arr.max() <= _I32.max:
                 raise KumikoError("E1015", at=f"input {name}", why="int64 values outside the i32 range "
                                   f"[{arr.min()}, {arr.max()}] cannot be narrowed to i32, the input's dtype")
             return arr.astype(np.int32)
-        if arr.dtype == np.float64 and dt is dtypes.fp32 and name in self.fp64_inputs:
+        if adt == _FLOAT64 and dt is dtypes.fp32 and name in self.fp64_inputs:
             with np.errstate(over="ignore"):
                 out = arr.astype(np.float32)
             if (np.isinf(out) & np.isfinite(arr)).any():

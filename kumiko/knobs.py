@@ -31,13 +31,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+#: ``os.environ``'s own dict of encoded names and values, where the platform keeps one (POSIX CPython: every
+#: change made through ``os.environ`` lands in it): a lookup there costs 0.06 us, ``os.environ.get`` 1.2 us
+#: (it encodes the name and decodes the value), twice on every kernel call (``debug`` and ``spec``), which was
+#: a sixth of a small graph's call
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_PARSED: dict[tuple[str, object], int] = {}
+
 
 def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
+    if isinstance(_ENV_DATA, dict) and os.environ._data is _ENV_DATA:
+        raw = _ENV_DATA.get(name.encode(), b"")
+        hit = _PARSED.get((name, raw))
+        if hit is not None:
+            return default if hit is _PARSED else hit
+    else:
+        raw = os.environ.get(name, "")
     try:
-        return int(raw) if raw.strip() else default
+        value = int(raw) if raw.strip() else None
     except ValueError:
-        return default
+        value = None
+    if isinstance(raw, bytes) and len(_PARSED) < 256:
+        _PARSED[(name, raw)] = _PARSED if value is None else value
+    return default if value is None else value
 
 
 def debug() -> int:

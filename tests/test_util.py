@@ -26,3 +26,18 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
     with pytest.raises(TypeError):
         atomic_write(f, 42)                                            # not str or bytes: fails mid-write
     assert f.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_knobs_see_every_change_made_through_os_environ(monkeypatch):
+    """The knobs read ``os.environ``'s own dict and keep what they parsed: a value set, changed, made invalid
+    or removed between two reads is seen by the second."""
+    from kumiko import knobs
+    monkeypatch.delenv("KUMIKO_SPEC", raising=False)
+    assert knobs.spec() == 1
+    for raw, want in (("0", 0), ("2", 2), (" 3 ", 3), ("x", 1), ("", 1), ("0", 0)):
+        monkeypatch.setenv("KUMIKO_SPEC", raw)
+        assert knobs.spec() == want, raw
+    monkeypatch.delenv("KUMIKO_SPEC")
+    assert knobs.spec() == 1
+    monkeypatch.setenv("KUMIKO_SPLIT_K", "bad")
+    assert knobs.split_k(16) == 16 and knobs.split_k(4) == 4      # an invalid value: each caller's default

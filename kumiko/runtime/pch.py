@@ -40,8 +40,9 @@ def emulator_header(cxx: str, flags: Sequence[str], compiler: str, header: Path,
                     scratch: Path) -> bool:
     """Put a precompiled ``header`` for ``flags`` (the unit's g++ flags but its own macros) into ``scratch``
     (named so that g++ finds it in place of the header when ``scratch`` comes first on the include path), built
-    into the cache ``root`` when it is not there; True when ``scratch`` holds one. ``headers``: a digest of every file the
-    header includes from kumiko's include directory (the key covers it; the caller read them for its own key).
+    into the cache ``root`` when it is not there; True when ``scratch`` holds one. ``headers``: a digest of
+    every file the header includes from kumiko's include directory (the key covers it; the caller read them
+    for its own key).
 
     Unlike the cpu backend's per-program header (built in the build's pool, beside the units, and only for
     programs of many units), this one is built first and always: it is one header per emulator config, shared

@@ -7,6 +7,7 @@ costs about a microsecond: a call that takes two arrays from a pool saves two of
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 from collections import OrderedDict
 
@@ -21,8 +22,13 @@ def _nbytes(shape, dt: np.dtype) -> int:
 
 
 def address(arr: np.ndarray) -> int:
-    """The address of ``arr``'s first element (``__array_interface__``: cheaper than ``arr.ctypes.data``)."""
-    return arr.__array_interface__["data"][0]
+    """The address of ``arr``'s first element: through the buffer protocol for a writable contiguous array
+    (0.46 us; ``__array_interface__`` builds a dict, 1.8-2.4 us, and ``arr.ctypes.data`` an object), else
+    from ``__array_interface__`` (read-only, non-contiguous or empty arrays)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(arr))
+    except (TypeError, ValueError, BufferError):
+        return arr.__array_interface__["data"][0]
 
 
 def _aligned_raw(nbytes: int, align: int) -> tuple[np.ndarray, int]:

@@ -164,7 +164,6 @@ class CpuProgram:
         self._plans: dict[tuple, ArenaPlan] = {}          # symbol values -> arena plan (immutable, shared)
         #: symbol values -> (input shapes, [(output, shape, numpy dtype, alignment)]): sizes evaluated once
         self._shapes: dict[tuple, tuple] = {}
-        self._state_lock = threading.Lock()
         #: the Executable's bound inputs (the weights): a step's pre-packed panels of them are packed once
         self.constants: dict[str, np.ndarray] = {}
         self._pack_fns: dict = {}
@@ -187,15 +186,18 @@ class CpuProgram:
         return self._primary.copies
 
     def _checkout(self) -> CallState:
-        """A CallState no other running call has; give it back with ``_checkin``."""
-        with self._state_lock:
-            return self._free_states.pop() if self._free_states else CallState()
+        """A CallState no other running call has; give it back with ``_checkin``. No lock: ``list.pop`` and
+        ``list.append`` are atomic (a lock taken and released twice was a tenth of a small graph's call)."""
+        try:
+            return self._free_states.pop()
+        except IndexError:
+            return CallState()
 
     def _checkin(self, state: CallState) -> None:
-        """Keep ``state`` for the next call (up to ``KEEP_STATES`` of them), so sequential calls reuse one arena."""
-        with self._state_lock:
-            if len(self._free_states) < self.KEEP_STATES:
-                self._free_states.append(state)
+        """Keep ``state`` for the next call (about ``KEEP_STATES`` of them: threads checking in at once may keep
+        one or two more), so sequential calls reuse one arena."""
+        if len(self._free_states) < self.KEEP_STATES:
+            self._free_states.append(state)
 
     @contextmanager
     def call_state(self) -> Iterator[CallState]:
@@ -273,7 +275,7 @@ class CpuProgram:
 
     def frame(self, env: Mapping[str, int], state: CallState) -> Frame:
         """``state``'s prepared call at these symbol values (made on first use)."""
-        key = tuple(env.get(s) for s in self.symbols)
+        key = tuple([env.get(s) for s in self.symbols]) if self.symbols else ()
         frame = state.frames.get(key)
         if frame is None:
             frame = state.frames[key] = self._frame(env, key, state)
