@@ -16,7 +16,7 @@ also says how the kernel blocks K (``k_blocks``) and which axis its threads spli
 sizes and which operands read only ``constants`` (pre-packed): ``kumiko.plan.packed``."""
 from __future__ import annotations
 
-from kumiko.plan.packed import k_blocks_rule, n_block_padded, prepackable, split_rule
+from kumiko.plan.packed import IN_PLACE_PANEL_BYTES, k_blocks_rule, n_block_padded, prepackable, split_rule
 from kumiko.plan.plan import CacheBlock, Plan, RegisterBlock, make_plan
 from kumiko.region.analysis import Contraction, RegionFacts, analyze
 from kumiko.region.operands import Orientation, lane_rows, orient, phase_count, stage_bounds, steps_last_dim
@@ -203,11 +203,6 @@ def _orientation(c: Contraction, facts: RegionFacts, o: Orientation, vw: int, co
     return o, tile
 
 
-#: the most bytes of a B panel read in place (all of K, NR lanes) that stay in L1 beside the A panel and the C
-#: tile (half of a 32 KiB L1)
-IN_PLACE_PANEL_BYTES = 16 << 10
-
-
 def _b_panel_in_l1(c: Contraction, facts: RegionFacts, o: Orientation, tile: tuple[int, int]) -> bool:
     """Whether ``o`` reads its B operand in place (a conv's pixels along the lanes, from the source or a
     padded, phased stage: nothing packed per call) with the panel of all of K small enough for L1. Then the
@@ -215,8 +210,8 @@ def _b_panel_in_l1(c: Contraction, facts: RegionFacts, o: Orientation, tile: tup
     the pixels as A panels instead (channels on the lanes) took 2.2-2.4x the time for MobileNetV2's first
     conv (3 -> 32, stride 2, K 27), 1.07-1.5x for its 1x1 convs 32 -> 16 at 112x112, 192 -> 32 at 28x28 and
     96 -> 576 at 14x14, 1.05-1.07x for 256 -> 1024 at 14x14 and 160 -> 960 at 7x7; past the L1 (1024 -> 256
-    and 576 -> 160, K 1024 and 576), the packed side ran 0.79-0.83 of the time. MobileNetV2 as a whole:
-    0.85 of the time."""
+    and 576 -> 160, K 1024 and 576), the packed side ran 0.79-0.83 of the time (0.83-0.90 once the in-place
+    panels were read in K blocks that fit L1). MobileNetV2 as a whole: 0.85 of the time."""
     b = o.b_table
     if b is None or stage_bounds(b) is None or not lane_rows(o.b_rows, b, facts.sizes):
         return False

@@ -33,6 +33,9 @@ from kumiko.region.ssa import Read, Ref, RExpr
 A_RESIDENT_FLOATS = 65536
 #: floats of packed B (a 2 MiB L2) for all of K: the most for one K block under a pre-packed A
 ONE_K_BLOCK_FLOATS = 1 << 19
+#: the most bytes of a B panel read in place (NR lanes of each K row: its own cache lines) that stay in L1
+#: beside the A panel and the C tile (half of a 32 KiB L1): a longer K is read in blocks that fit
+IN_PLACE_PANEL_BYTES = 16 << 10
 #: the most floats of A (2 MiB) for which the threads split N under a pre-packed B
 SMALL_A_FLOATS = 1 << 19
 

@@ -200,6 +200,26 @@ def test_staged_b_with_a_packed_per_k_block(monkeypatch, blocks):
     assert _staged_blocks(monkeypatch, g, {"N": 1, "H": 2, "W": 50}) > 0
 
 
+@pytest.mark.parametrize("c,co,hw", [(64, 64, (30, 30)), (40, 24, (9, 33)), (128, 20, (5, 47))])
+def test_staged_b_in_k_blocks_that_fit_l1(monkeypatch, c, co, hw):
+    """Bound weights (pre-packed A, resident for all of K) and the pixels read from the stage: K past what
+    an in-place panel keeps in L1 (576, 360 and 1152 rows of NR lanes) is read in K blocks of equal size,
+    the stage micro-kernel adding each into the C tile; against the evaluator, twice."""
+    rng = np.random.default_rng(11)
+    x = Tensor.input("x", (1, c, "H", "W"))
+    w = Tensor(rng.standard_normal((co, c, 3, 3)).astype(np.float32) * 0.1, name="w", role="param")
+    b = Tensor(rng.standard_normal(co).astype(np.float32), name="b", role="param")
+    g = x.conv2d(w, b, padding=1).relu().graph("y")
+    shapes = {"H": hw[0], "W": hw[1]}
+    exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+    assert "kk_kl1" in exe._run.source and "kk_pka" in exe._run.source
+    for seed in (0, 1):
+        ins = exe.random_inputs(seed, shapes)
+        out, want = exe(**ins)["y"], ref(**ins)["y"]
+        assert np.linalg.norm(out - want) <= 1e-5 * np.linalg.norm(want)
+    assert _staged_blocks(monkeypatch, g, shapes) > 0
+
+
 # the phased stage: a strided operand's pixels through phase planes (space-to-depth) -----------------------
 def _conv_shapes(c, co, hw, k, stride, pad, dil, n):
     x, w = Tensor.input("x", (n, c, hw[0], hw[1])), Tensor.input("w", (co, c, k, k))

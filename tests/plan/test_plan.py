@@ -219,7 +219,7 @@ def _conv(c, co, hw, k, symbolic=False):
 
 def _short_k(plan, k: int) -> bool:
     """A B panel of all of ``k`` on the plan's lanes fits ``IN_PLACE_PANEL_BYTES`` (the pixels stay there)."""
-    from kumiko.plan.choose import IN_PLACE_PANEL_BYTES
+    from kumiko.plan.packed import IN_PLACE_PANEL_BYTES
     return k * plan.register_block.nr * 4 <= IN_PLACE_PANEL_BYTES
 
 
