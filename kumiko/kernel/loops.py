@@ -68,7 +68,6 @@ class For:
     tail: bool = False       # the scalar remainder of a vector loop (< KUMIKO_VW iterations): never parallel
     par_if: str = ""         # a parallel loop's OpenMP ``if``: threads only when this holds (enough work)
     trips: int | None = None  # the trip count when known when compiling (``axis_loop``): a point's taps
-    unroll: int = 0          # ``#pragma GCC unroll`` when > 1: copies of the body side by side
 
 
 def axis_loop(var: str, extent, body: tuple) -> For:

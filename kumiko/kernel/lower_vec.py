@@ -98,9 +98,6 @@ def _reads_memory(e: RExpr) -> bool:
     return isinstance(e, (Read, Gather)) or any(_reads_memory(k) for k in children(e))
 
 
-UNROLL = 0
-
-
 class VectorEmitter:
     """The vector half of ``CpuLowering``: KUMIKO_VW-wide loops, lane expressions, vector reductions
     and stores. A value with no vector form raises ``NotVector``; ``vector_loop`` and ``hreduce`` catch it
@@ -123,7 +120,7 @@ class VectorEmitter:
         tail = emit()
         self.red_axes = red
         n = C.index(size, set())
-        return [For(var, "0", f"{n} - (KUMIKO_VW - 1)", tuple(body), step="KUMIKO_VW", unroll=UNROLL),
+        return [For(var, "0", f"{n} - (KUMIKO_VW - 1)", tuple(body), step="KUMIKO_VW"),
                 For(var, f"({n}) / KUMIKO_VW * KUMIKO_VW", n, tuple(tail), tail=True)]
 
     def _vemit(self, ctx: VectorCtx, emit) -> list:
@@ -174,7 +171,7 @@ class VectorEmitter:
             lanes = f"kv_tail_mask((int)kumiko_min_ll(KUMIKO_VW, {stop} - {var}))"
             return (Decl("const kvi_t", mask, lanes),) + tuple(stmts)
         return decls + [For(var, "0LL", t_a, masked(t_a, border), step="KUMIKO_VW", tail=True),
-                        For(var, t_a, t_b, tuple(body), step="KUMIKO_VW", unroll=UNROLL),
+                        For(var, t_a, t_b, tuple(body), step="KUMIKO_VW"),
                         If(f"{t_hi} >= {n}", (For(var, t_b, n, masked(n, end), step="KUMIKO_VW", tail=True),),
                            (For(var, t_b, n, masked(n, border), step="KUMIKO_VW", tail=True),))]
 

@@ -69,8 +69,6 @@ def render_stmts(body, ind: int, out: list) -> None:
                 out.append(f"{pad}#pragma omp for schedule(static){col}")
             elif s.vector:
                 out.append(f"{pad}#pragma omp simd")
-            if s.unroll > 1:
-                out.append(f"{pad}#pragma GCC unroll {s.unroll}")
             out.append(f"{pad}for (long long {s.var} = {s.lo}; {s.var} < {s.hi}; {s.var} += {s.step}) {{")
             render_stmts(s.body, ind + 1, out)
             out.append(f"{pad}}}")
