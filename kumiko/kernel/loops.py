@@ -94,6 +94,7 @@ class If:
 @dataclass(frozen=True)
 class Block:
     body: tuple
+    unrolled: bool = False    # the body's statements are the iterations of an unrolled loop: their work adds up
 
 
 @dataclass(frozen=True)

@@ -353,7 +353,7 @@ def _strip_scratch(s: Stmt, found: list) -> Stmt:
     if isinstance(s, For):
         return dataclasses.replace(s, body=strip(s.body))
     if isinstance(s, Block):
-        return Block(strip(s.body))
+        return dataclasses.replace(s, body=strip(s.body))
     if isinstance(s, If):
         return If(s.cond, strip(s.then), strip(s.other))
     return s
@@ -424,6 +424,8 @@ def _taps(body: tuple) -> int:
             best = max(best, max(1, b.trips or 1) * _taps(b.body))
         elif isinstance(b, If):
             best = max(best, _taps(b.then), _taps(b.other))
+        elif isinstance(b, Block) and b.unrolled:
+            best = max(best, sum(_taps((s,)) for s in b.body))
         elif isinstance(b, (Block, Parallel)):
             best = max(best, _taps(b.body))
     return best

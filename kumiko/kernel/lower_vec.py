@@ -66,6 +66,9 @@ from kumiko.symbolic import Expr
 MIN_VECTOR_TRIP = 4
 #: vector accumulators of a horizontal sum (independent dependency chains; the combine below assumes 4)
 SUM_ACCUMULATORS = 4
+#: a sum of products over other axes inside a vector loop takes one accumulator per point of its first reduce
+#: axis with a constant trip count of 2 to this (``VectorEmitter._split_fma``)
+MAX_SPLIT_CHAINS = 4
 #: the largest element stride of a vector load along the lanes: a window's stride (2 deinterleaves, others
 #: gather a few cache lines); a larger one (a transpose, a matrix-vector product along its rows) stays
 #: scalar, where a reduction along the contiguous axis vectorises instead
@@ -423,6 +426,10 @@ class VectorEmitter:
         body: list = []
         fma = self._vfma(e, body)
         if fma is not None:
+            split = self._split_axis(e)
+            if split is not None:
+                self._split_fma(e, split, acc, body, fma, out)
+                return "f", acc
             body.append(Assign(acc, f"kv_fma({fma[0]}, {fma[1]}, {acc})"))
         else:
             self._vupdate(e.op, acc, nan, self._vbody(e, body), body)
@@ -435,6 +442,34 @@ class VectorEmitter:
         if nan is not None:
             out.append(Assign(acc, f"kv_select({nan}, kv_broadcast(NAN), {acc})"))
         return "f", acc
+
+    def _split_axis(self, e: Reduce):
+        """The reduce axis whose points get accumulators of their own: the first with a constant trip count
+        of 2 to ``MAX_SPLIT_CHAINS`` (a 3x3 window's rows), if any."""
+        for a in e.axes:
+            t = Expr.lift(self.trip(a.name, a.size)).as_int()
+            if t is not None and 2 <= t <= MAX_SPLIT_CHAINS:
+                return a, t
+        return None
+
+    def _split_fma(self, e: Reduce, split: tuple, acc: str, body: list, fma: tuple, out: list) -> None:
+        """A sum of products whose ``split`` axis (trip count t) runs as t copies of the other loops, each
+        into its own accumulator, added at the end: t independent chains of multiply-adds instead of one
+        (a 3x3 depthwise conv's 9 dependent multiply-adds per output vector become 3 chains of 3: 0.89-0.98
+        of the time for MobileNetV2's depthwise convs on AVX2, alternating in one process)."""
+        a, t = split
+        accs = [acc] + [self.tmp() for _ in range(t - 1)]
+        out += [Decl("kv_t", x, "kv_broadcast(0.0f)") for x in accs[1:]]
+        for a2 in e.axes:
+            self.red_axes.remove(a2.name)
+        copies = []
+        for j, x in enumerate(accs):
+            inner: tuple = tuple(body) + (Assign(x, f"kv_fma({fma[0]}, {fma[1]}, {x})"),)
+            for b in reversed(e.axes):
+                if b.name != a.name:
+                    inner = (axis_loop(b.name, self.trip(b.name, b.size), inner),)
+            copies.append(Block((Decl("const long long", a.name, f"{j}LL"),) + inner))
+        out += [Block(tuple(copies), unrolled=True), Assign(acc, " + ".join(accs))]
 
     def hreduce(self, e: Reduce, out: list) -> str | None:
         """A reduction in scalar context, vectorised along its innermost axis: vector accumulators, a

@@ -147,7 +147,7 @@ def _rewrite(s, on_for):
     if isinstance(s, For):
         return on_for(dataclasses.replace(s, body=tuple(_rewrite(b, on_for) for b in s.body)))
     if isinstance(s, Block):
-        return Block(tuple(_rewrite(b, on_for) for b in s.body))
+        return dataclasses.replace(s, body=tuple(_rewrite(b, on_for) for b in s.body))
     if isinstance(s, If):
         return If(s.cond, tuple(_rewrite(b, on_for) for b in s.then), tuple(_rewrite(b, on_for) for b in s.other))
     return s

@@ -51,6 +51,15 @@ def test_depthwise(n, hw, stride):
     check(*conv(n, 19, 19, *hw, 3, stride=stride, pad=1, groups=19))
 
 
+@pytest.mark.parametrize("k,chains", [(3, 3), (5, 0)])
+def test_depthwise_window_rows_accumulate_apart(k, chains):
+    """A 3x3 window's sum inside the vector loop runs as 3 chains of multiply-adds, one per window row (each
+    its own accumulator, added at the end); a 5x5 window's 5 rows stay one chain. Against the evaluator."""
+    src = check(*conv(1, 24, 24, 23, 37, k, pad=k // 2, groups=24))
+    rows = set(re.findall(r"const long long (r\d+) = (\d)LL;", src))
+    assert len(rows) == chains, sorted(rows)
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_depthwise_dilated_and_5x5(n):
     check(*conv(n, 17, 17, 23, 19, 3, pad=2, dil=2, groups=17))
