@@ -217,10 +217,14 @@ def _conv(c, co, hw, k, symbolic=False):
     return x.conv2d(w, b, padding=k // 2).relu().graph("y", name="conv")
 
 
-def _short_k(plan, k: int) -> bool:
-    """A B panel of all of ``k`` on the plan's lanes fits ``IN_PLACE_PANEL_BYTES`` (the pixels stay there)."""
+def _short_k(plan, k: int, co: int, pixels: int) -> bool:
+    """The pixels' B panel of all of ``k`` (on the micro-tile that puts them in the lanes: ``co`` rows, ``pixels``
+    columns) fits ``IN_PLACE_PANEL_BYTES``: they stay in the lanes whatever the tiles pad."""
+    import os
+
     from kumiko.plan.packed import IN_PLACE_PANEL_BYTES
-    return k * plan.register_block.nr * 4 <= IN_PLACE_PANEL_BYTES
+    nr = micro_tile(plan.vector_width, co, pixels, os.cpu_count() or 1)[1]
+    return k * nr * 4 <= IN_PLACE_PANEL_BYTES
 
 
 @pytest.mark.parametrize("c,co,hw,k,stride", [(3, 32, 48, 3, 2), (32, 16, 40, 1, 1), (96, 576, 14, 1, 1),
@@ -264,7 +268,8 @@ def test_plan_says_which_side_the_lanes_hold_and_the_kernel_follows(c, co, hw, k
             #         6-row tiles 32 channels pad the rows more than 64 pixels do); a 1x1 conv whose pixels' panel
             #         of all of K fits in L1 reads them in place whatever they pad
             keep = (8, 17) if plan.vector_width == 16 else (17,)
-            assert plan.lanes == ("m" if hw in keep or (k == 1 and _short_k(plan, c)) else "n"), plan.register_block
+            short = k == 1 and _short_k(plan, c, co, hw * hw)
+            assert plan.lanes == ("m" if hw in keep or short else "n"), plan.register_block
         ins = exe.random_inputs(2, {"H": hw, "W": hw} if symbolic else None)
         want = kumiko.compile(g, "eval")(**ins)["y"]
         to = "n" if plan.lanes == "m" else "m"
@@ -333,7 +338,7 @@ def test_channels_in_the_lanes_with_a_residual(c, co, hw, k, n):
     exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
     (plan,) = exe._run.plans.values()
     if plan.vector_width == 16:
-        assert plan.lanes == ("m" if _short_k(plan, c * k * k) else "n"), plan.register_block
+        assert plan.lanes == ("m" if _short_k(plan, c * k * k, co, n * hw * hw) else "n"), plan.register_block
     for seed in (0, 1):
         ins = exe.random_inputs(seed)
         got, want = exe(**ins)["y"], ref(**ins)["y"]
