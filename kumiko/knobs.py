@@ -36,24 +36,29 @@ from pathlib import Path
 #: (it encodes the name and decodes the value), twice on every kernel call (``debug`` and ``spec``), which was
 #: a sixth of a small graph's call
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
-_PARSED: dict[tuple[str, object], int] = {}
+#: (name, encoded value) -> the integer it parses to, or None (unset, empty or not a number: the default)
+_PARSED: dict[tuple[str, bytes], int | None] = {}
 
 
 def _int(name: str, default: int) -> int:
     if isinstance(_ENV_DATA, dict) and os.environ._data is _ENV_DATA:
         raw = _ENV_DATA.get(name.encode(), b"")
-        hit = _PARSED.get((name, raw))
-        if hit is not None:
-            return default if hit is _PARSED else hit
+        try:
+            value = _PARSED[(name, raw)]
+        except KeyError:
+            value = _parse(raw)
+            if len(_PARSED) < 256:
+                _PARSED[(name, raw)] = value
     else:
-        raw = os.environ.get(name, "")
-    try:
-        value = int(raw) if raw.strip() else None
-    except ValueError:
-        value = None
-    if isinstance(raw, bytes) and len(_PARSED) < 256:
-        _PARSED[(name, raw)] = _PARSED if value is None else value
+        value = _parse(os.environ.get(name, ""))
     return default if value is None else value
+
+
+def _parse(raw: str | bytes) -> int | None:
+    try:
+        return int(raw) if raw.strip() else None
+    except ValueError:
+        return None
 
 
 def debug() -> int:

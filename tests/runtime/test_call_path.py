@@ -202,3 +202,16 @@ def test_threads_with_other_sizes_and_other_weights():
         th.join(timeout=120)
     assert not any(th.is_alive() for th in threads), "a thread hung"
     assert not errors, f"{len(errors)} failures, e.g. {errors[:3]}"
+
+
+def test_address_is_the_first_element_whatever_the_array():
+    """``pool.address`` takes a writable contiguous array's address through the buffer protocol and anything
+    else's from ``__array_interface__``: the same first element either way (offset views, read-only,
+    strided, Fortran-ordered, empty, bool arrays)."""
+    base = np.arange(64, dtype=np.float32)
+    ro = base.copy()
+    ro.setflags(write=False)
+    arrays = [base, base[3:], base[::2], base.reshape(8, 8)[:, 1], np.asfortranarray(base.reshape(8, 8)), ro,
+              np.zeros(0, np.float32), np.zeros(5, bool), np.broadcast_to(base[:4], (3, 4))]
+    for a in arrays:
+        assert address(a) == a.__array_interface__["data"][0], (a.shape, a.strides, a.flags.writeable)
