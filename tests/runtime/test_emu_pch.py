@@ -63,3 +63,19 @@ def test_a_header_that_does_not_build_is_left_out(counts, monkeypatch):
     monkeypatch.setattr(pch, "_build", lambda *a: False)
     _run(2.0, 1.0)
     assert counts == {"built": 0, "used": 0}
+
+
+def test_an_edited_emulator_header_makes_a_new_library_and_header(counts, tmp_path, monkeypatch):
+    """The headers are read once per build, for the library's key and the precompiled header's: a change to
+    any of them (here a comment appended to a copy of ``kumiko_cuda.cuh``) gives both new keys, so nothing
+    built from the old text is loaded."""
+    from kumiko.runtime import emu
+    inc = tmp_path / "include"
+    shutil.copytree(emu.INCLUDE_DIR, inc)
+    monkeypatch.setattr(emu, "INCLUDE_DIR", inc)
+    _run(2.0, 1.0)
+    with open(inc / "kumiko_cuda.cuh", "a") as f:
+        f.write("\n/* edited */\n")
+    _run(2.0, 1.0)
+    assert counts == {"built": 2, "used": 2}
+    assert len(list((tmp_path / "emu").glob("*.so"))) == 2
