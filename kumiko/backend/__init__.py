@@ -66,6 +66,11 @@ class Backend:
                               suggestion=f"its options: {', '.join(fields) or 'none'}")
         return self.Options(**given)
 
+    def prepare(self, comp) -> None:
+        """Called once before the stages of a compile that will build a binary (not for one the program cache
+        answers): start what the build will need and can begin now (the ``cpu`` target's precompiled
+        header). Nothing by default."""
+
     def choose_plans(self, comp) -> dict[str, Plan]:
         raise NotImplementedError(f"the {self.name} target has no plan stage")
 

@@ -19,8 +19,9 @@ from kumiko.plan.tune import cached_winner, median_time
 from kumiko.plan.tune import tune as tune_plans
 from kumiko.plan.validate import validate
 from kumiko.region.ssa import Program
+from kumiko.render.c import render_unit
 from kumiko.render.cpu_program import CpuKernels, CpuSource, lower_cpu_kernels, render_cpu_kernels
-from kumiko.runtime.cpu import UNIT_FLAGS, build_units, compiler_version, cpu_features
+from kumiko.runtime.cpu import UNIT_FLAGS, build_units, compiler_version, cpu_features, start_precompiled
 from kumiko.runtime.cpu_artifact import CompiledCpu
 from kumiko.runtime.program import CpuProgram, program_symbols
 from kumiko.tiny.evaluate import bind_symbols
@@ -28,11 +29,23 @@ from kumiko.tiny.inputs import random_inputs
 from kumiko.tiny.ir import TinyGraph
 from kumiko.util.log import stage
 
+#: how many reductions (contractions, softmax rows, pools) a program has at least for its compile to begin the
+#: precompiled header before its Python stages (``CpuBackend.prepare``)
+PCH_EARLY_REDUCES = 16
+
 
 class CpuBackend(Backend):
     name = "cpu"
     Options = Options          # plans, tune, shapes
     notes = {"kernel": "loop nests", "source": "C", "binary": "gcc"}
+
+    def prepare(self, comp) -> None:
+        """A program of at least ``PCH_EARLY_REDUCES`` reductions (a network: units enough for the build to
+        want a precompiled header) has it begun now, beside the Python stages (``start_precompiled``); a
+        small one does not spend a core on it."""
+        tiny = comp.tiny if comp.tiny is not None else comp.frontend.tiny if comp.frontend is not None else None
+        if tiny is not None and sum(n.uop == "REDUCE" for n in tiny.nodes.values()) >= PCH_EARLY_REDUCES:
+            start_precompiled(render_unit([]), name=tiny.name)
 
     def choose_plans(self, comp) -> dict[str, Plan]:
         feats = cpu_features()

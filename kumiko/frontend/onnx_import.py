@@ -35,6 +35,7 @@ Rules (docs/onnx.md has the user-facing version):
 """
 from __future__ import annotations
 
+import collections
 import re
 from typing import Any, Callable, Mapping
 
@@ -154,8 +155,16 @@ class Importer:
             {i.name for i in self.graph.input} | {o.name for o in self.graph.output} | \
             {t.name for t in self.graph.initializer}
         self.input_types: dict[str, Any] = {}
+        self._uses: collections.Counter | None = None     # ``uses``: counted once, on the first question
         self.fold_why = ""                          # why the last fold of a shape value failed
         self.unfolded: dict[str, str] = {}          # outputs whose shape-value fold failed -> why
+
+    def uses(self, name: str) -> int:
+        """How many node inputs and graph outputs of the ONNX graph read tensor ``name``."""
+        if self._uses is None:
+            self._uses = collections.Counter(n for node in self.graph.node for n in node.input)
+            self._uses.update(o.name for o in self.graph.output)
+        return self._uses[name]
 
     # values ---------------------------------------------------------------------------------------
     def const(self, name: str, what: str, code: str = "E1011") -> np.ndarray:

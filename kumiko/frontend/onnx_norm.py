@@ -58,11 +58,6 @@ def _new_const(imp: Importer, base: str, arr: np.ndarray) -> str:
     return name
 
 
-def _uses(imp: Importer, name: str) -> int:
-    """How many node inputs and graph outputs read ONNX tensor ``name``."""
-    return sum(list(n.input).count(name) for n in imp.graph.node) + sum(o.name == name for o in imp.graph.output)
-
-
 # ------------------------------------------------------------------------------------------------
 # BatchNormalization
 
@@ -72,11 +67,11 @@ def _fold(imp: Importer, node: OnnxNode, s: np.ndarray, t: np.ndarray) -> str | 
     than copying it). Returns the folded op's output, or None where the rule does not apply."""
     xn = node.input(0)
     p = imp.producer.get(xn)
-    if p is None or p.op_type not in ("Conv", "Gemm", "MatMul") or xn not in imp.kt or _uses(imp, xn) != 1:
+    if p is None or p.op_type not in ("Conv", "Gemm", "MatMul") or xn not in imp.kt or imp.uses(xn) != 1:
         return None
     wn = p.input(1)
     w = imp.consts.get(wn)
-    if w is None or w.dtype.kind != "f" or _uses(imp, wn) != 1 or p.input(0) == wn:
+    if w is None or w.dtype.kind != "f" or imp.uses(wn) != 1 or p.input(0) == wn:
         return None
     bn = p.input(2) if p.op_type != "MatMul" else ""
     if bn and bn not in imp.consts:

@@ -203,6 +203,8 @@ def compile_program(program: Graph | TinyGraph, target: str = "cpu", options: Ma
             return c
     if knobs.dump_dir() is not None or enabled(5) or knobs.spec() >= 2:
         want = (*want, *ANALYSES)
+    if until == "binary" and "binary" not in c.given:
+        c.backend.prepare(c)
     advance(c, until, want)
     if until == "binary":
         report(c)

@@ -193,7 +193,7 @@ class Former:
 
     def _compute_users(self) -> dict[str, set]:
         """Compute-node consumers of each node, looking through movement chains."""
-        direct = self.g.consumers()
+        direct = self._direct = self.g.consumers()
         out: dict[str, set] = {}
         def moves(u: str) -> bool:
             return self.g.nodes[u].uop in MOVEMENT
@@ -305,7 +305,7 @@ class Former:
         Asked of the pair's own subgraph (``pairview``), cached by its shape."""
         key = (producer, consumer)
         if key not in self._poly:
-            self._poly[key] = compute_at_verdict(self.g, producer, consumer)
+            self._poly[key] = compute_at_verdict(self.g, producer, consumer, self._direct)
         return self._poly[key]
 
     def compute(self, b: _Build, n: Node, index: tuple, scope: tuple) -> RExpr:

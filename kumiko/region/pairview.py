@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Mapping
 
 from kumiko.symbolic import dim_json
 from kumiko.tiny.ir import MOVEMENT, FrozenDict, Node, TinyGraph, is_ref
@@ -51,9 +52,11 @@ def _path_nodes(g: TinyGraph, users: dict, producer: str, consumer: str) -> set[
     return down | {consumer}
 
 
-def pair_graph(g: TinyGraph, producer: str, consumer: str) -> tuple[TinyGraph, tuple]:
-    """The pair's subgraph (node ids kept) and its canonical form (the cache key)."""
-    users = g.consumers()
+def pair_graph(g: TinyGraph, producer: str, consumer: str, users: Mapping[str, list] | None = None
+               ) -> tuple[TinyGraph, tuple]:
+    """The pair's subgraph (node ids kept) and its canonical form (the cache key). ``users``: ``g.consumers()``,
+    when the caller has it (it walks the whole graph)."""
+    users = g.consumers() if users is None else users
     keep = _path_nodes(g, users, producer, consumer)
     stack = list(keep)
     while stack:        # movement chains and a contraction's MUL fold into their readers' blocks
@@ -91,10 +94,12 @@ def pair_graph(g: TinyGraph, producer: str, consumer: str) -> tuple[TinyGraph, t
     return sub, key
 
 
-def compute_at_verdict(g: TinyGraph, producer: str, consumer: str) -> tuple[bool, str] | None:
+def compute_at_verdict(g: TinyGraph, producer: str, consumer: str, users: Mapping[str, list] | None = None
+                       ) -> tuple[bool, str] | None:
     """Poly Core's compute-at report on the pair: (legal with buffer class ``reg``, why), or None when
-    Poly Core cannot analyse it (a value outside the SCoP, or the producer part of the consumer's block)."""
-    sub, key = pair_graph(g, producer, consumer)
+    Poly Core cannot analyse it (a value outside the SCoP, or the producer part of the consumer's block).
+    ``users``: as for ``pair_graph``."""
+    sub, key = pair_graph(g, producer, consumer, users)
     with _lock:
         if key in _cache:
             _cache.move_to_end(key)

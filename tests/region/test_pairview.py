@@ -34,8 +34,9 @@ def _asked(monkeypatch, g):
     asked = []
     real = form_mod.compute_at_verdict
 
-    def spy(tg, p, c):
-        v = real(tg, p, c)
+    def spy(tg, p, c, users=None):
+        assert users is None or users == tg.consumers()
+        v = real(tg, p, c, users)
         asked.append((p, c, v))
         return v
     monkeypatch.setattr(form_mod, "compute_at_verdict", spy)

@@ -263,6 +263,36 @@ def test_precompiled_prefix_is_built_once_and_reused(fresh_cache, monkeypatch):
     check_against_eval(g, exe)
 
 
+def test_a_network_begins_its_precompiled_header_before_its_python_stages(fresh_cache, monkeypatch):
+    """A program with reductions enough (``PCH_EARLY_REDUCES``) has its precompiled header begun when the compile
+    starts, on another thread; the build then takes it from the cache (built once, not twice) and the answers
+    are the evaluator's. A small program begins none."""
+    from kumiko.backend import cpu as cpu_be
+    began = []
+    real = cpu_be.start_precompiled
+    monkeypatch.setattr(cpu_be, "start_precompiled", lambda *a, **k: began.append(real(*a, **k)) or began[-1])
+    monkeypatch.setattr(cpu_rt, "_PCH_MIN_UNITS", 1)
+    small = chain([4, 6])
+    compile_counting(small)
+    assert began == []                                  # 2 reductions: below PCH_EARLY_REDUCES
+    monkeypatch.setattr(cpu_be, "PCH_EARLY_REDUCES", 2)
+    g = chain([4, 6, 5])
+    cpu_rt.forget_loaded()
+    for gch in fresh_cache.glob("*.gch"):
+        gch.unlink()
+    exe, counts = compile_counting(g)
+    assert began == [True]
+    assert counts["pch_compiled"] == 1 and counts["pch_cached"] == 1 and len(list(fresh_cache.glob("*.gch"))) == 1
+    check_against_eval(g, exe)
+    assert not cpu_rt._pch_early                         # nothing left in flight
+    assert cpu_rt.start_precompiled(render_unit_prefix()) is False      # in the cache now: nothing to begin
+
+
+def render_unit_prefix() -> str:
+    from kumiko.render.c import render_unit
+    return render_unit([])
+
+
 def test_errors_in_a_unit_after_the_prefix_keep_their_line_numbers(fresh_cache, monkeypatch):
     """A unit compiled with its prefix precompiled reports the line of the source that is kept for the report."""
     from kumiko.render.c import render_unit
@@ -324,25 +354,31 @@ def test_a_damaged_compiler_memo_is_asked_again(fresh_cache):
 # flags by kind of unit
 
 def test_each_kind_of_unit_gets_its_flags(fresh_cache):
-    """A contraction with a pointwise epilogue builds at -O1 with the vectoriser (``UNIT_FLAGS``), one whose
-    epilogue reduces (a softmax's rows) and a loop nest at the default -O3; every object's sidecar says what it
-    was built with, and the answers are the evaluator's."""
+    """A contraction with a pointwise epilogue builds at -O1 with the vectoriser (``UNIT_FLAGS``), a constant
+    operand's pack function at plain -O1, one whose epilogue reduces (a softmax's rows) and a loop nest at the
+    default -O3; every object's sidecar says what it was built with, and the answers are the evaluator's."""
+    rng = np.random.default_rng(3)
     x, w, b = Tensor.input("x", (40, 96)), Tensor.input("w", (96, 72)), Tensor.input("b", (72,))
+    w2 = Tensor(rng.standard_normal((72, 72)).astype(np.float32), name="w2", role="param")    # bound: packed once
     h = (x @ w + b).relu()
-    s = (h @ Tensor.input("w2", (72, 72))).softmax(-1)
+    s = (h @ w2).softmax(-1)
     g = (s.exp() * 2.0).sum(axis=0).graph("y")
-    _, c = rendered(g)
+    program = form_regions(g.tiny)
+    consts = frozenset({"w2"})
+    c = render_cpu_source(program, choose_cpu_plans(g.tiny, program, None, cpu_rt.cpu_features(),
+                                                    constants=consts), constants=consts)
     kinds = dict(zip(c.units, c.unit_kinds))
-    assert {"contraction", "contraction+reduce", "loops"} <= set(kinds.values())
+    assert {"contraction", "contraction+reduce", "loops", "pack"} <= set(kinds.values())
     exe, _ = compile_counting(g)
     check_against_eval(g, exe)
     seen = set()
+    want = {k: list(v) for k, v in cpu_rt.UNIT_FLAGS.items()}
+    assert want["pack"] == ["-O1"] and "-O1" in want["contraction"]
     for obj in fresh_cache.glob("*.o"):
         unit = obj.with_suffix(".c").read_text()
         flags = json.loads(obj.with_suffix(".json").read_text())["flags"]
         kind = kinds[unit]
-        own = list(cpu_rt.UNIT_FLAGS["contraction"])
-        assert flags[-len(own):] == own if kind == "contraction" else "-O1" not in flags and "-O3" in flags, (
-            kind, flags)
+        own = want.get(kind)
+        assert flags[-len(own):] == own if own else "-O1" not in flags and "-O3" in flags, (kind, flags)
         seen.add(kind)
     assert seen == set(kinds.values())
