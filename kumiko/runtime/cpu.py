@@ -385,8 +385,9 @@ def _precompiled(prefix: str, compile_flags: Sequence[str], name: str, root: Pat
     so the precompiled header only saves time: a cached one (``<key>.gch``, checked like an object, once per
     process) is hard-linked into ``work`` (``place_entry``); else, with ``_PCH_MIN_UNITS`` units or more to
     compile, the returned task builds it, runs first in the pool and publishes it into ``work`` (atomically)
-    and the cache, while units that start before it is there parse the text. A precompiled header that fails
-    to build is left out, not an error."""
+    and the cache, while units that start before it is there parse the text; one that ``start_precompiled``
+    began when the compile started and that is still building is waited for by that task instead. A
+    precompiled header that fails to build is left out, not an error."""
     pch_flags, key, header = _pch_names(prefix, compile_flags)
     try:
         (work / header).write_text(prefix)
