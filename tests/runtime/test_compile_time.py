@@ -268,6 +268,7 @@ def test_a_network_begins_its_precompiled_header_before_its_python_stages(fresh_
     starts, on another thread; the build then takes it from the cache (built once, not twice) and the answers
     are the evaluator's. A small program begins none."""
     from kumiko.backend import cpu as cpu_be
+    from kumiko.render.c import render_unit
     began = []
     real = cpu_be.start_precompiled
     monkeypatch.setattr(cpu_be, "start_precompiled", lambda *a, **k: began.append(real(*a, **k)) or began[-1])
@@ -285,12 +286,7 @@ def test_a_network_begins_its_precompiled_header_before_its_python_stages(fresh_
     assert counts["pch_compiled"] == 1 and counts["pch_cached"] == 1 and len(list(fresh_cache.glob("*.gch"))) == 1
     check_against_eval(g, exe)
     assert not cpu_rt._pch_early                         # nothing left in flight
-    assert cpu_rt.start_precompiled(render_unit_prefix()) is False      # in the cache now: nothing to begin
-
-
-def render_unit_prefix() -> str:
-    from kumiko.render.c import render_unit
-    return render_unit([])
+    assert cpu_rt.start_precompiled(render_unit([])) is False      # in the cache now: nothing to begin
 
 
 def test_errors_in_a_unit_after_the_prefix_keep_their_line_numbers(fresh_cache, monkeypatch):
