@@ -445,6 +445,7 @@ def _build_pch(header: str, pch_flags: Sequence[str], key: str, name: str, root:
 
 #: (cache root, key) -> set when the precompiled header ``start_precompiled`` builds is in the cache (or failed)
 _pch_early: dict[tuple[str, str], threading.Event] = {}
+_pch_lock = threading.Lock()
 #: how long a build waits for a precompiled header begun early before its units go on parsing the text
 BUILD_WAIT_S = 120.0
 
@@ -459,7 +460,7 @@ def start_precompiled(prefix: str, flags: Sequence[str] | None = None, name: str
     pch_flags, key, header = _pch_names(prefix, compile_flags)
     root = cache_root()
     slot = (str(root), key)
-    with _stats_lock:
+    with _pch_lock:
         if slot in _pch_early or (root / f"{key}.gch").exists():
             return False
         done = _pch_early[slot] = threading.Event()
@@ -472,7 +473,7 @@ def start_precompiled(prefix: str, flags: Sequence[str] | None = None, name: str
         except Exception as e:  # noqa: BLE001 - only a speed-up: the build makes it itself
             log(1, f"the precompiled header begun early did not build: {e}")
         finally:
-            with _stats_lock:
+            with _pch_lock:
                 _pch_early.pop(slot, None)
             done.set()
     threading.Thread(target=run, name="kumiko-pch", daemon=True).start()
