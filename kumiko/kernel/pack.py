@@ -9,8 +9,10 @@ is classified once per K block: its rows are one contiguous run, two runs (a row
 or apart; each guard's extremes over its rows and over the block's K decide whether every row is
 valid at every k. Then: one copy of R floats per k (a run), or 8 x 8 transposes (rows apart, K
 consecutive: a row-major A); otherwise per k a copy, zeros, or a per-row mask from the guards (AVX2
-masked loads of the runs or a masked gather; scalar code without AVX2). An operand without a table
-form is packed by the generic expression emitter per element.
+masked loads of the runs or a masked gather; scalar code without AVX2). Rows 2 elements apart (a stride-2
+conv's pixels) get one more case: a chunk of 8 rows (16 with AVX-512) that is one run of stride 2 is
+deinterleaved from two loads of the floats it spans, masked to the valid rows where the guards leave some
+out. An operand without a table form is packed by the generic expression emitter per element.
 
 ``PanelPacking`` is the packing half of ``contract.ContractionLowering`` (a mixin); ``_PackText`` writes
 the C text of the table path.
@@ -70,11 +72,15 @@ class _PackText:
     (every row valid), zeros (none), or a per-row mask - AVX2 masked loads of the runs or a masked
     gather, a scalar loop without AVX2 or past 32-bit guard values."""
 
-    def __init__(self, sd: Side, src: str, at_run: tuple, at_rel: tuple, at_k: tuple):
+    def __init__(self, sd: Side, src: str, at_run: tuple, at_rel: tuple, at_k: tuple, step: int | None = None):
         self.t, self.R, self.p, self.src = sd.table, sd.r, f"kk_{sd.key}", src
         self.G = len(self.t.guards)
         self.RV = (self.R + 7) // 8 * 8
         self.vec = self.t.identity              # fp32 elements as they are: vector copies apply
+        # consecutive rows 2 elements apart (a stride-2 conv's pixels): only then can a chunk of rows be one
+        # run of stride 2, so only then is the code that copies such chunks emitted (gcc's time for it is
+        # wasted elsewhere: emitted for every panel, it made ResNet-50's units take 1.1-1.2x the gcc time)
+        self.s2 = self.vec and step == 2
         self.at_run, self.at_rel, self.at_k = at_run, at_rel, at_k   # (decl of kk_ld, value) at an index
 
     def block(self, q0: str, q1: str, rowbase: str, limit: str, dst: str) -> list:
@@ -129,19 +135,31 @@ class _PackText:
                       f"    kk_small &= kk_r >= kk_nv || (kk_t{j}[kk_r] > -{_SMALL} && kk_t{j}[kk_r] < {_SMALL});",
                       "  }"]
             L.append("#endif")
-            if R >= 16:         # 16-row chunks that are one run of stride 2 (a stride-2 conv's pixels)
-                n2 = R // 16
-                L += ["#if defined(__AVX512F__)",
-                      f"  int kk_s2[{n2}], kk_s2any = 0;",
-                      f"  for (int kk_c = 0; kk_c < {n2}; ++kk_c) {{",
-                      "    int kk_ok = 16 * kk_c + 16 <= kk_nv;",
-                      "    for (int kk_r = 1; kk_ok && kk_r < 16; ++kk_r) "
-                      "kk_ok = kk_rel[16 * kk_c + kk_r] == kk_rel[16 * kk_c] + 2 * kk_r;",
-                      "    kk_s2[kk_c] = kk_ok;",
-                      "    kk_s2any |= kk_ok;",
-                      "  }",
-                      "#endif"]
+            # chunks of rows that are one run of stride 2 (a stride-2 conv's pixels): 16 rows with AVX-512
+            # (``kk_s2``), 8 with AVX2 (``kk_s8``, the last one as short as the panel's rows leave)
+            if not self.s2:
+                return L
+            if R >= 16:
+                L += ["#if defined(__AVX512F__)", *self._s2_flags("kk_s2", 16, R // 16), "#endif"]
+            L += ["#if defined(__AVX2__)", *self._s2_flags("kk_s8", 8, len(self._chunks8())), "#endif"]
         return L
+
+    def _chunks8(self) -> list:
+        """(first row, rows) of the panel's 8-row chunks (AVX2): the last one as short as the rows leave."""
+        return [(c0, min(8, self.R - c0)) for c0 in range(0, self.R, 8)]
+
+    def _s2_flags(self, name: str, w: int, n: int) -> list:
+        """``name[c]``: chunk c's rows (``w`` a chunk, fewer in a short last one, at least 2) are rows of the
+        panel and one run of stride 2; ``name`` + ``any``: some chunk is."""
+        return [f"  int {name}[{n}], {name}any = 0;",
+                f"  for (int kk_c = 0; kk_c < {n}; ++kk_c) {{",
+                f"    const int kk_w = {self.R} - {w} * kk_c < {w} ? {self.R} - {w} * kk_c : {w};",
+                f"    int kk_ok = kk_w >= 2 && {w} * kk_c + kk_w <= kk_nv;",
+                "    for (int kk_r = 1; kk_ok && kk_r < kk_w; ++kk_r) "
+                f"kk_ok = kk_rel[{w} * kk_c + kk_r] == kk_rel[{w} * kk_c] + 2 * kk_r;",
+                f"    {name}[kk_c] = kk_ok;",
+                f"    {name}any |= kk_ok;",
+                "  }"]
 
     def whole_block(self) -> list:
         """Every row valid at every k of the K block: copies without tests."""
@@ -212,39 +230,58 @@ class _PackText:
         return L
 
     def stride2(self) -> list:
-        """Every row valid and some 16-row chunks one run of stride 2 (``kk_s2``: a stride-2 conv's pixels in
-        the lanes): those chunks deinterleaved from two loads (the second masked to the 31 floats the run
-        spans) and one permute, the others a float at a time. A 3x3 stride-2 conv 128 -> 128 from 56x56 had
-        spent a quarter of its time packing such panels a float at a time (0.918 of the time with this)."""
+        """Every row valid and some chunks one run of stride 2 (a stride-2 conv's pixels in the lanes): those
+        chunks deinterleaved from two loads, the others a float at a time. AVX-512 (``kk_s2``): 16-row chunks,
+        a load and a masked load of the 31 floats the run spans, one permute. AVX2 (``kk_s8``): 8-row chunks
+        (a 6-row A panel is one short chunk), ``_deinterleave8``. A 3x3 stride-2 conv 128 -> 128 from 56x56 had
+        spent a quarter of its time packing such panels a float at a time (0.918 of the time with the AVX-512
+        copy)."""
         R, src = self.R, self.src
-        if not self.vec or R < 16:
+        if not self.s2:
             return []
         ld_g, v_g = self.at_rel
         one = f"{{ {ld_g} kk_dp[kk_r] = {v_g}; }}"
-        L = ["#if defined(__AVX512F__)", "      if (kk_s2any) {",
-             "        const __m512i kk_ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, "
-             "30);"]
-        for c in range(R // 16):
-            c0 = 16 * c
-            L += [f"        if (kk_s2[{c}]) {{",
-                  f"          const float* kk_sp = {src} + kk_o + kk_rel[{c0}];",
-                  f"          _mm512_storeu_ps(kk_dp + {c0}, _mm512_permutex2var_ps(_mm512_loadu_ps(kk_sp), kk_ev, "
-                  "_mm512_maskz_loadu_ps((__mmask16)0x7FFF, kk_sp + 16)));",
-                  f"        }} else for (int kk_r = {c0}; kk_r < {c0 + 16}; ++kk_r) {one}"]
-        if R % 16:
-            L.append(f"        for (int kk_r = {R - R % 16}; kk_r < {R}; ++kk_r) {one}")
+        L = []
+        if R >= 16:
+            L += ["#if defined(__AVX512F__)", "      if (kk_s2any) {",
+                  "        const __m512i kk_ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, "
+                  "28, 30);"]
+            for c in range(R // 16):
+                c0 = 16 * c
+                L += [f"        if (kk_s2[{c}]) {{",
+                      f"          const float* kk_sp = {src} + kk_o + kk_rel[{c0}];",
+                      f"          _mm512_storeu_ps(kk_dp + {c0}, _mm512_permutex2var_ps(_mm512_loadu_ps(kk_sp), kk_ev, "
+                      "_mm512_maskz_loadu_ps((__mmask16)0x7FFF, kk_sp + 16)));",
+                      f"        }} else for (int kk_r = {c0}; kk_r < {c0 + 16}; ++kk_r) {one}"]
+            if R % 16:
+                L.append(f"        for (int kk_r = {R - R % 16}; kk_r < {R}; ++kk_r) {one}")
+            L += ["      } else", "#elif defined(__AVX2__)"]
+        else:
+            L.append("#if defined(__AVX2__)")
+        L.append("      if (kk_s8any) {")
+        for c, (c0, w) in enumerate(self._chunks8()):
+            lo, hi = _span_masks(w)
+            L += [f"        if (kk_s8[{c}]) {{",
+                  f"          const __m256 kk_v = {_deinterleave8(f'{src} + kk_o + kk_rel[{c0}]', lo, hi)};",
+                  f"          {_store_lanes(c0, w)}",
+                  f"        }} else for (int kk_r = {c0}; kk_r < {c0 + w}; ++kk_r) {one}"]
+        L += ["#ifdef KUMIKO_TRACE_STAGE",
+              "        __atomic_fetch_add(&kk_pack_s2, 1, __ATOMIC_RELAXED);",
+              "#endif"]
         return L + ["      } else", "#endif"]
 
     def masked(self, gk: list) -> list:
-        """Some rows valid: the lanes' mask from the guards, then masked loads of the runs or a gather."""
+        """Some rows valid: the lanes' mask from the guards, then masked loads of the runs, or of a stride-2
+        run's span (``kk_s8``: the row mask spread over the run's even floats, ``_deinterleave8``), or a
+        gather (rows apart otherwise)."""
         if not self.vec:
             return []
-        R, src = self.R, self.src
+        src = self.src
         L = ["#if defined(__AVX2__)", "      if (kk_small) {"]
         for j in range(self.G):
             L.append(f"        const __m256i kk_gv{j} = _mm256_set1_epi32((int)({gk[j]} < -{_SMALL} ? "
                      f"-{_SMALL} : {gk[j]} > {_SMALL} ? {_SMALL} : {gk[j]}));")
-        for c0 in range(0, R, 8):
+        for c, (c0, w) in enumerate(self._chunks8()):
             l1, l2 = _ld8("kk_l1", c0), _ld8("kk_l2", c0)
             L.append(f"        {{ __m256i kk_m = _mm256_or_si256({l1}, {l2}); __m256 kk_v;")
             for j, (op, _) in enumerate(self.t.guards):
@@ -254,6 +291,16 @@ class _PackText:
                 else:
                     L.append(f"          kk_m = _mm256_and_si256(_mm256_cmpeq_epi32({_ld8(f'kk_i{j}', c0)}, "
                              f"kk_gv{j}), kk_m);")
+            if self.s2:
+                spread = [f"_mm256_and_si256(_mm256_permutevar8x32_epi32(kk_m, _mm256_setr_epi32({lanes})), "
+                          "_mm256_setr_epi32(-1, 0, -1, 0, -1, 0, -1, 0))"
+                          for lanes in ("0, 0, 1, 1, 2, 2, 3, 3", "4, 4, 5, 5, 6, 6, 7, 7")]
+                L += [f"          if (kk_runs == 3 && kk_s8[{c}]) {{    /* row r at float 2r of the span */",
+                      f"            kk_v = {_deinterleave8(f'{src} + kk_o + kk_rel[{c0}]', *spread)};",
+                      "#ifdef KUMIKO_TRACE_STAGE",
+                      "            __atomic_fetch_add(&kk_pack_s2m, 1, __ATOMIC_RELAXED);",
+                      "#endif",
+                      "          } else"]
             L += ["          if (kk_runs == 3)",
                   f"            kk_v = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), {src} + kk_o, "
                   f"{_ld8('kk_ri', c0)}, _mm256_castsi256_ps(kk_m), 4);",
@@ -262,13 +309,43 @@ class _PackText:
                   "            if (kk_runs == 2)",
                   f"              kk_v = _mm256_or_ps(kk_v, _mm256_maskload_ps({src} + kk_o + kk_d2 + {c0}, "
                   f"_mm256_and_si256(kk_m, {l2})));",
-                  "          }"]
-            if c0 + 8 <= R:
-                L.append(f"          _mm256_storeu_ps(kk_dp + {c0}, kk_v); }}")
-            else:
-                L.append("          KUMIKO_ALIGN(32) float kk_tmp[8]; _mm256_store_ps(kk_tmp, kk_v); "
-                         f"memcpy(kk_dp + {c0}, kk_tmp, sizeof(float) * {R - c0}); }}")
+                  "          }",
+                  f"          {_store_lanes(c0, w)} }}"]
         return L + ["      } else", "#endif"]
+
+
+def _lanes8(n: int) -> str:
+    """The AVX2 mask of the first ``n`` of 8 lanes (none for n <= 0, all for n >= 8)."""
+    n = max(0, min(8, n))
+    return "_mm256_setr_epi32(" + ", ".join(["-1"] * n + ["0"] * (8 - n)) + ")"
+
+
+def _span_masks(w: int) -> tuple[str | None, str | None]:
+    """The masks of the two 8-float loads over the 2w - 1 floats a stride-2 run of ``w`` rows spans (None: a
+    plain load, no mask; the second load's "0 lanes" mask is a zero vector)."""
+    span = 2 * w - 1
+    return (None if span >= 8 else _lanes8(span)), (None if span >= 16 else _lanes8(span - 8))
+
+
+def _deinterleave8(sp: str, lo: str | None, hi: str | None) -> str:
+    """The even floats of ``sp[0..15]`` as one AVX2 vector, loaded under the masks ``lo`` (floats 0-7) and
+    ``hi`` (8-15; None: unmasked): the shuffle gives [0 2 8 10 | 4 6 12 14], the permute of its 64-bit pairs
+    0 2 1 3 puts them in order. Masked-off floats read as 0 and are not touched in memory."""
+    ld_lo = f"_mm256_loadu_ps({sp})" if lo is None else f"_mm256_maskload_ps({sp}, {lo})"
+    ld_hi = f"_mm256_loadu_ps({sp} + 8)" if hi is None else f"_mm256_maskload_ps({sp} + 8, {hi})"
+    return (f"_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps({ld_lo}, {ld_hi}, 0x88)), "
+            "0xD8))")
+
+
+def _store_lanes(c0: int, w: int) -> str:
+    """Store the first ``w`` lanes of ``kk_v`` at ``kk_dp + c0``, nothing past them."""
+    if w == 8:
+        return f"_mm256_storeu_ps(kk_dp + {c0}, kk_v);"
+    if w == 6:
+        return (f"_mm_storeu_ps(kk_dp + {c0}, _mm256_castps256_ps128(kk_v)); "
+                f"_mm_storel_pi((__m64*)(kk_dp + {c0 + 4}), _mm256_extractf128_ps(kk_v, 1));")
+    return (f"KUMIKO_ALIGN(32) float kk_tmp[8]; _mm256_store_ps(kk_tmp, kk_v); "
+            f"memcpy(kk_dp + {c0}, kk_tmp, sizeof(float) * {w});")
 
 
 class PanelPacking:
@@ -363,9 +440,21 @@ class PanelPacking:
         dt = lo.dt(t.value)
         return decl, (v if dt is None or dt.name == "fp32" else f"(float)({v})")
 
+    def _row_step(self, sd: Side) -> int | None:
+        """How far apart (in elements) the row offsets of consecutive rows are: the coefficient of the
+        innermost row axis longer than 1 in the table's row offset; None where it is not a number."""
+        for ax in reversed(sd.rows):
+            if C.index(self.lo.sizes[ax], set()) == "1LL":
+                continue
+            for mono, coef in sd.table.off[1].terms:
+                if len(mono) == 1 and getattr(mono[0], "name", None) == ax:
+                    return coef if isinstance(coef, int) else None
+            return 0
+        return None
+
     def _pack_table(self, sd: Side, q0: str, q1: str, rowbase: str, limit: str, dst: str) -> str:
         """C text packing panels [q0, q1) from the index tables (see the module docstring)."""
         at_k = f"kk_base + kk_{sd.key}ko[kk_pc + kk_p] + kk_r"
         pk = _PackText(sd, self.lo.cname[sd.table.tensor], self._value(sd, "kk_o + kk_r"),
-                       self._value(sd, "kk_o + kk_rel[kk_r]"), self._value(sd, at_k))
+                       self._value(sd, "kk_o + kk_rel[kk_r]"), self._value(sd, at_k), self._row_step(sd))
         return "\n".join(pk.block(q0, q1, rowbase, limit, dst))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import kumiko
+from kumiko import Tensor
 from kumiko.backend import cpu as cpu_backend
 from kumiko.runtime import cpu as cpu_runtime
 from kumiko.runtime.host import cpu_features
@@ -63,3 +64,34 @@ def test_mbconv(avx2, size):
     n, c, hw = size
     check(mbconv(n, c, hw, act="hardswish"), {"x": float_input(np.random.default_rng(200 + hw), (n, c, hw, hw),
                                                                 "fp32")}, "cpu")
+
+
+@needs_gxx
+@pytest.mark.parametrize("n,c,co,hw,k,pad,bound", [
+    (1, 16, 32, 28, 3, 1, True),      # 14 x 14 output: A panels of 6 pixels, some wrapping a row, pad 1 edges
+    (2, 8, 16, 15, 3, 2, False),      # batch 2, odd size, pad 2 (two masked rows and columns), weights as inputs
+    (1, 24, 40, 13, 1, 0, True),      # 1x1 stride 2: every row valid
+])
+def test_stride_two_pixels_on_the_a_side_are_deinterleaved(avx2, monkeypatch, n, c, co, hw, k, pad, bound):
+    """A stride-2 conv's pixels packed into A panels (``kernel/pack.py``): a chunk of rows that is one run of
+    stride 2 is copied by two loads and a shuffle (``kk_pack_s2``), with the rows' mask spread over the run's
+    floats where padding leaves some rows out (``kk_pack_s2m``); the rest a float at a time or by a gather.
+    The ResNet-50 layer 256 -> 256 from 28x28 ran 0.84x as long with them as with the gather."""
+    import ctypes
+    monkeypatch.setattr(cpu_runtime, "DEFAULT_FLAGS", tuple(cpu_runtime.DEFAULT_FLAGS) + ("-DKUMIKO_TRACE_STAGE",))
+    rng = np.random.default_rng(c + co)
+    wv = (rng.standard_normal((co, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    x = Tensor.input("x", (n, c, hw, hw))
+    w = Tensor(wv, name="w", role="param") if bound else Tensor.input("w", (co, c, k, k))
+    g = x.conv2d(w, Tensor.input("b", (co,)), stride=2, padding=pad).relu().graph("y")
+    exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+    (plan,) = exe._run.plans.values()
+    assert plan.lanes == "n"          # the channels in the lanes, the pixels on the A side
+    full, part = (ctypes.c_longlong.in_dll(exe._run.module.lib, s) for s in ("kk_pack_s2", "kk_pack_s2m"))
+    full.value = part.value = 0
+    for seed in (0, 1):
+        ins = exe.random_inputs(seed)
+        got, want = exe(**ins)["y"], ref(**ins)["y"]
+        assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+    assert full.value > 0
+    assert (part.value > 0) == (pad > 0)
