@@ -378,3 +378,33 @@ def test_each_kind_of_unit_gets_its_flags(fresh_cache):
         assert flags[-len(own):] == own if own else "-O1" not in flags and "-O3" in flags, (kind, flags)
         seen.add(kind)
     assert seen == set(kinds.values())
+
+
+def test_the_pack_functions_of_a_program_share_one_unit(fresh_cache):
+    """Bound weights of three convs and a matmul: their pack functions (one per distinct constant operand)
+    are one unit of kind "pack" between them, built at the pack flags; each contraction keeps a unit of its
+    own; the answers are the evaluator's."""
+    rng = np.random.default_rng(5)
+    x = Tensor.input("x", (1, 8, 12, 12))
+    h, c = x, 8
+    for i, co in enumerate((16, 24, 16)):
+        w = Tensor((rng.standard_normal((co, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32), name=f"w{i}",
+                   role="param")
+        h, c = h.conv2d(w, padding=1).relu(), co
+    wl = Tensor((rng.standard_normal((16 * 144, 10)) / 48).astype(np.float32), name="wl", role="param")
+    g = (h.reshape(1, 16 * 144) @ wl).graph("y")
+    program = form_regions(g.tiny)
+    consts = frozenset({"w0", "w1", "w2", "wl"})
+    c = render_cpu_source(program, choose_cpu_plans(g.tiny, program, None, cpu_rt.cpu_features(),
+                                                    constants=consts), constants=consts)
+    packs = [u for u, k in zip(c.units, c.unit_kinds) if k == "pack"]
+    pack_fns = {fn for step in c.steps for fn in (pk.fn for pk in step.packs)}
+    assert len(pack_fns) >= 3
+    assert len(packs) == 1
+    assert all(f"int {dict(c.aliases).get(fn, fn)}(" in packs[0] for fn in pack_fns)
+    assert c.unit_kinds.count("contraction") >= 3
+    exe, moved = compile_counting(g)
+    check_against_eval(g, exe)
+    flags = [json.loads(o.with_suffix(".json").read_text())["flags"] for o in fresh_cache.glob("*.o")
+             if o.with_suffix(".c").read_text() == packs[0]]
+    assert flags and flags[0][-1:] == list(cpu_rt.UNIT_FLAGS["pack"])
