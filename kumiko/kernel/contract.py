@@ -434,16 +434,20 @@ class ContractionLowering(PanelPacking):
         if astg is not None:
             bdec.append(astg.base())
         no_astage = " && !kk_adir" if astg is not None else ""     # A panels are packed only off the A stage
-        if not pre_a:
-            bdec.append(If(f"kk_ares{no_astage}", (Block((
-                Decl("const long long", "kk_pc", "0"), Decl("const long long", "kk_kcb", "kk_K"),
-                *self._pack(A, "0", f"(kk_m1 - kk_m0) / {mr}", "kk_m0", "kk_M", "kk_Ap"))),)))
         in_place = stg is not None and stg.in_place
-        pack_b = [] if pre_b else self._pack(B, "kk_q0", "kk_q1", "kk_jc", "kk_jc + kk_ncur", "kk_Bc")
-        if in_place:        # the panels read in place are not packed; a short last one is
-            pack_b = [If("!kk_dir", tuple(pack_b), tuple(self._pack(
-                B, "(kk_q0 > kk_nfull ? kk_q0 : kk_nfull)", "kk_q1", "kk_jc", "kk_jc + kk_ncur", "kk_Bc")))]
-        pack_a = [] if pre_a else self._pack(A, "0", f"kk_mcb / {mr}", "kk_ic", "kk_M", "kk_Ap")
+        # the panels read in place are not packed, a short last one is: one packing, from the first panel
+        # not read in place (two copies of the packing code had been a fifth of the unit's gcc time)
+        q0 = "(kk_dir && kk_nfull > kk_q0 ? kk_nfull : kk_q0)" if in_place else "kk_q0"
+        pack_b = [] if pre_b else self._pack(B, q0, "kk_q1", "kk_jc", "kk_jc + kk_ncur", "kk_Bc")
+        # A panels: the M block's rows at the K block, or, resident (kk_ares), at all of K when the block is first
+        # visited (its first N block and K block) into the thread's panels for all its rows; one packing code
+        # for both (two copies had been a fifth of the unit's gcc time)
+        pack_a = [] if pre_a else [
+            Decl("const long long", "kk_pcb", "kk_pc"), Decl("const long long", "kk_kcbb", "kk_kcb"),
+            Block((Decl("const long long", "kk_pc", "kk_ares ? 0 : kk_pcb"),
+                   Decl("const long long", "kk_kcb", "kk_ares ? kk_K : kk_kcbb"),
+                   *self._pack(A, "0", f"kk_mcb / {mr}", "kk_ic", "kk_M",
+                               "(kk_ares ? kk_Ap + (kk_ic - kk_m0) * kk_K : kk_Ap)")))]
         # pre-packed B: panel p of all of K at p*NR*K (kk_jc is a multiple of NR: NC and the N splits are)
         b_at = (f"{self.pre['b']} + (kk_jc + kk_jr*{nr})*kk_K + kk_pc*{nr}" if pre_b else
                 f"kk_Bc + kk_jr*{nr}*kk_kcb")
@@ -461,7 +465,7 @@ class ContractionLowering(PanelPacking):
                 f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
         micro = For("kk_jr", "0", "kk_np", (For("kk_ir", "0", "kk_mcb", (call,), step=str(mr)),))
         block = [Decl("const long long", "kk_mcb", "kk_m1 - kk_ic < kk_mblk ? kk_m1 - kk_ic : kk_mblk"),
-                 *([] if pre_a else [If(f"!kk_ares{no_astage}", tuple(pack_a))]),
+                 *([] if pre_a else [If(f"(!kk_ares || (kk_pc == 0 && kk_jc == kk_n0)){no_astage}", tuple(pack_a))]),
                  Decl("const float*", "kk_Ac", f"kk_ares ? kk_Ap + (kk_ic - kk_m0) * kk_K + kk_pc * {mr} : kk_Ap"),
                  Decl("const long long", "kk_lda", "kk_ares ? kk_K : kk_kcb"),
                  micro]
