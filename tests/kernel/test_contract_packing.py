@@ -335,3 +335,16 @@ def test_prepacked_a_takes_one_k_block_when_b_fits(known):
             ins["w"] = w
         want = kumiko.compile(g, "eval")(**ins, **({"w": w} if bound else {}))["y"]
         assert rel(exe(**ins)["y"], want) < 1e-5
+
+
+@pytest.mark.parametrize("c,co,hw,stride,n", [(16, 32, 56, 1, 1), (16, 32, 28, 2, 1), (8, 24, 30, 1, 2),
+                                               (12, 16, 15, 2, 3)])
+def test_each_packed_operand_has_one_packing_code(c, co, hw, stride, n):
+    """A conv whose weights and pixels are both packed per call has two packing codes, one per operand:
+    resident A panels (all of K) and per-block ones come from the same code, and so do a staged B's
+    panels when the stage is not read and its short last panel when it is (each copy of the packing text
+    is gcc time: two had been a fifth of a unit's). The answers are the evaluator's."""
+    x, w = Tensor.input("x", (n, c, hw, hw)), Tensor.input("w", (co, c, 3, 3))
+    g = x.conv2d(w, padding=1, stride=stride).relu().graph("y")
+    src = check(g)
+    assert src.count("kk_kcontig = kk_kcb > 0") == 2
