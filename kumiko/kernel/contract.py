@@ -441,7 +441,7 @@ class ContractionLowering(PanelPacking):
         pack_b = [] if pre_b else self._pack(B, q0, "kk_q1", "kk_jc", "kk_jc + kk_ncur", "kk_Bc")
         # A panels: the M block's rows at the K block, or, resident (kk_ares), at all of K when the block is first
         # visited (its first N block and K block) into the thread's panels for all its rows; one packing code
-        # for both (two copies had been a fifth of the unit's gcc time)
+        # for both (it had been two copies of the packing text, each of them gcc time)
         pack_a = [] if pre_a else [
             Decl("const long long", "kk_pcb", "kk_pc"), Decl("const long long", "kk_kcbb", "kk_kcb"),
             Block((Decl("const long long", "kk_pc", "kk_ares ? 0 : kk_pcb"),
