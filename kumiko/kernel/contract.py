@@ -323,6 +323,12 @@ class ContractionLowering(PanelPacking):
         c, lo, A, B = self.c, self.lo, self.a, self.b
         mr, nr, mc, nc, kc = self.mr, self.nr, self.mc, self.nc, self.kc
         l1k = max(8, IN_PLACE_PANEL_BYTES // (4 * nr))      # K rows of an in-place B panel that fit L1
+        if self.stage is not None and not self.stage.in_place:
+            # a padded stage's rows start anywhere, so a row of NR floats shorter than two cache lines spans two:
+            # count it as 128 bytes (AVX2's 16 lanes: K blocks of 128 rows, not 256; 3x3 convs 64 -> 64 at 56x56
+            # and 128 -> 128 at 28x28 ran 0.955-0.966 of the time in in-process A/Bs on a 2-core Zen 3; a 1x1
+            # conv's panels read in place from their source keep the 256: MobileNetV2 ran 1.017x with 128)
+            l1k = max(8, IN_PLACE_PANEL_BYTES // max(4 * nr, 128))
         k_axes = tuple(a.name for a in c.k_axes)
         lo.ty.add_axes(c.k_axes + (c.outer.axes if c.outer is not None else ()))
         win = c.outer is not None
