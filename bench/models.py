@@ -165,6 +165,7 @@ class Row:
     reps: int = 0
     gflops: float | None = None
     ratio: float | None = None          # kumiko's median over this runner's
+    paired: tuple | None = None         # (median, lower quartile, upper quartile) of kumiko/runner, calls alternating
     rel_l2: float | None = None         # against onnxruntime (or the `ref` runner)
     ok: bool | None = None
     compile_s: float | None = None      # kumiko: cold build; torch.compile: first call; onnxruntime: session
@@ -197,6 +198,32 @@ def _time(run: Callable, reps: int, warmup: int, budget_s: float) -> tuple[dict,
         run()
         samples.append(time.perf_counter() - t0)
     return {"median_s": statistics.median(samples), "min_s": min(samples), "reps": reps, "samples_s": samples}, ""
+
+
+def paired_ratio(run_a: Callable, run_b: Callable, rounds: int, block: int = 2, settle_s: float = 0.3) -> tuple:
+    """(median, lower quartile, upper quartile) over ``rounds`` rounds of ``run_a``'s time over ``run_b``'s: in a
+    round each runs once untimed and ``block`` times timed (the median taken), after ``settle_s`` of sleep (the
+    other runner's thread pool spinning down: onnxruntime's spins for tens of milliseconds after a run, and
+    kumiko's call right after one took 2-3x as long), which goes first alternating. A host whose speed drifts
+    from one second to the next moves both halves of a round together, where medians taken one runner after
+    the other can differ by a third."""
+    ratios = []
+    for i in range(rounds):
+        took = {}
+        for k, run in ((0, run_a), (1, run_b)) if i % 2 == 0 else ((1, run_b), (0, run_a)):
+            time.sleep(settle_s)
+            run()
+            ts = []
+            for _ in range(block):
+                t0 = time.perf_counter()
+                run()
+                ts.append(time.perf_counter() - t0)
+            took[k] = statistics.median(ts)
+        ratios.append(took[0] / took[1])
+    if len(ratios) < 2:
+        return ratios[0], ratios[0], ratios[0]
+    q = statistics.quantiles(ratios, n=4)
+    return statistics.median(ratios), q[0], q[2]
 
 
 class Runner:
@@ -372,6 +399,7 @@ def bench_model(name: str, batch: int, args) -> list[Row]:
     else:
         progress(f"{label}: ONNX from the cache")
     outs: dict[str, np.ndarray] = {}
+    runs: dict[str, Callable] = {}           # the runners that timed, for the paired phase
     info: dict = {"label": label}
 
     def record(runner: str, prep: Callable):
@@ -393,6 +421,7 @@ def bench_model(name: str, batch: int, args) -> list[Row]:
                 res, row.note = _time(keep, args.reps, args.warmup, args.budget_s)
             row.peak_mb = mem.mb
             outs[runner] = np.asarray(to_np(last["y"]))
+            runs[runner] = run
             row.median_ms, row.min_ms, row.reps = res["median_s"] * 1e3, res["min_s"] * 1e3, res["reps"]
             row.samples_ms = [s * 1e3 for s in res["samples_s"]]
         except Skip as e:
@@ -426,7 +455,18 @@ def bench_model(name: str, batch: int, args) -> list[Row]:
             _print_profile(k_row)
         except Exception as e:  # noqa: BLE001
             print(f"  profile failed: {describe(e)}")
+    if args.pairs and KUMIKO in runs:
+        for row in rows:
+            if row.runner in runs and row.runner not in (KUMIKO, EVAL):
+                progress(f"{label}: kumiko and {row.runner}, calls alternating")
+                try:
+                    row.paired = paired_ratio(runs[KUMIKO], runs[row.runner], args.pairs,
+                                              settle_s=BENCH.SETTLE_S if BENCH else 0.3)
+                    print(f"  kumiko/{row.runner} paired {_paired(row)}")
+                except Exception as e:  # noqa: BLE001
+                    row.note = (row.note + "; " if row.note else "") + f"paired timing failed: {describe(e)}"
     del exe
+    runs.clear()
     rows.sort(key=lambda x: x.runner != KUMIKO)          # kumiko first, then the peers in their order
 
     ref = "onnxruntime" if "onnxruntime" in outs else next((p for p in ("torch", KUMIKO) if p in outs), None)
@@ -525,22 +565,28 @@ def results_markdown(rows: list[Row], args, m: dict) -> str:
              "`bench/netdefs.py`, random weights, exported with torch.onnx (opset 17)",
              f"- sizes: {sizes}",
              f"- median and min of {args.reps} runs after {args.warmup} warm-up; ratio = kumiko's median / the "
-             f"runner's (> 1: kumiko slower); rel L2 against onnxruntime's output (limit {REL_L2_LIMIT}, FAIL "
-             "above); GFLOP/s from kumiko's Tiny IR count; compile: kumiko cold (empty cache) / warm (from the "
-             "cache), torch.compile's first call, onnxruntime's session; peak MB: resident memory growth during "
-             f"the runner's set-up and runs ({MEM_METHOD})", "",
-             "| model | batch | runner | median ms | min ms | GFLOP/s | kumiko/runner | rel L2 | compile s "
-             "(cold / warm) | peak MB | note |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             f"runner's (> 1: kumiko slower); paired = the median (and quartiles) over {args.pairs} rounds of "
+             "kumiko's time over the runner's, each round one untimed and two timed calls of each after a pause "
+             "(`paired_ratio`), the figure to compare on a noisy host; rel L2 against onnxruntime's output (limit "
+             f"{REL_L2_LIMIT}, FAIL above); GFLOP/s from kumiko's Tiny IR count; compile: kumiko cold (empty "
+             "cache) / warm (from the cache), torch.compile's first call, onnxruntime's session; peak MB: resident "
+             f"memory growth during the runner's set-up and runs ({MEM_METHOD})", "",
+             "| model | batch | runner | median ms | min ms | GFLOP/s | kumiko/runner | paired (IQR) | rel L2 | "
+             "compile s (cold / warm) | peak MB | note |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         comp = _fmt(r.compile_s, "{:.2f}") + (f" / {r.warm_compile_s:.3f}" if r.warm_compile_s is not None else "")
         l2 = "-" if r.rel_l2 is None else f"{r.rel_l2:.1e}{'' if r.ok else ' FAIL'}"
         l2 = "ref" if r.runner == r.ref and r.median_ms is not None else l2
         note = r.note.replace("|", "\\|")
         lines.append(f"| {r.model} | {r.batch} | {r.runner} | {_fmt(r.median_ms)} | {_fmt(r.min_ms)} | "
-                     f"{_fmt(r.gflops, '{:.2f}')} | {_fmt(r.ratio, '{:.2f}')} | {l2} | {comp} | "
+                     f"{_fmt(r.gflops, '{:.2f}')} | {_fmt(r.ratio, '{:.2f}')} | {_paired(r)} | {l2} | {comp} | "
                      f"{_fmt(r.peak_mb, '{:.0f}')} | {note} |")
     return "\n".join(lines) + "\n"
+
+
+def _paired(r: Row) -> str:
+    return "-" if r.paired is None else f"{r.paired[0]:.3f} ({r.paired[1]:.3f}-{r.paired[2]:.3f})"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -549,6 +595,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch", default="1,8", help="comma-separated batch sizes (default 1,8)")
     p.add_argument("--reps", type=int, default=10, help="timed runs per runner (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
+    p.add_argument("--pairs", type=int, default=20, help="then kumiko and each peer in turn, this many rounds of "
+                   "a few calls each: the paired ratio (default 20; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated peers (default {','.join(PEERS)}); "
                    f"onnxruntime is the reference of the checks; {EVAL} adds kumiko's reference evaluator")
@@ -579,8 +627,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     except ValueError:
         p.error("--batch takes comma-separated integers, e.g. 1,8")
     args.peers = [x.strip() for x in args.peers.split(",") if x.strip()]
-    if args.reps < 1 or args.warmup < 0 or not args.batch or min(args.batch) < 1:
-        p.error("--reps and batch sizes must be >= 1 and --warmup >= 0")
+    if args.reps < 1 or args.warmup < 0 or args.pairs < 0 or not args.batch or min(args.batch) < 1:
+        p.error("--reps and batch sizes must be >= 1, --warmup and --pairs >= 0")
     args.threads_set = args.threads is not None
     if args.threads is not None:
         if args.threads < 1:
