@@ -200,25 +200,20 @@ def _time(run: Callable, reps: int, warmup: int, budget_s: float) -> tuple[dict,
     return {"median_s": statistics.median(samples), "min_s": min(samples), "reps": reps, "samples_s": samples}, ""
 
 
-def paired_ratio(run_a: Callable, run_b: Callable, rounds: int, block: int = 2, settle_s: float = 0.3) -> tuple:
+def paired_ratio(run_a: Callable, run_b: Callable, rounds: int, block: int = 3, settle_s: float = 0.3) -> tuple:
     """(median, lower quartile, upper quartile) over ``rounds`` rounds of ``run_a``'s time over ``run_b``'s: in a
     round each runs once untimed and ``block`` times timed (the median taken), after ``settle_s`` of sleep (the
     other runner's thread pool spinning down: onnxruntime's spins for tens of milliseconds after a run, and
     kumiko's call right after one took 2-3x as long), which goes first alternating. A host whose speed drifts
     from one second to the next moves both halves of a round together, where medians taken one runner after
     the other can differ by a third."""
+    from kumiko.plan.tune import median_time  # kumiko ran (its run is ``run_a``), so it imports
     ratios = []
     for i in range(rounds):
         took = {}
         for k, run in ((0, run_a), (1, run_b)) if i % 2 == 0 else ((1, run_b), (0, run_a)):
             time.sleep(settle_s)
-            run()
-            ts = []
-            for _ in range(block):
-                t0 = time.perf_counter()
-                run()
-                ts.append(time.perf_counter() - t0)
-            took[k] = statistics.median(ts)
+            took[k] = median_time(run, block)          # one untimed call, then the block's median
         ratios.append(took[0] / took[1])
     if len(ratios) < 2:
         return ratios[0], ratios[0], ratios[0]
@@ -566,7 +561,7 @@ def results_markdown(rows: list[Row], args, m: dict) -> str:
              f"- sizes: {sizes}",
              f"- median and min of {args.reps} runs after {args.warmup} warm-up; ratio = kumiko's median / the "
              f"runner's (> 1: kumiko slower); paired = the median (and quartiles) over {args.pairs} rounds of "
-             "kumiko's time over the runner's, each round one untimed and two timed calls of each after a pause "
+             "kumiko's time over the runner's, each round one untimed and three timed calls of each after a pause "
              "(`paired_ratio`), the figure to compare on a noisy host; rel L2 against onnxruntime's output (limit "
              f"{REL_L2_LIMIT}, FAIL above); GFLOP/s from kumiko's Tiny IR count; compile: kumiko cold (empty "
              "cache) / warm (from the cache), torch.compile's first call, onnxruntime's session; peak MB: resident "
