@@ -343,7 +343,7 @@ def test_each_packed_operand_has_one_packing_code(c, co, hw, stride, n):
     """A conv whose weights and pixels are both packed per call has two packing codes, one per operand:
     resident A panels (all of K) and per-block ones come from the same code, and so do a staged B's
     panels when the stage is not read and its short last panel when it is (each copy of the packing text
-    is gcc time: two had been a fifth of a unit's). The answers are the evaluator's."""
+    is gcc time: two had been about a fifth of a staged conv unit's). The answers are the evaluator's."""
     x, w = Tensor.input("x", (n, c, hw, hw)), Tensor.input("w", (co, c, 3, 3))
     g = x.conv2d(w, padding=1, stride=stride).relu().graph("y")
     src = check(g)

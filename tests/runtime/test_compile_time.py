@@ -403,7 +403,7 @@ def test_the_pack_functions_of_a_program_share_one_unit(fresh_cache):
     assert len(packs) == 1
     assert all(f"int {dict(c.aliases).get(fn, fn)}(" in packs[0] for fn in pack_fns)
     assert c.unit_kinds.count("contraction") >= 3
-    exe, moved = compile_counting(g)
+    exe, _ = compile_counting(g)
     check_against_eval(g, exe)
     flags = [json.loads(o.with_suffix(".json").read_text())["flags"] for o in fresh_cache.glob("*.o")
              if o.with_suffix(".c").read_text() == packs[0]]
