@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import Block, Decl, For, If, Raw, Store
 from kumiko.region.analysis import Contraction
-from kumiko.region.operands import TableForm, orient
+from kumiko.region.operands import TableForm, orient, row_step
 from kumiko.region.ssa import RExpr, VType
 
 
@@ -440,21 +440,10 @@ class PanelPacking:
         dt = lo.dt(t.value)
         return decl, (v if dt is None or dt.name == "fp32" else f"(float)({v})")
 
-    def _row_step(self, sd: Side) -> int | None:
-        """How far apart (in elements) the row offsets of consecutive rows are: the coefficient of the
-        innermost row axis longer than 1 in the table's row offset; None where it is not a number."""
-        for ax in reversed(sd.rows):
-            if C.index(self.lo.sizes[ax], set()) == "1LL":
-                continue
-            for mono, coef in sd.table.off[1].terms:
-                if len(mono) == 1 and getattr(mono[0], "name", None) == ax:
-                    return coef if isinstance(coef, int) else None
-            return 0
-        return None
-
     def _pack_table(self, sd: Side, q0: str, q1: str, rowbase: str, limit: str, dst: str) -> str:
         """C text packing panels [q0, q1) from the index tables (see the module docstring)."""
         at_k = f"kk_base + kk_{sd.key}ko[kk_pc + kk_p] + kk_r"
         pk = _PackText(sd, self.lo.cname[sd.table.tensor], self._value(sd, "kk_o + kk_r"),
-                       self._value(sd, "kk_o + kk_rel[kk_r]"), self._value(sd, at_k), self._row_step(sd))
+                       self._value(sd, "kk_o + kk_rel[kk_r]"), self._value(sd, at_k),
+                       row_step(sd.rows, sd.table, self.lo.sizes))
         return "\n".join(pk.block(q0, q1, rowbase, limit, dst))

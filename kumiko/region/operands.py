@@ -200,6 +200,17 @@ def unit_rows(rows: tuple, t: TableForm | None) -> bool:
     return t is not None and bool(rows) and _stride(t.off[1], rows[-1]) == 1
 
 
+def row_step(rows: tuple, t: TableForm | None, sizes: dict) -> int | None:
+    """How many elements apart consecutive rows are: how far the innermost row axis longer than 1 (``sizes``:
+    axis -> size) moves the operand, when that is a number (else None; None without a table form or rows)."""
+    if t is None:
+        return None
+    for a in reversed(rows):
+        if Expr.lift(sizes[a]).as_int() != 1:
+            return _stride(t.off[1], a)
+    return None
+
+
 def phase_count(rest: Expr, rp: Expr, rows: tuple) -> int:
     """How many phases a stage splits a source dimension into: ``f`` (2 to ``MAX_PHASES``) when its index
     moves ``f`` per step of one row axis and its rest part is a constant (so each element's phase is a
