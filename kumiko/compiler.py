@@ -16,7 +16,7 @@ from kumiko import dtypes
 from kumiko.backend import BACKENDS
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
-from kumiko.pipeline import Compilation, compile_program, to_tiny
+from kumiko.pipeline import Compilation, arrange, compile_program, to_tiny
 from kumiko.tiny.evaluate import bind_symbols, check_inputs, check_sizes
 from kumiko.tiny.inputs import random_inputs
 from kumiko.tiny.ir import TinyGraph
@@ -81,6 +81,8 @@ class Executable:
     def __init__(self, program: Graph | TinyGraph, target: str = DEFAULT_TARGET, *, _saved: dict | None = None,
                  start: Mapping[str, Any] | None = None, want: tuple = (), **options):
         self._options = dict(options)
+        if _saved is None and not start:
+            program = arrange(program, target, options)     # the program the target compiles (its layout)
         self.tiny = to_tiny(program) if not (start and "tiny" in start) else start["tiny"]
         #: fp32 inputs that also take float64 arrays (an imported ONNX model's DOUBLE inputs)
         self.fp64_inputs = program.fp64_inputs if isinstance(program, Graph) else frozenset()
@@ -112,7 +114,7 @@ class Executable:
         if self.compilation is None:
             with stage(f"compile {self.tiny.name} for {target}"):
                 self.compilation = compile_program(program, target, options, constants=self.params, start=start,
-                                                   want=want)
+                                                   want=want, arranged=True)
         self._run = self.compilation.runner()
         self._sizes_ok: set = set()      # sizes check_sizes passed (bind)
         #: what a call's own arrays looked like when they passed ``bind`` - ((name, dtype, shape), ...) in the

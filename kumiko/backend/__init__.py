@@ -66,6 +66,11 @@ class Backend:
                               suggestion=f"its options: {', '.join(fields) or 'none'}")
         return self.Options(**given)
 
+    def channels_last(self, options: Any) -> bool:
+        """Whether the driver gives this target a Graph with channels-last activations between its
+        convolutions (``kumiko.frontend.layout``) under ``options``. No by default."""
+        return False
+
     def prepare(self, comp) -> None:
         """Called once before the stages of a compile that will build a binary (not for one the program cache
         answers): start what the build will need and can begin now (the ``cpu`` target's precompiled

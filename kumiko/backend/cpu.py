@@ -8,6 +8,7 @@ contraction kernels -> C (one translation unit per distinct kernel) -> gcc, in p
 once."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 from kumiko.backend import Backend, Options, override_plans
@@ -34,10 +35,28 @@ from kumiko.util.log import stage
 PCH_EARLY_REDUCES = 16
 
 
+#: the ``layout`` option's values: ``auto`` (channels-last activations between a CNN's convolutions,
+#: ``kumiko.frontend.layout``), ``as_given`` (the graph's own layouts)
+LAYOUTS = ("auto", "as_given")
+
+
+@dataclass(frozen=True)
+class CpuOptions(Options):
+    """The ``cpu`` target's options: ``Options``' and ``layout`` (``LAYOUTS``)."""
+    layout: str = "auto"
+
+
 class CpuBackend(Backend):
     name = "cpu"
-    Options = Options          # plans, tune, shapes
+    Options = CpuOptions       # plans, tune, shapes, layout
     notes = {"kernel": "loop nests", "source": "C", "binary": "gcc"}
+
+    def channels_last(self, options: CpuOptions) -> bool:
+        """Channels-last activations between a CNN's convolutions under ``layout="auto"``."""
+        if options.layout not in LAYOUTS:
+            raise KumikoError("E1010", at="compile (target cpu)", why=f"layout={options.layout!r} is not a layout "
+                              "the cpu target knows", suggestion=f"use one of: {', '.join(LAYOUTS)}")
+        return options.layout == "auto"
 
     def prepare(self, comp) -> None:
         """A program of at least ``PCH_EARLY_REDUCES`` reductions (a network: units enough for the build to

@@ -89,19 +89,24 @@ def _grouped(ctx: Ctx, total: Any, g: int, what: str) -> Any:
     return dim(per)
 
 
-def _bias(ctx: Ctx, y: str, bias: str, acc: dtypes.DType) -> str:
+def _bias(ctx: Ctx, y: str, bias: str, acc: dtypes.DType, last: bool = False) -> str:
     b = ctx.b
     shape = ctx.shape(y)
-    cout = shape[1]
+    cout = shape[-1 if last else 1]
     if ctx.shape(bias) != (cout,):
         raise ctx.err("E1011", f"bias must have shape [{cout}], got {[str(d) for d in ctx.shape(bias)]}")
-    lift = (1, cout) + (1,) * (len(shape) - 2)
+    lift = (1,) * (len(shape) - 1) + (cout,) if last else (1, cout) + (1,) * (len(shape) - 2)
     return b.add("ADD", [y, b.expand(b.reshape(b.cast(bias, acc), lift), shape)])
 
 
-def _conv(ctx: Ctx, x: str, w: str, stride: tuple, dil: tuple, pads: tuple, g: int, acc: dtypes.DType) -> str:
-    """The grouped convolution ``[N, C, I...] * [Cout, C/g, K...] -> [N, Cout, O...]`` in ``acc``."""
+def _conv(ctx: Ctx, x: str, w: str, stride: tuple, dil: tuple, pads: tuple, g: int, acc: dtypes.DType,
+          x_last: bool = False, y_last: bool = False) -> str:
+    """The grouped convolution ``[N, C, I...] * [Cout, C/g, K...] -> [N, Cout, O...]`` in ``acc``; ``x_last``:
+    x is channels-last ``[N, I..., C]``, ``y_last``: the result is ``[N, O..., Cout]``."""
     b = ctx.b
+    if x_last:
+        r = len(ctx.shape(x))
+        x = b.permute(x, (0, r - 1, *range(1, r - 1)))
     xs, ws = ctx.shape(x), ctx.shape(w)
     n, cin_total, sizes = xs[0], xs[1], xs[2:]
     cout, cin, kernel = ws[0], ws[1], ws[2:]
@@ -122,8 +127,15 @@ def _conv(ctx: Ctx, x: str, w: str, stride: tuple, dil: tuple, pads: tuple, g: i
     x3 = b.permute(x2, (0, 1, 3, *range(4, 4 + ns), 2, *range(4 + ns, 4 + 2 * ns)))
     full = (n, g, rcout, *out, cin, *kernel)
     w3 = b.expand(b.reshape(w, (1, g, rcout, *(1,) * ns, cin, *kernel)), full)
+    if y_last or x_last:
+        # y_last: the output axes in the order [N, O..., G, Cout/G] (the reduction's result is channels-last);
+        # x_last: the reduced axes in the order [K..., Cin/G], so that K runs along each pixel's channels
+        # (contiguous channels-last) in the contraction, not from tap to tap
+        outer = (0, *range(3, 3 + ns), 1, 2) if y_last else (0, 1, 2, *range(3, 3 + ns))
+        red = (*range(4 + ns, 4 + 2 * ns), 3 + ns) if x_last else tuple(range(3 + ns, 4 + 2 * ns))
+        x3, w3 = b.permute(x3, outer + red), b.permute(w3, outer + red)
     y = b.reduce(b.add("MUL", [x3, w3]), "SUM", range(3 + ns, 4 + 2 * ns), acc)
-    return b.reshape(y, (n, cout, *out))
+    return b.reshape(y, (n, *out, cout) if y_last else (n, cout, *out))
 
 
 def _conv_inputs(ctx: Ctx, args: list, name: str) -> tuple[str, str, dtypes.DType]:
@@ -135,9 +147,26 @@ def _conv_inputs(ctx: Ctx, args: list, name: str) -> tuple[str, str, dtypes.DTyp
     return x, w, dt
 
 
+LAYOUTS = ("channels_first", "channels_last")
+
+
+def _layout(ctx: Ctx, key: str) -> bool:
+    """Is the ``key`` attribute ``channels_last``? For ``x_layout`` and ``y_layout`` that is ``[N, I..., C]``,
+    for ``w_layout`` ``[K..., Cin/groups, Cout]``; the default ``channels_first`` is ``[N, C, I...]`` and
+    ``[Cout, Cin/groups, K...]`` (ONNX's and PyTorch's)."""
+    v = ctx.attr(key, "channels_first", str)
+    if v not in LAYOUTS:
+        raise ctx.err("E1010", f"{key} must be one of {list(LAYOUTS)}, got {v!r}")
+    return v == "channels_last"
+
+
 def _make_conv(fixed: int | None):
     def lower(ctx: Ctx, args: list) -> str:
         x, w, dt = _conv_inputs(ctx, args, ctx.node.op)
+        x_last, y_last = _layout(ctx, "x_layout"), _layout(ctx, "y_layout")
+        if _layout(ctx, "w_layout"):       # [K..., Cin/groups, Cout] (TensorFlow's HWIO) as [Cout, Cin/groups, K...]
+            r = len(ctx.shape(w))
+            w = ctx.b.permute(w, (r - 1, r - 2, *range(r - 2)))
         xs, ws = ctx.shape(x), ctx.shape(w)
         n = _spatial_rank(ctx, fixed, len(xs), "weight [Cout, Cin/groups, K...] of the same rank")
         if len(ws) != len(xs):
@@ -146,9 +175,9 @@ def _make_conv(fixed: int | None):
         stride, dil = _ints(ctx, "stride", 1, n), _ints(ctx, "dilation", 1, n)
         pads = _padding(ctx, n)
         acc = ctx.acc_dtype(dt)
-        y = _conv(ctx, x, w, stride, dil, pads, _groups(ctx), acc)
+        y = _conv(ctx, x, w, stride, dil, pads, _groups(ctx), acc, x_last, y_last)
         if len(args) == 3:
-            y = _bias(ctx, y, args[2], acc)
+            y = _bias(ctx, y, args[2], acc, y_last)
         return ctx.b.cast(y, ctx.dtype_attr("out_dtype", dt))
     return lower
 
@@ -258,16 +287,36 @@ def _pool_geometry(ctx: Ctx, x: str):
     return shape, kernel, stride, dil, pads, extra, tuple(out)
 
 
+def _pool_input(ctx: Ctx, x: str) -> tuple[str, bool]:
+    """A pool's input as ``[..., C, I...]`` and whether its ``layout`` is ``channels_last`` (x and the result
+    ``[N, I..., C]``: the window axes pooled are the ones before the last)."""
+    last = _layout(ctx, "layout")
+    if last:
+        r = len(ctx.shape(x))
+        if r < 3:
+            raise ctx.err("E1011", f"a channels_last {ctx.node.op} takes [N, I..., C]; got rank {r}")
+        x = ctx.b.permute(x, (0, r - 1, *range(1, r - 1)))
+    return x, last
+
+
+def _windows_last(ctx: Ctx, xw: str, n: int, last: bool) -> str:
+    """The window view ``[N, C, O..., K...]`` as ``[N, O..., C, K...]`` when channels-last (the reduction's
+    result then is)."""
+    if not last:
+        return xw
+    return ctx.b.permute(xw, (0, *range(2, 2 + n), 1, *range(2 + n, 2 + 2 * n)))
+
+
 @op("MaxPool", "MaxPool1D", "MaxPool2D", "MaxPool3D")
 def lower_maxpool(ctx: Ctx, args: list) -> str:
-    x = one_input(ctx, args)
+    x, last = _pool_input(ctx, one_input(ctx, args))
     dt = _numeric(ctx, x)
     shape, kernel, stride, dil, pads, extra, out = _pool_geometry(ctx, x)
     n = len(kernel)
     lead = [(0, 0)] * (len(shape) - n)
     low = dtypes.neutral("MAX", dt).item()
     xp = ctx.b.pad(x, lead + [(lo, hi + e) for (lo, hi), e in zip(pads, extra)], low)
-    xw = windows(ctx, xp, kernel, stride, dil, out)
+    xw = _windows_last(ctx, windows(ctx, xp, kernel, stride, dil, out), n, last)
     r = len(ctx.shape(xw))
     return ctx.b.reduce(xw, "MAX", range(r - n, r), dt)
 
@@ -276,7 +325,7 @@ def lower_maxpool(ctx: Ctx, args: list) -> str:
 def lower_avgpool(ctx: Ctx, args: list) -> str:
     """Window sums over the window's element count; the count follows ``count_include_pad`` (default
     true, as PyTorch and tinygrad) and never includes ceil_mode's overflow (PyTorch semantics)."""
-    x = one_input(ctx, args)
+    x, last = _pool_input(ctx, one_input(ctx, args))
     dt = _numeric(ctx, x)
     if not dt.is_float:
         raise ctx.err("E1012", f"AvgPool needs a float input, got {dt}")
@@ -287,7 +336,7 @@ def lower_avgpool(ctx: Ctx, args: list) -> str:
     acc = ctx.acc_dtype(dt)
     lead = [(0, 0)] * (len(shape) - n)
     full = [(lo, hi + e) for (lo, hi), e in zip(pads, extra)]
-    xw = windows(ctx, b.pad(x, lead + full), kernel, stride, dil, out)
+    xw = _windows_last(ctx, windows(ctx, b.pad(x, lead + full), kernel, stride, dil, out), n, last)
     r = len(ctx.shape(xw))
     s = b.reduce(xw, "SUM", range(r - n, r), acc)
     if include and not any(extra) or not any(p for pair in pads for p in pair) and not any(extra):
@@ -300,4 +349,6 @@ def lower_avgpool(ctx: Ctx, args: list) -> str:
     else:
         ones = b.pad(ones, full, 0.0)
     cnt = b.reduce(windows(ctx, ones, kernel, stride, dil, out), "SUM", range(n, 2 * n), acc)
+    if last:            # [O...] against [N, O..., C]: the counts before the channels
+        cnt = b.reshape(cnt, (*out, 1))
     return b.cast(b.add("FDIV", [s, b.broadcast_to(cnt, ctx.shape(s))]), dt)

@@ -400,7 +400,7 @@ class ContractionLowering(PanelPacking):
         if astg is not None:
             s += astg.decls()
             fills += astg.fill()
-            lo.a_staged = True    # and the A-stage one
+            lo.a_staged = "u" if astg.rdim is not None else True    # and the A-stage one (rows a unit apart)
         s.append(Raw("float* kk_Bp = (float*)kk_scratch(1, sizeof(float) * (size_t)(kk_nbuf * 2 * kk_bsz));\n"
                      "float* kk_C = (float*)kk_scratch(0, sizeof(float) * (size_t)(kk_nbuf * kk_Mp * kk_ldc));"))
         par: list = [Decl("const int", "kk_t", "omp_get_thread_num()"),
@@ -466,8 +466,9 @@ class ContractionLowering(PanelPacking):
                 f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
         if astg is not None:    # A from its stage: the panel's first row's offset, the K offsets, its two runs
             call = If("kk_adir", (Raw(
-                f"{astage_micro_name(mr, nr, self.vw)}(kk_kcb, kk_S + kk_asb + kk_arso[kk_ic + kk_ir], "
-                f"kk_akso + kk_pc, kk_aps[(kk_ic + kk_ir) / {mr}], kk_apd[(kk_ic + kk_ir) / {mr}], {b_at}, "
+                f"{astage_micro_name(mr, nr, self.vw, astg.rdim is not None)}(kk_kcb, "
+                f"kk_S + kk_asb + kk_arso[kk_ic + kk_ir], kk_akso + kk_pc, kk_aps[(kk_ic + kk_ir) / {mr}], "
+                f"kk_apd[(kk_ic + kk_ir) / {mr}], {'kk_asu, ' if astg.rdim is not None else ''}{b_at}, "
                 f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
         micro = For("kk_jr", "0", "kk_np", (For("kk_ir", "0", "kk_mcb", (call,), step=str(mr)),))
         block = [Decl("const long long", "kk_mcb", "kk_m1 - kk_ic < kk_mblk ? kk_m1 - kk_ic : kk_mblk"),
@@ -482,11 +483,13 @@ class ContractionLowering(PanelPacking):
             # the output's innermost axis on the M side: the epilogue runs down the columns
             epi = self._epi_transposed if lo.r.iters[-1].name in A.rows[-1:] else self._epi_pointwise
             block.append(If("kk_last", tuple(epi(epilogue, "kk_ic", rows_end, "0", "kk_ncur"))))
-        barrier = Raw("if (kk_mode == 0) {\n#pragma omp barrier\n}")
+        # the threads of mode 0 share the B panels they pack: none to share when B is pre-packed (each thread's A
+        # panels, C rows and stage reads are its own)
+        barrier = [] if pre_b else [Raw("if (kk_mode == 0) {\n#pragma omp barrier\n}")]
         kblock = [Decl("const long long", "kk_kcb", "kk_K - kk_pc < kk_kstep ? kk_K - kk_pc : kk_kstep"),
                   Decl("float* KUMIKO_RESTRICT", "kk_Bc", "kk_Bt + (kk_it++ & 1) * kk_bsz"),
                   Decl("const int", "kk_last", "kk_pc + kk_kcb >= kk_K"),
-                  *([If("!kk_dir", tuple(pack_b))] if stg is not None and not in_place else pack_b), barrier,
+                  *([If("!kk_dir", tuple(pack_b))] if stg is not None and not in_place else pack_b), *barrier,
                   For("kk_ic", "kk_m0", "kk_m1", tuple(block), step="kk_mblk")]
         jblock = [Decl("const long long", "kk_ncur", "kk_n1 - kk_jc < kk_nc ? kk_n1 - kk_jc : kk_nc"),
                   Decl("const long long", "kk_np", f"(kk_ncur + {nr - 1}) / {nr}"),

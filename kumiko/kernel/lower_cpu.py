@@ -91,7 +91,8 @@ class CpuLowering(VectorEmitter, RegionEmitter):
         super().__init__(region, syms, name, facts)
         self.parallel = parallel
         self.staged = False                      # a contraction reads B from a stage (stage micro-kernel)
-        self.a_staged = False                    # a contraction reads A from a stage (A-stage micro-kernel)
+        self.a_staged: bool | str = False        # a contraction reads A from a stage (A-stage micro-kernel;
+        #                                          "u": its rows a unit apart, kumiko.kernel.stage's rdim)
         self.b_ld = False                        # a skinny contraction reads B in place (kumiko.kernel.skinny)
         self.vectorize = True                    # kv_* loops where safe
         self._nest = False                       # emitting a loop nest (vector loops may be made)

@@ -77,20 +77,26 @@ def stage_micro_kernel(mr: int, nr: int, vw: int) -> str:
     return "\n".join(lines + _finish(mr, nv, vw))
 
 
-def astage_micro_name(mr: int, nr: int, vw: int) -> str:
-    return f"kk_micro_astage_{mr}x{nr}_v{vw}"
+def astage_micro_name(mr: int, nr: int, vw: int, unit: bool = False) -> str:
+    return f"kk_micro_astage_{'u_' if unit else ''}{mr}x{nr}_v{vw}"
 
 
-def astage_micro_kernel(mr: int, nr: int, vw: int) -> str:
+def astage_micro_kernel(mr: int, nr: int, vw: int, unit: bool = False) -> str:
     """An MR x NR micro-kernel whose A is read in place from a padded copy of its operand (a stage on the A
     side, see ``kumiko.kernel.contract``), B from a packed panel: row i of the tile at k is ``a[ko[k] + i]``
     for i < s and ``a[ko[k] + d2 + i]`` from s on (a panel of pixels that wraps an output row: two runs;
     s = MR, one). Each row's broadcast is a load at a constant offset from one of two pointers, so the loop
-    is generated once per s."""
+    is generated once per s. ``unit``: rows ``u`` elements apart (an argument: a channels-last conv's pixels,
+    each its channels), row i at ``a[ko[k] + i*u]`` and ``a[ko[k] + d2 + i*u]``."""
     nv = nr // vw
-    lines = [f"static void {astage_micro_name(mr, nr, vw)}(long long kc, const float* KUMIKO_RESTRICT a, "
-             "const long long* KUMIKO_RESTRICT ko, long long s, long long d2, const float* KUMIKO_RESTRICT b, "
-             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {", *_start(mr, nr, nv), "  switch (s) {"]
+    lines = [f"static void {astage_micro_name(mr, nr, vw, unit)}(long long kc, const float* KUMIKO_RESTRICT a, "
+             "const long long* KUMIKO_RESTRICT ko, long long s, long long d2, "
+             f"{'long long u, ' if unit else ''}const float* KUMIKO_RESTRICT b, "
+             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {", *_start(mr, nr, nv)]
+    if unit:
+        lines += [f"  const long long u{i} = {i} * u;" for i in range(1, mr)]
+    lines.append("  switch (s) {")
+    at = (lambda i: f"[u{i}]" if i else "[0]") if unit else (lambda i: f"[{i}]")
     for j in range(1, mr + 1):
         lines += [f"  {'default' if j == mr else f'case {j}'}:",
                   "    for (long long p = 0; p < kc; ++p) {",
@@ -98,7 +104,9 @@ def astage_micro_kernel(mr: int, nr: int, vw: int) -> str:
         if j < mr:
             lines.append("      const float* KUMIKO_RESTRICT ap2 = ap + d2;")
         lines += [f"      kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});" for v in range(nv)]
-        lines += _fmas(mr, nv, vw, lambda i, j=j: f"ap[{i}]" if i < j else f"ap2[{i}]", "      ")
+        if unit:
+            lines += [f"      KK_PIN(b{v});" for v in range(nv)]
+        lines += _fmas(mr, nv, vw, lambda i, j=j: f"ap{at(i)}" if i < j else f"ap2{at(i)}", "      ")
         lines += ["    }", "    break;"]
     lines.append("  }")
     return "\n".join(lines + _finish(mr, nv, vw))
@@ -147,6 +155,13 @@ static inline int omp_get_thread_num(void) { return 0; }
  * 4 the thread's A panels; 5-9 and 0 the row-block pipeline (kumiko.kernel.stream); 10 the padded stage of
  * an operand (kumiko.kernel.contract). A slot above 64 MiB is freed at the end of the call. */
 #define KK_SCRATCH_SLOTS 11
+/* keep a vector in a register: gcc otherwise folds a B vector's load into each multiply-add that uses it
+ * when the tile takes all 16 AVX2 registers (4 x 24: one load per multiply-add instead of one per k) */
+#if defined(__x86_64__) || defined(__i386__)
+#define KK_PIN(v) __asm__("" : "+v"(v))
+#else
+#define KK_PIN(v) ((void)0)
+#endif
 #ifdef KUMIKO_TRACE_STAGE
 long long kk_stage_blocks;   /* blocks whose B was read from a stage (tests build with -DKUMIKO_TRACE_STAGE) */
 long long kk_pack_s2;         /* AVX2 panel copies of stride-2 runs: every row valid, */

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import Decl, For, If, Raw
-from kumiko.region.operands import phase_count, steps_last_dim
+from kumiko.region.operands import phase_count, row_dim, steps_last_dim
 from kumiko.symbolic import Expr, Sym
 
 #: the most A rows (M) for which B is read in place: each panel is read once per MR rows, strided rows
@@ -89,12 +89,17 @@ class Stage:
         for (rest, rp, kp), _ in dims:
             parts = (span(rest, sizes, set(batch)), span(rp, sizes, set(rows)), span(kp, sizes, set(k_axes)))
             self.spans.append(parts if all(p is not None for p in parts) else None)
-        self.f = tuple(phase_count(rest, rp, rows) for (rest, rp, _), _ in dims)
+        #: on the A side the rows may step a dimension other than the last (a channels-last conv's pixels step
+        #: its W dimension by the stride, each pixel's channels inside): (that stage dimension, the step), the
+        #: rows then ``kk_asu`` (the step times its stride) elements apart, no phases; else None
+        moved = row_dim(rows, dims) if key == "a" else None
+        self.rdim = moved if moved is not None and moved[0] != len(dims) - 1 else None
+        self.f = tuple(1 if self.rdim is not None else phase_count(rest, rp, rows) for (rest, rp, _), _ in dims)
         self.split = any(f > 1 for f in self.f)
         self.ok = all(s is not None for s in self.spans)
         # the innermost row axis steps through the stage one element at a time (a split dimension's coarse
-        # index moves by one per row)
-        self.unit = steps_last_dim(rows, dims, self.f[-1])
+        # index moves by one per row), or one unit (``rdim``)
+        self.unit = self.rdim is not None or steps_last_dim(rows, dims, self.f[-1])
         #: the source is the stage: no pads (no guards) and no phases
         self.in_place = not guarded and not self.split
 
@@ -129,17 +134,23 @@ class Stage:
             out.append(Decl("const long long", name, f"{inner} * {extent}"))
         # how many rows in a row are consecutive in the stage, from the innermost row axis out: a panel
         # is at most two runs when that is at least NR - 1
+        # (in units of the rows' step: kk_asu elements apart where they step another dimension than the last)
+        unit = "" if self.rdim is None else " * kk_asu"
         out += [Decl("long long", "kk_srun", "1"), Decl("int", "kk_sgo", "1")]
+        if self.rdim is not None:
+            out.append(Decl("const long long", "kk_asu", f"{self.rdim[1]}LL * kk_sst{self.rdim[0]}"))
         for a in reversed(self.rows):
             stride = " + ".join(f"{self._row_coef(i, a)}LL * kk_sst{i}" for i in range(self.D)
                                 if self._row_coef(i, a)) or "0"
-            out.append(Raw(f"if (kk_sgo && ({stride}) == kk_srun) kk_srun *= {C.index(self.sizes[a], set())}; "
-                           "else kk_sgo = 0;"))
+            out.append(Raw(f"if (kk_sgo && ({stride}) == kk_srun{unit}) kk_srun *= "
+                           f"{C.index(self.sizes[a], set())}; else kk_sgo = 0;"))
         if self.in_place:       # the source itself, when its reads need no pad (they cannot, unguarded)
             flat = " && ".join(f"kk_spl{i} == 0 && kk_sph{i} == 0" for i in range(self.D))
-            # B: few A rows re-read each panel; A: few B columns re-read each A panel, and whole panels of MR
-            # rows (nothing read past the source's end)
-            rule = (f"kk_M <= {IN_PLACE_ROWS}" if self.key == "b" else
+            # B: few A rows re-read each panel; A: few B columns re-read each A panel (rows one plane of
+            # channels apart: each K row its own stream), and whole panels of MR rows (nothing read past the
+            # source's end); A rows that step another dimension (a pixel's channels contiguous) read one
+            # stream whatever N is, and a short last panel reads rows of the panel before it (``a_check``)
+            rule = (f"kk_M <= {IN_PLACE_ROWS}" if self.key == "b" else "1" if self.rdim is not None else
                     f"kk_N <= {IN_PLACE_COLS} && kk_M % {self.nr} == 0")
             return out + [Decl("const int", "kk_stgw", f"kk_srun >= {self.nr - 1} && {flat} && {rule}"),
                           Decl("float*", "kk_S", f"kk_stgw ? (float*){self.src} : 0"),
@@ -217,10 +228,44 @@ class Stage:
                       (For("kk_ph", "0", str(f), (
                           Raw(f"memset(kk_sd + kk_ph * kk_sps{last}, 0, sizeof(float) * kk_sc{last});"),)),)))
         body = (*idx, *row)
+        loop: tuple = (Decl("const long long", "kk_srn", rows),
+                       For("kk_sr", "kk_t * kk_srn / kk_nt", "(kk_t + 1) * kk_srn / kk_nt", body))
+        if self.rdim is not None and D >= 3:
+            # channels-last: the channels (the last dimension) unpadded, a row of W pixels is one copy (a copy
+            # per pixel was 256 bytes each for 64 channels)
+            loop = (If(f"kk_spl{last} == 0 && kk_sph{last} == 0", self._fill_rows(), loop),)
         return [If("kk_stg", (
-            Decl("const long long", "kk_srn", rows),
-            For("kk_sr", "kk_t * kk_srn / kk_nt", "(kk_t + 1) * kk_srn / kk_nt", body),
+            *loop,
             If("kk_t == 0", (Raw(f"memset(kk_S + kk_ssz, 0, sizeof(float) * {4 * self.nr});"),)),))]
+
+    def _fill_rows(self) -> tuple:
+        """The fill when the last dimension has no pad: the last two dimensions as one row each (a
+        channels-last image row, its pads whole pixels)."""
+        D, w, c = self.D, self.D - 2, self.D - 1
+        idx: list = []
+        rest = "kk_sr"
+        for i in reversed(range(w)):
+            idx.append(Decl("const long long", f"kk_j{i}", f"({rest}) % (kk_sn{i})" if i else rest))
+            idx.append(Decl("const long long", f"kk_e{i}", f"kk_j{i} - kk_spl{i}"))
+            rest = f"({rest}) / (kk_sn{i})"
+        inside = " && ".join(f"kk_e{i} >= 0 && kk_e{i} < {C.index(self.dims[i][1], set())}" for i in range(w)) or "1"
+        src_off, stride = [], "1"
+        for i in reversed(range(D)):
+            if i < w:
+                src_off.append(f"kk_e{i} * ({stride})")
+            stride = f"{stride} * ({C.index(self.dims[i][1], set())})"
+        src = f"{self.src} + {' + '.join(src_off) or '0'}"
+        n_w, n_c = C.index(self.dims[w][1], set()), C.index(self.dims[c][1], set())
+        dst = " + ".join(f"kk_j{i} * kk_sst{i}" for i in range(w)) or "0"
+        lo, hi = f"kk_spl{w} * kk_sn{c}", f"kk_sph{w} * kk_sn{c}"
+        row = (Decl("float* KUMIKO_RESTRICT", "kk_sd", f"kk_S + {dst}"),
+               If(inside, (Raw(f"memset(kk_sd, 0, sizeof(float) * {lo});\n"
+                               f"memcpy(kk_sd + {lo}, {src}, sizeof(float) * {n_w} * {n_c});\n"
+                               f"memset(kk_sd + {lo} + {n_w} * {n_c}, 0, sizeof(float) * {hi});"),),
+                  (Raw(f"memset(kk_sd, 0, sizeof(float) * kk_sn{w} * kk_sn{c});"),)))
+        rows = " * ".join(f"(kk_sn{i})" for i in range(w)) or "1"
+        return (Decl("const long long", "kk_srn", rows),
+                For("kk_sr", "kk_t * kk_srn / kk_nt", "(kk_t + 1) * kk_srn / kk_nt", (*idx, *row)))
 
     def block_check(self) -> list:
         """Per N block: each panel's first-run length ``kk_ps`` and second-run distance ``kk_pd`` from the
@@ -247,17 +292,38 @@ class Stage:
                 Raw(f"long long kk_aps[kk_anp > 0 && kk_anp <= {A_CHECK_PANELS} ? kk_anp : 1], "
                     f"kk_apd[kk_anp > 0 && kk_anp <= {A_CHECK_PANELS} ? kk_anp : 1];"),
                 Decl("int", "kk_adir", f"kk_stg && kk_anp <= {A_CHECK_PANELS}"),
-                Raw(_panel_runs(mr, "kk_adir", "kk_anp", "kk_arso", "kk_M", "kk_aps", "kk_apd") +
+                Raw(_panel_runs(mr, "kk_adir", "kk_anp", "kk_arso", "kk_M", "kk_aps", "kk_apd",
+                                "" if self.rdim is None else "kk_asu") +
                     "#ifdef KUMIKO_TRACE_STAGE\n"
                     "if (kk_adir && kk_t == 0) __atomic_fetch_add(&kk_stage_blocks, 1, __ATOMIC_RELAXED);\n"
                     "#endif")]
 
 
-def _panel_runs(r: int, flag: str, panels: str, offsets: str, rows: str, first: str, apart: str) -> str:
+def _panel_runs(r: int, flag: str, panels: str, offsets: str, rows: str, first: str, apart: str,
+                unit: str = "") -> str:
     """C text: for each of ``panels`` panels of ``r`` rows (of ``rows``) whose stage offsets start at
     ``offsets``, the length of the first run of consecutive offsets (``first``; ``r`` when one run) and the
     second run's distance (``apart``); ``flag`` is cleared when a panel is three runs or more, or its second
-    run lies before the first."""
+    run lies before the first.
+
+    With a ``unit`` (C: the rows' step, an A side whose rows step another dimension than the last) rows are
+    consecutive ``unit`` elements apart, and a short last panel of one run (the rows past ``rows``) reads its
+    missing rows from the panel before it (``apart`` = -r units): nothing past the source's end is read, as
+    the rows are not stored."""
+    if unit:
+        return (f"for (long long kk_q = 0; {flag} && kk_q < {panels}; ++kk_q) {{\n"
+                f"  const long long* kk_so = {offsets} + kk_q*{r};\n"
+                f"  const long long kk_nv = {rows} - kk_q*{r} < {r} ? {rows} - kk_q*{r} : {r};\n"
+                "  long long kk_s = 1;\n"
+                f"  while (kk_s < kk_nv && kk_so[kk_s] == kk_so[0] + kk_s * {unit}) ++kk_s;\n"
+                f"  long long kk_d = kk_s < kk_nv ? kk_so[kk_s] - kk_so[0] - kk_s * {unit} : 0;\n"
+                "  for (long long kk_r = kk_s; kk_r < kk_nv; ++kk_r)\n"
+                f"    {flag} &= kk_so[kk_r] == kk_so[0] + kk_d + kk_r * {unit};\n"
+                f"  {flag} &= kk_d >= 0 && (kk_nv == {r} || (kk_s == kk_nv && kk_q > 0));\n"
+                f"  if (kk_nv < {r}) kk_d = -{r} * {unit};\n"
+                f"  {first}[kk_q] = kk_s < {r} ? kk_s : {r};\n"
+                f"  {apart}[kk_q] = kk_d;\n"
+                "}\n")
     return (f"for (long long kk_q = 0; {flag} && kk_q < {panels}; ++kk_q) {{\n"
             f"  const long long* kk_so = {offsets} + kk_q*{r};\n"
             f"  const long long kk_nv = {rows} - kk_q*{r} < {r} ? {rows} - kk_q*{r} : {r};\n"

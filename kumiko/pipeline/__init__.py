@@ -28,6 +28,7 @@ from kumiko import knobs
 from kumiko.backend import Backend, backend
 from kumiko.diagnostics import KumikoError
 from kumiko.frontend.graph import Graph
+from kumiko.frontend.layout import channels_last
 from kumiko.indexbook import IndexBook, build_indexbook
 from kumiko.pipeline import cache as program_cache
 from kumiko.pipeline.dumps import (  # noqa: F401
@@ -171,13 +172,29 @@ def check_resumed(tiny: TinyGraph, program: Program) -> None:
                           f"program's {want}", suggestion="resume from a region dump of this program")
 
 
+def arrange(program: Graph | TinyGraph, target: str = "cpu", options: Mapping[str, Any] | None = None
+            ) -> Graph | TinyGraph:
+    """The program ``target`` compiles for ``program``: a Graph with channels-last activations between its
+    convolutions where the target wants them (``Backend.channels_last``, ``kumiko.frontend.layout``), else
+    ``program`` itself. ``kumiko.compile`` arranges once and compiles what it got (its signature, params
+    and checks are the arranged graph's)."""
+    be = backend(target)
+    if isinstance(program, Graph) and be.channels_last(be.options(dict(options or {}))):
+        with stage("frontend layout (channels-last)"):
+            return channels_last(program)
+    return program
+
+
 def compile_program(program: Graph | TinyGraph, target: str = "cpu", options: Mapping[str, Any] | None = None, *,
                     constants: Mapping | None = None, start: Mapping[str, Any] | None = None,
-                    until: str = "binary", want: Sequence[str] = ()) -> Compilation:
+                    until: str = "binary", want: Sequence[str] = (), arranged: bool = False) -> Compilation:
     """Run the stages of ``target`` in order up to ``until``. ``start``: stage -> artifact given instead of
-    computed (a resumed stage); ``want``: analysis stages to make too. A compile that reaches ``binary`` is
-    reported (``KUMIKO_DEBUG``) and dumped (``KUMIKO_DUMP``)."""
+    computed (a resumed stage); ``want``: analysis stages to make too; ``arranged``: ``program`` is
+    ``arrange``'s already (else it is arranged here). A compile that reaches ``binary`` is reported
+    (``KUMIKO_DEBUG``) and dumped (``KUMIKO_DUMP``)."""
     be = backend(target)
+    if not arranged and not start:
+        program = arrange(program, target, options)
     c = Compilation(target, be, be.options(dict(options or {})), dict(constants or {}))
     if isinstance(program, Graph):
         c.frontend = program

@@ -171,7 +171,7 @@ def _packed_rules(c: Contraction, facts: RegionFacts, o: Orientation, mr: int, n
         group = _extent(c, facts, o.b_rows[min(i for i, a in enumerate(o.b_rows) if a in wset):])
     ncp = None if n is None or (c.outer is not None and group is None) else n_block_padded(n, nc, nr, group)
     mp = None if m is None else (m + mr - 1) // mr * mr
-    return k_blocks_rule("a" in pre, ncp, k), split_rule("b" in pre, mp, k), k
+    return k_blocks_rule("a" in pre, ncp, k), split_rule("b" in pre, mp, k, n), k
 
 
 #: how much more of the multiply-adds must land on the output before the operands swap sides

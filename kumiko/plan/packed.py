@@ -90,10 +90,14 @@ def k_blocks_rule(pre_a: bool, ncp: int | None, k: int | None) -> str:
     return "one" if ncp * k <= ONE_K_BLOCK_FLOATS else "kc"
 
 
-def split_rule(pre_b: bool, mp: int | None, k: int | None) -> str:
+def split_rule(pre_b: bool, mp: int | None, k: int | None, n: int | None = None) -> str:
     """``bind.split``: N when A (Mp x K floats) is at most the limit (2 MiB under a pre-packed B, else what a
-    thread keeps resident), decided when Mp and K are known, else at run time."""
+    thread keeps resident), decided when Mp and K are known, else at run time. Under a pre-packed B of ``n``
+    columns (when known) smaller than A, M: splitting N has every thread read all of A for a share of a B
+    that is cheap to read whole (a channels-last conv: its pixels x channels against its weights)."""
     rule = "n_if_small_a" if pre_b else "n_if_a_resident"
     if mp is None or k is None:
         return rule
+    if pre_b and n is not None and n < mp:
+        return "m"
     return "n" if mp * k <= SPLIT_LIMITS[rule] else "m"

@@ -231,6 +231,15 @@ def steps_last_dim(rows: tuple, dims: tuple, f: int) -> bool:
     return moves == [(len(dims) - 1, f)]
 
 
+def row_dim(rows: tuple, dims: tuple) -> tuple[int, int] | None:
+    """(the source dimension, its step) when the innermost row axis moves one dimension alone, by a positive
+    constant (a channels-last conv's pixels step its W dimension by the stride, each pixel's channels
+    inside), else None."""
+    last = rows[-1] if rows else None
+    moves = [(i, p[1].coeff(last)) for i, (p, _) in enumerate(dims) if last is not None and p[1].coeff(last)]
+    return moves[0] if len(moves) == 1 and isinstance(moves[0][1], int) and moves[0][1] > 0 else None
+
+
 def lane_rows(rows: tuple, t: TableForm | None, sizes: dict | None = None) -> bool:
     """The innermost row axis moves the operand by one element, or steps its source's last dimension alone
     by 2 to ``MAX_PHASES`` (a strided convolution's pixels: a stage splits that dimension into phases and

@@ -151,7 +151,7 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
                                                        SkinnyLowering if plan.algo == "skinny" else None)
             m = (*plan.register_block, plan.vector_width)
             micros = ((("p", *m),) + ((("s", *m),) if lo.staged else ()) + ((("l", *m),) if lo.b_ld else ())
-                      + ((("a", *m),) if lo.a_staged else ()))
+                      + ((("a", *m),) if lo.a_staged is True else (("au", *m),) if lo.a_staged else ()))
             for pk in prepacks:
                 pieces.append(_Piece(pk.kernel, (("p", *m),), plan.vector_width, "pack"))
                 packs.append((len(pieces) - 1, pk, f"{r.name}.pack_{pk.key}"))
@@ -259,6 +259,7 @@ def _micro_texts(micros) -> list[str]:
     out += [stage_micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "s")]
     out += [micro_kernel(*m[1:], b_ld=True) for m in sorted(m for m in micros if m[0] == "l")]
     out += [astage_micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "a")]
+    out += [astage_micro_kernel(*m[1:], unit=True) for m in sorted(m for m in micros if m[0] == "au")]
     return out
 
 

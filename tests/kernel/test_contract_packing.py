@@ -280,9 +280,10 @@ for m, k, n in ((37, 300, 200), (130, 257, 3 * 48 + 5), (20, 1100, 97), (300, 70
     if m == "M":      # A's size is known at run time only: the plan says the kernel tests it
         assert plan.split == "n_if_small_a" and f"|| (kk_Mp * kk_K <= 524288 && {even})" in src
         m = 29
-    else:             # the plan decided: N when A (Mp x K floats) is at most 2 MiB, the kernel tests no size
-        mr = plan.register_block.mr
-        assert plan.split == ("n" if -(-m // mr) * mr * k <= 524288 else "m"), (m, k, plan.split)
+    else:             # the plan decided: N when A (Mp x K floats) is at most 2 MiB and B at least as wide as A
+        mr = plan.register_block.mr  # has rows, the kernel tests no size
+        mp = -(-m // mr) * mr
+        assert plan.split == ("n" if mp * k <= 524288 and n >= mp else "m"), (m, k, n, plan.split)
         assert "kk_Mp * kk_K <=" not in src and (f"|| {even}" in src) == (plan.split == "n")
     X = rng.standard_normal((m, k)).astype(np.float32)
     for _ in range(2):
@@ -294,9 +295,9 @@ print("OK")
 
 @pytest.mark.parametrize("threads", ["1", "2", "3"])
 def test_bound_weights_split_by_columns_across_threads(threads):
-    """Pre-packed B (bound weights) with A up to 2 MiB: the threads split N, each packing all of A and
-    streaming its own panels (odd panel counts, uneven splits), or split M past that; all match the
-    evaluator on two calls."""
+    """Pre-packed B (bound weights) with A up to 2 MiB and at least as many columns as A has rows: the
+    threads split N, each packing all of A and streaming its own panels (odd panel counts, uneven splits), or
+    split M otherwise; all match the evaluator on two calls."""
     import os
     import subprocess
     import sys

@@ -35,6 +35,9 @@ def test_the_rules_decide_when_the_sizes_are_known():
     assert split_rule(False, 16, 4096) == "n" and split_rule(False, 16, 4097) == "m"
     assert split_rule(True, 16, 32768) == "n" and split_rule(True, 16, 32769) == "m"
     assert split_rule(False, None, 8) == "n_if_a_resident" and split_rule(True, 16, None) == "n_if_small_a"
+    # a pre-packed B narrower than A has M rows: a channels-last conv's pixels x channels against its weights
+    # (every thread would read all of A for a share of a small B); a wide one (a transformer's FFN) still N
+    assert split_rule(True, 3138, 96, n=24) == "m" and split_rule(True, 128, 768, n=3072) == "n"
     assert n_block_padded(70, 2048, 16, None) == 80 and n_block_padded(5000, 2048, 16, None) == 2048
     assert n_block_padded(7 * 49, 2048, 16, 49) == 352 and n_block_padded(0, 2048, 16, 0) == 0
 

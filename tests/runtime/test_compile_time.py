@@ -38,11 +38,13 @@ def fresh_cache(tmp_path, monkeypatch):
     cpu_rt.forget_loaded()
 
 
-def compile_counting(g):
-    """kumiko.compile(g, "cpu") as a new process would (nothing loaded), and how the counters moved."""
+def compile_counting(g, layout="as_given"):
+    """kumiko.compile(g, "cpu") as a new process would (nothing loaded), and how the counters moved. The
+    graph's own layouts by default: what is compiled here is the program ``rendered`` renders (channels-last
+    convs have a first and a last layer of their own: ``test_identical_layers_share_one_function``)."""
     before = dict(cpu_rt.STATS)
     cpu_rt.forget_loaded()
-    exe = kumiko.compile(g, "cpu")
+    exe = kumiko.compile(g, "cpu", layout=layout)
     return exe, {k: cpu_rt.STATS[k] - before[k] for k in before}
 
 
@@ -69,7 +71,7 @@ def rendered(g):
 
 def test_identical_layers_share_one_function(fresh_cache):
     g = chain([4, 4, 4])
-    exe = kumiko.compile(g, "cpu")
+    exe = kumiko.compile(g, "cpu", layout="as_given")
     run = exe._run
     fns = [s.fn for s in run.runner.steps]
     assert len(run.program.regions) == 3 and len(fns) == 3
@@ -78,6 +80,13 @@ def test_identical_layers_share_one_function(fresh_cache):
     assert fns[1] == fns[2] != fns[0]
     assert functions(run.source) == 2
     check_against_eval(g, exe)
+    # channels-last between the convs: the first reads the image as given, the last writes the graph's output
+    # channels-first, the ones between are one function
+    g = chain([4, 4, 4, 4])
+    run = kumiko.compile(g, "cpu")._run
+    fns = [s.fn for s in run.runner.steps]
+    assert len(fns) == 4 and fns[1] == fns[2] and len({fns[0], fns[1], fns[3]}) == 3
+    assert functions(run.source) == 3
 
 
 def test_shared_function_keeps_the_first_kernels_text():
@@ -137,7 +146,7 @@ def test_program_source_still_builds_as_one_unit(fresh_cache):
     """``build_c`` on the whole program's source (the single-unit path) gives the same results."""
     g = chain([4, 4, 6])
     program, c = rendered(g)
-    exe = kumiko.compile(g, "cpu")
+    exe = kumiko.compile(g, "cpu", layout="as_given")
     one = CpuProgram(program, cpu_rt.build_c(c.source, name="one_unit"), c.names, steps=c.steps)
     ins = exe.random_inputs(0)
     args = {k: np.ascontiguousarray(v) for k, v in ins.items()}
@@ -156,7 +165,7 @@ def test_second_compile_of_an_identical_graph_compiles_nothing(fresh_cache):
     assert second["objects_cached"] == 0            # the library itself was in the cache: no object looked at
     assert second["disk_hits"] == 1 and exe._run.module.cached
     before = dict(cpu_rt.STATS)
-    kumiko.compile(g, "cpu")                         # same process: the loaded module
+    kumiko.compile(g, "cpu", layout="as_given")      # same process: the loaded module
     assert cpu_rt.STATS["memory_hits"] == before["memory_hits"] + 1
     assert cpu_rt.STATS["objects_compiled"] == before["objects_compiled"]
     check_against_eval(g, exe)

@@ -33,9 +33,10 @@ def _conv(n=2, c=5, o=19, hw=9, k=3, stride=1, seed=1):
     return x.conv2d(w, b, stride=stride, padding=k // 2).relu().graph("y")
 
 
-def _alike_layers(n=3, c=8, hw=10, seed=4):
-    """Convs of one shape with different weights: one compiled function serves them all, each with its own
-    packed weights (packed panels were once looked up by function: every layer got the first one's)."""
+def _alike_layers(n=4, c=8, hw=10, seed=4):
+    """Convs of one shape with different weights: one compiled function serves the ones between the first
+    (which reads the image as given) and the last (which writes the graph's output channels-first), each with
+    its own packed weights (packed panels were once looked up by function: every layer got the first one's)."""
     rng = np.random.default_rng(seed)
     h = Tensor.input("x", (1, c, hw, hw))
     for k in range(n):
