@@ -191,29 +191,41 @@ class Stage:
         f = self.f[i]
         return f"({j}) % {f} * kk_sps{i} + ({j}) / {f} * kk_sst{i}" if f > 1 else f"({j}) * kk_sst{i}"
 
+    def _walk(self, upto: int) -> tuple:
+        """The fill's walk over the stage's rows of dimensions [0, upto): the index declarations of row
+        ``kk_sr`` (padded ``kk_j{i}``, source ``kk_e{i}``), whether it is inside the source, its source
+        address, the row count and its stage offset."""
+        idx: list = []
+        rest = "kk_sr"
+        for i in reversed(range(upto)):
+            idx.append(Decl("const long long", f"kk_j{i}", f"({rest}) % ({self._extent(i)})" if i else rest))
+            idx.append(Decl("const long long", f"kk_e{i}", f"kk_j{i} - kk_spl{i}"))
+            rest = f"({rest}) / ({self._extent(i)})"
+        inside = " && ".join(f"kk_e{i} >= 0 && kk_e{i} < {C.index(self.dims[i][1], set())}" for i in range(upto)) or "1"
+        src_off, stride = [], "1"
+        for i in reversed(range(self.D)):
+            if i < upto:
+                src_off.append(f"kk_e{i} * ({stride})")
+            stride = f"{stride} * ({C.index(self.dims[i][1], set())})"
+        src = f"{self.src} + {' + '.join(src_off) or '0'}"
+        rows = " * ".join(f"({self._extent(i)})" for i in range(upto)) or "1"
+        dst = " + ".join(self._at(i, f"kk_j{i}") for i in range(upto)) or "0"
+        return idx, inside, src, rows, dst
+
+    @staticmethod
+    def _rows_loop(rows: str, body: tuple) -> tuple:
+        """The threads' shares of ``rows`` rows, each ``body``."""
+        return (Decl("const long long", "kk_srn", rows),
+                For("kk_sr", "kk_t * kk_srn / kk_nt", "(kk_t + 1) * kk_srn / kk_nt", body))
+
     def fill(self) -> list:
         """The threads fill the stage together, one innermost row each at a time, and its slack (nothing
         to fill in place)."""
         if self.in_place:
             return []
-        D = self.D
-        last = D - 1
+        last = self.D - 1
         n_last = C.index(self.dims[last][1], set())
-        idx: list = []
-        rest = "kk_sr"
-        for i in reversed(range(last)):
-            idx.append(Decl("const long long", f"kk_j{i}", f"({rest}) % ({self._extent(i)})" if i else rest))
-            idx.append(Decl("const long long", f"kk_e{i}", f"kk_j{i} - kk_spl{i}"))
-            rest = f"({rest}) / ({self._extent(i)})"
-        inside = " && ".join(f"kk_e{i} >= 0 && kk_e{i} < {C.index(self.dims[i][1], set())}" for i in range(last)) or "1"
-        src_off, stride = [], "1"
-        for i in reversed(range(D)):
-            if i < last:
-                src_off.append(f"kk_e{i} * ({stride})")
-            stride = f"{stride} * ({C.index(self.dims[i][1], set())})"
-        src = f"{self.src} + {' + '.join(src_off) or '0'}"
-        rows = " * ".join(f"({self._extent(i)})" for i in range(last)) or "1"
-        dst = " + ".join(self._at(i, f"kk_j{i}") for i in range(last)) or "0"
+        idx, inside, src, rows, dst = self._walk(last)
         if self.f[last] == 1:
             row = (Decl("float* KUMIKO_RESTRICT", "kk_sd", f"kk_S + {dst}"),
                    If(inside, (Raw(f"memset(kk_sd, 0, sizeof(float) * kk_spl{last});\n"
@@ -227,10 +239,8 @@ class Stage:
                                    f"kk_sc{last}, {f});"),),
                       (For("kk_ph", "0", str(f), (
                           Raw(f"memset(kk_sd + kk_ph * kk_sps{last}, 0, sizeof(float) * kk_sc{last});"),)),)))
-        body = (*idx, *row)
-        loop: tuple = (Decl("const long long", "kk_srn", rows),
-                       For("kk_sr", "kk_t * kk_srn / kk_nt", "(kk_t + 1) * kk_srn / kk_nt", body))
-        if self.rdim is not None and D >= 3:
+        loop = self._rows_loop(rows, (*idx, *row))
+        if self.rdim is not None and self.D >= 3:
             # channels-last: the channels (the last dimension) unpadded, a row of W pixels is one copy (a copy
             # per pixel was 256 bytes each for 64 channels)
             loop = (If(f"kk_spl{last} == 0 && kk_sph{last} == 0", self._fill_rows(), loop),)
@@ -239,33 +249,18 @@ class Stage:
             If("kk_t == 0", (Raw(f"memset(kk_S + kk_ssz, 0, sizeof(float) * {4 * self.nr});"),)),))]
 
     def _fill_rows(self) -> tuple:
-        """The fill when the last dimension has no pad: the last two dimensions as one row each (a
-        channels-last image row, its pads whole pixels)."""
-        D, w, c = self.D, self.D - 2, self.D - 1
-        idx: list = []
-        rest = "kk_sr"
-        for i in reversed(range(w)):
-            idx.append(Decl("const long long", f"kk_j{i}", f"({rest}) % (kk_sn{i})" if i else rest))
-            idx.append(Decl("const long long", f"kk_e{i}", f"kk_j{i} - kk_spl{i}"))
-            rest = f"({rest}) / (kk_sn{i})"
-        inside = " && ".join(f"kk_e{i} >= 0 && kk_e{i} < {C.index(self.dims[i][1], set())}" for i in range(w)) or "1"
-        src_off, stride = [], "1"
-        for i in reversed(range(D)):
-            if i < w:
-                src_off.append(f"kk_e{i} * ({stride})")
-            stride = f"{stride} * ({C.index(self.dims[i][1], set())})"
-        src = f"{self.src} + {' + '.join(src_off) or '0'}"
+        """The fill when the last dimension has no pad (no phases either: ``rdim``): the last two dimensions
+        as one row each (a channels-last image row, its pads whole pixels)."""
+        w, c = self.D - 2, self.D - 1
+        idx, inside, src, rows, dst = self._walk(w)
         n_w, n_c = C.index(self.dims[w][1], set()), C.index(self.dims[c][1], set())
-        dst = " + ".join(f"kk_j{i} * kk_sst{i}" for i in range(w)) or "0"
         lo, hi = f"kk_spl{w} * kk_sn{c}", f"kk_sph{w} * kk_sn{c}"
         row = (Decl("float* KUMIKO_RESTRICT", "kk_sd", f"kk_S + {dst}"),
                If(inside, (Raw(f"memset(kk_sd, 0, sizeof(float) * {lo});\n"
                                f"memcpy(kk_sd + {lo}, {src}, sizeof(float) * {n_w} * {n_c});\n"
                                f"memset(kk_sd + {lo} + {n_w} * {n_c}, 0, sizeof(float) * {hi});"),),
                   (Raw(f"memset(kk_sd, 0, sizeof(float) * kk_sn{w} * kk_sn{c});"),)))
-        rows = " * ".join(f"(kk_sn{i})" for i in range(w)) or "1"
-        return (Decl("const long long", "kk_srn", rows),
-                For("kk_sr", "kk_t * kk_srn / kk_nt", "(kk_t + 1) * kk_srn / kk_nt", (*idx, *row)))
+        return self._rows_loop(rows, (*idx, *row))
 
     def block_check(self) -> list:
         """Per N block: each panel's first-run length ``kk_ps`` and second-run distance ``kk_pd`` from the
