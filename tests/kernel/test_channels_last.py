@@ -43,6 +43,7 @@ def _checked(monkeypatch, g, shapes=None, seeds=(0, 1), tol=2e-5):
     (12, 40, 2, (9, 17), 5, 1, 2),       # 5x5, padding 2, batch 2
     (16, 32, 1, (15, 15), 3, 2, 1),      # stride 2: rows two pixels apart
     (20, 24, 1, (14, 14), 1, 2, 0),      # a 1x1 downsample
+    (64, 32, 1, (10, 9), 3, 1, 1),       # K 576: one K block under bound weights, blocks of KC else
 ])
 @pytest.mark.parametrize("bound", [False, True])
 def test_channels_last_conv_reads_its_pixels_in_place(monkeypatch, c, co, n, hw, k, s, pad, bound):
@@ -55,6 +56,8 @@ def test_channels_last_conv_reads_its_pixels_in_place(monkeypatch, c, co, n, hw,
     src, calls = _checked(monkeypatch, g)
     assert "kk_micro_astage_u_" in src
     assert calls > 0
+    # a padded stage under pre-packed weights runs all of K in one block (the C tile in registers for it)
+    assert ("kk_adir && kk_K > 0 ? kk_K : kk_kc" in src) == (bound and pad > 0)
 
 
 def test_an_image_smaller_than_a_panel_is_packed(monkeypatch):
