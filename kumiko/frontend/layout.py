@@ -24,10 +24,11 @@ channels-last twin (``name::nhwc``) once one exists:
 - every other op, and the graph's outputs, read the ``[N, C, H, W]`` tensor by its own name: a ``Permute``
   of the twin makes it where something needs it (a network's classifier head: once).
 
-The graph's signature keeps its names and shapes, except a depthwise weight, which the graph then binds
-by its ``::hwio`` name (a caller passing the old name gets E1013 from the call, as for weights that
-import-time folding rewrote). Nothing is rewritten in a graph with fewer than ``MIN_CONVS`` convolutions to
-convert.
+The graph's data inputs and outputs keep their names, shapes and layouts. A bound param the rewrite
+permutes (a depthwise weight, ``name::hwio``; a constant an elementwise op reads, ``name::nhwc``) is bound
+under the new name, the old one dropped where nothing else reads it: a call passing the old name is refused
+(E1015, which lists the names the graph takes), as for weights that import-time folding rewrote. Nothing is
+rewritten in a graph with fewer than ``MIN_CONVS`` convolutions to convert.
 """
 from __future__ import annotations
 

@@ -98,6 +98,9 @@ def test_a_cnn_runs_channels_last_on_the_cpu_and_matches_the_graph_as_given():
     assert arranged.params["wd::hwio"].shape == (3, 3, 1, 16)
     exe = kumiko.compile(g, "cpu")
     assert "wd::hwio" in exe.input_names and "wd" not in exe.input_names
+    with pytest.raises(KumikoError) as e:        # the old name: refused, the names it takes listed
+        exe(x=exe.random_inputs(0)["x"], wd=np.ones((16, 1, 3, 3), np.float32))
+    assert e.value.code == "E1015" and "wd::hwio" in str(e.value)
     given = kumiko.compile(g, "cpu", layout="as_given")
     assert "wd" in given.input_names
     ref = kumiko.compile(g, "eval")
