@@ -70,6 +70,17 @@ def test_an_image_smaller_than_a_panel_is_packed(monkeypatch):
     assert _checked(monkeypatch, g, {"N": 2, "H": 5, "W": 7})[1] > 0
 
 
+def test_a_wide_weight_side_packs_the_pixels(monkeypatch):
+    """Past IN_PLACE_COLS output channels each A panel serves enough B panels to pay for its copy: a 1x1
+    conv's pixels are read in place for 64 output channels and packed for 320 (the same results)."""
+    rng = np.random.default_rng(2)
+    x = Tensor.input("x", (1, 14, 14, 32))
+    for co, in_place in ((64, True), (320, False)):
+        w = Tensor(rng.standard_normal((co, 32, 1, 1)).astype(np.float32), name="w", role="param")
+        src, calls = _checked(monkeypatch, conv_last(x, w).relu().graph("y"))
+        assert "kk_micro_astage_u_" in src and (calls > 0) == in_place, (co, calls)
+
+
 @pytest.mark.parametrize("threads", ["1", "2", "3"])
 def test_channels_last_conv_with_threads(threads):
     """Threads split the pixels (the weights pre-packed: no barrier between K blocks) or the channels."""
