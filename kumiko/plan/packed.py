@@ -19,7 +19,10 @@ kernel does:
   ``SMALL_A_FLOATS`` (2 MiB) and are ``"n"`` then, else ``"m"``. The chooser's threshold is the first
   one, or the second under a pre-packed B: each thread then streams its own part of the weights (from
   DRAM in a network: BERT-base's 9.4 MB FFN weights) and packs all of A, instead of every thread
-  streaming every panel; BERT-base b1 ran 0.90x, GPT-2 0.955x (2-core EPYC, A/B alternating).
+  streaming every panel; BERT-base b1 ran 0.90x, GPT-2 0.955x (2-core EPYC, A/B alternating). Under a
+  pre-packed B with fewer columns than A has rows (known when compiling: a channels-last conv, its pixels
+  against its weights) the chooser writes ``"m"``: there every thread would read all of A for a share of a
+  B it reads whole cheaply.
 
 Which side is pre-packed is the lowering's fact too (``prepackable``: one function for both).
 """
@@ -92,9 +95,8 @@ def k_blocks_rule(pre_a: bool, ncp: int | None, k: int | None) -> str:
 
 def split_rule(pre_b: bool, mp: int | None, k: int | None, n: int | None = None) -> str:
     """``bind.split``: N when A (Mp x K floats) is at most the limit (2 MiB under a pre-packed B, else what a
-    thread keeps resident), decided when Mp and K are known, else at run time. Under a pre-packed B of ``n``
-    columns (when known) smaller than A, M: splitting N has every thread read all of A for a share of a B
-    that is cheap to read whole (a channels-last conv: its pixels x channels against its weights)."""
+    thread keeps resident), decided when Mp and K are known, else at run time; M under a pre-packed B of ``n``
+    columns (when known) fewer than Mp (module docstring)."""
     rule = "n_if_small_a" if pre_b else "n_if_a_resident"
     if mp is None or k is None:
         return rule
