@@ -105,7 +105,7 @@ def astage_micro_kernel(mr: int, nr: int, vw: int, unit: bool = False) -> str:
             lines.append("      const float* KUMIKO_RESTRICT ap2 = ap + d2;")
         lines += [f"      kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});" for v in range(nv)]
         if unit:
-            lines += [f"      KK_PIN(b{v});" for v in range(nv)]
+            lines += [f"      KK_PIN{4 * vw}(b{v});" for v in range(nv)]
         lines += _fmas(mr, nv, vw, lambda i, j=j: f"ap{at(i)}" if i < j else f"ap2{at(i)}", "      ")
         lines += ["    }", "    break;"]
     lines.append("  }")
@@ -155,12 +155,23 @@ static inline int omp_get_thread_num(void) { return 0; }
  * 4 the thread's A panels; 5-9 and 0 the row-block pipeline (kumiko.kernel.stream); 10 the padded stage of
  * an operand (kumiko.kernel.contract). A slot above 64 MiB is freed at the end of the call. */
 #define KK_SCRATCH_SLOTS 11
-/* keep a vector in a register: gcc otherwise folds a B vector's load into each multiply-add that uses it
- * when the tile takes all 16 AVX2 registers (4 x 24: one load per multiply-add instead of one per k) */
-#if defined(__x86_64__) || defined(__i386__)
-#define KK_PIN(v) __asm__("" : "+v"(v))
+/* keep a vector of N bytes in a register (KK_PIN<N>): gcc otherwise folds a B vector's load into each
+ * multiply-add that uses it when the tile takes all 16 AVX2 registers (4 x 24: one load per multiply-add
+ * instead of one per k). Only where the ISA has registers that wide (a wider GCC vector type is emulated) */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)
+#define KK_PIN64(v) __asm__("" : "+v"(v))
 #else
-#define KK_PIN(v) ((void)0)
+#define KK_PIN64(v) ((void)0)
+#endif
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX__)
+#define KK_PIN32(v) __asm__("" : "+v"(v))
+#else
+#define KK_PIN32(v) ((void)0)
+#endif
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)
+#define KK_PIN16(v) __asm__("" : "+v"(v))
+#else
+#define KK_PIN16(v) ((void)0)
 #endif
 #ifdef KUMIKO_TRACE_STAGE
 long long kk_stage_blocks;   /* blocks whose B was read from a stage (tests build with -DKUMIKO_TRACE_STAGE) */

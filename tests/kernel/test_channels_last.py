@@ -95,6 +95,23 @@ assert "kk_micro_astage_u_" in exe._run.source
 """, ({"N": 1, "H": 7, "W": 7}, {"N": 2, "H": 14, "W": 14}, {"N": 1, "H": 5, "W": 40}), threads)
 
 
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-march=x86-64",)])
+def test_channels_last_micro_kernel_on_narrower_isas(monkeypatch, flags):
+    """The channels-last A-stage micro-kernel pins its B vectors only where the ISA has registers that wide
+    (``KK_PIN<bytes>``): built for SSE2 the same 8-lane code is GCC's emulated vectors and computes the same
+    (the pin had been an impossible asm constraint there)."""
+    from kumiko.runtime import cpu as cpu_rt
+    monkeypatch.setattr(cpu_rt, "DEFAULT_FLAGS", tuple(cpu_rt.DEFAULT_FLAGS) + flags)
+    rng = np.random.default_rng(6)
+    x = Tensor.input("x", (1, 9, 11, 16))
+    w = Tensor(rng.standard_normal((24, 16, 3, 3)).astype(np.float32), name="w", role="param")
+    g = conv_last(x, w, padding=1).relu().graph("y")
+    exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+    assert "kk_micro_astage_u_" in exe._run.source and "KK_PIN" in exe._run.source
+    ins = exe.random_inputs(0)
+    assert rel(exe(**ins)["y"], ref(**ins)["y"]) < 1e-5
+
+
 def test_pre_packed_weights_need_no_barrier_per_k_block():
     """The threads of a row split share nothing they pack when the weights are pre-packed: the K loop has no
     barrier (it has one where the threads pack B panels together)."""
