@@ -105,8 +105,7 @@ def _conv(ctx: Ctx, x: str, w: str, stride: tuple, dil: tuple, pads: tuple, g: i
     x is channels-last ``[N, I..., C]``, ``y_last``: the result is ``[N, O..., Cout]``."""
     b = ctx.b
     if x_last:
-        r = len(ctx.shape(x))
-        x = b.permute(x, (0, r - 1, *range(1, r - 1)))
+        x = _channels_first(ctx, x)
     xs, ws = ctx.shape(x), ctx.shape(w)
     n, cin_total, sizes = xs[0], xs[1], xs[2:]
     cout, cin, kernel = ws[0], ws[1], ws[2:]
@@ -158,6 +157,12 @@ def _layout(ctx: Ctx, key: str) -> bool:
     if v not in LAYOUTS:
         raise ctx.err("E1010", f"{key} must be one of {list(LAYOUTS)}, got {v!r}")
     return v == "channels_last"
+
+
+def _channels_first(ctx: Ctx, x: str) -> str:
+    """A channels-last ``[N, I..., C]`` as the view ``[N, C, I...]``."""
+    r = len(ctx.shape(x))
+    return ctx.b.permute(x, (0, r - 1, *range(1, r - 1)))
 
 
 def _make_conv(fixed: int | None):
@@ -292,10 +297,9 @@ def _pool_input(ctx: Ctx, x: str) -> tuple[str, bool]:
     ``[N, I..., C]``: the window axes pooled are the ones before the last)."""
     last = _layout(ctx, "layout")
     if last:
-        r = len(ctx.shape(x))
-        if r < 3:
-            raise ctx.err("E1011", f"a channels_last {ctx.node.op} takes [N, I..., C]; got rank {r}")
-        x = ctx.b.permute(x, (0, r - 1, *range(1, r - 1)))
+        if len(ctx.shape(x)) < 3:
+            raise ctx.err("E1011", f"a channels_last {ctx.node.op} takes [N, I..., C]; got rank {len(ctx.shape(x))}")
+        x = _channels_first(ctx, x)
     return x, last
 
 

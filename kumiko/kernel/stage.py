@@ -306,20 +306,25 @@ def _panel_runs(r: int, flag: str, panels: str, offsets: str, rows: str, first: 
     consecutive ``unit`` elements apart, and a short last panel of one run (the rows past ``rows``) reads its
     missing rows from the panel before it (``apart`` = -r units): nothing past the source's end is read, as
     the rows are not stored."""
-    if unit:
-        return (f"for (long long kk_q = 0; {flag} && kk_q < {panels}; ++kk_q) {{\n"
-                f"  const long long* kk_so = {offsets} + kk_q*{r};\n"
-                f"  const long long kk_nv = {rows} - kk_q*{r} < {r} ? {rows} - kk_q*{r} : {r};\n"
-                "  long long kk_s = 1;\n"
-                f"  while (kk_s < kk_nv && kk_so[kk_s] == kk_so[0] + kk_s * {unit}) ++kk_s;\n"
-                f"  long long kk_d = kk_s < kk_nv ? kk_so[kk_s] - kk_so[0] - kk_s * {unit} : 0;\n"
-                "  for (long long kk_r = kk_s; kk_r < kk_nv; ++kk_r)\n"
-                f"    {flag} &= kk_so[kk_r] == kk_so[0] + kk_d + kk_r * {unit};\n"
-                f"  {flag} &= kk_d >= 0 && (kk_nv == {r} || (kk_s == kk_nv && kk_q > 0));\n"
-                f"  if (kk_nv < {r}) kk_d = -{r} * {unit};\n"
-                f"  {first}[kk_q] = kk_s < {r} ? kk_s : {r};\n"
-                f"  {apart}[kk_q] = kk_d;\n"
-                "}\n")
+    u = f" * {unit}" if unit else ""
+    # with a unit: a short last panel of one run borrows the panel before (a negative distance), so only
+    # those conditions differ
+    short = (f"  {flag} &= kk_d >= 0 && (kk_nv == {r} || (kk_s == kk_nv && kk_q > 0));\n"
+             f"  if (kk_nv < {r}) kk_d = -{r}{u};\n"
+             f"  {first}[kk_q] = kk_s < {r} ? kk_s : {r};\n") if unit else (
+             f"  {flag} &= kk_d >= 0;\n"
+             f"  {first}[kk_q] = kk_s < kk_nv ? kk_s : {r};\n")
+    return (f"for (long long kk_q = 0; {flag} && kk_q < {panels}; ++kk_q) {{\n"
+            f"  const long long* kk_so = {offsets} + kk_q*{r};\n"
+            f"  const long long kk_nv = {rows} - kk_q*{r} < {r} ? {rows} - kk_q*{r} : {r};\n"
+            "  long long kk_s = 1;\n"
+            f"  while (kk_s < kk_nv && kk_so[kk_s] == kk_so[0] + kk_s{u}) ++kk_s;\n"
+            f"  long long kk_d = kk_s < kk_nv ? kk_so[kk_s] - kk_so[0] - kk_s{u} : 0;\n"
+            "  for (long long kk_r = kk_s; kk_r < kk_nv; ++kk_r)\n"
+            f"    {flag} &= kk_so[kk_r] == kk_so[0] + kk_d + kk_r{u};\n"
+            f"{short}"
+            f"  {apart}[kk_q] = kk_d;\n"
+            "}\n")
     return (f"for (long long kk_q = 0; {flag} && kk_q < {panels}; ++kk_q) {{\n"
             f"  const long long* kk_so = {offsets} + kk_q*{r};\n"
             f"  const long long kk_nv = {rows} - kk_q*{r} < {r} ? {rows} - kk_q*{r} : {r};\n"

@@ -226,9 +226,7 @@ def phase_count(rest: Expr, rp: Expr, rows: tuple) -> int:
 def steps_last_dim(rows: tuple, dims: tuple, f: int) -> bool:
     """The innermost row axis moves only the source's last dimension, by ``f``: one element of the stage
     per row once that dimension is split into ``f`` phases (``f`` = 1: not split)."""
-    last = rows[-1] if rows else None
-    moves = [(i, p[1].coeff(last)) for i, (p, _) in enumerate(dims) if last is not None and p[1].coeff(last)]
-    return moves == [(len(dims) - 1, f)]
+    return row_dim(rows, dims) == (len(dims) - 1, f)
 
 
 def row_dim(rows: tuple, dims: tuple) -> tuple[int, int] | None:
