@@ -18,7 +18,10 @@ buffers, no barrier); a range of N each (private buffers, no barrier: when rows 
 where the plan's ``bind.split`` says N: when A is small enough to be packed once per batch point and
 kept for every K, or is at most 2 MiB under pre-packed weights); or a range of M rows each, in blocks of
 at most MC rows, sharing each (N block, K block) of packed B that they pack together into one of two
-buffers (one barrier per K block). K blocks are as the plan's ``k_blocks`` says: of equal size (at most
+buffers (one barrier per K block). Under a pre-packed B (the weights) there is nothing to pack together:
+the M blocks come outermost, each all of K and its epilogue on one thread, and the threads that split M
+take them from a shared counter as they come (``_dealt_blocks``), not in fixed shares. K blocks are as
+the plan's ``k_blocks`` says: of equal size (at most
 KC), or one block of all of K (the chooser's when A is pre-packed and B's panels for all of K fit in
 L2: the weights then stream front to back, once), or that tested at run time when the sizes are
 symbolic (``kumiko.plan.packed``). The
@@ -58,6 +61,7 @@ from kumiko.region.ssa import Binary, BroadcastInDim, Cast, Const, Read, Ref, RE
 from kumiko.symbolic import Expr, prod
 
 _MACS_PER_THREAD = 1 << 17   # the least work (multiply-adds) worth another thread of a contraction
+DYN_BLOCKS = 4               # M blocks per thread, at least, when the threads deal them (MC permitting)
 
 
 def _split(flat: str, names: tuple, sizes: list, out: list) -> None:
@@ -316,6 +320,29 @@ class ContractionLowering(PanelPacking):
             return f" || {even}"
         return f" || (kk_Mp * kk_K <= {SPLIT_LIMITS[rule]} && {even})"
 
+    @staticmethod
+    def _dealt_blocks(block: list, epi_code: list) -> list:
+        """Under pre-packed B: the M blocks outermost, each all of K and then its epilogue, so a block is one
+        thread's from start to end (no barrier between K blocks). In mode 0 the threads take the blocks from
+        the shared counter ``kk_next`` as they come (``kk_dyn``; numbered across the batch points and N blocks,
+        which every thread walks alike: a thread keeps a number it drew past this walk's blocks for the next; a
+        barrier between them, as they share the C scratch's rows), else each walks its own range in order.
+        ``block``: the M block's size, then its K block's work."""
+        deal = ("if (kk_dyn) {\n"
+                "  if (kk_w < kk_wbase) kk_w = __atomic_fetch_add(&kk_next, 1, __ATOMIC_RELAXED);\n"
+                "  if (kk_w >= kk_wbase + kk_nmbk) break;\n"
+                "  kk_blk = kk_w - kk_wbase; kk_w = -1;\n"
+                "#ifdef KUMIKO_TRACE_STAGE\n  __atomic_fetch_add(&kk_dealt, 1, __ATOMIC_RELAXED);\n#endif\n"
+                "} else {\n  if (kk_bi >= kk_nmbk) break;\n  kk_blk = kk_bi++;\n}")
+        return [Decl("const long long", "kk_nmbk", "(kk_m1 - kk_m0 + kk_mblk - 1) / kk_mblk"),
+                Raw("for (long long kk_bi = 0;;) {"), Raw("long long kk_blk;"), Raw(deal),
+                Decl("const long long", "kk_ic", "kk_m0 + kk_blk * kk_mblk"), block[0],
+                Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"),
+                Decl("const long long", "kk_kcb", "kk_K - kk_pc < kk_kstep ? kk_K - kk_pc : kk_kstep"),
+                *block[1:], Raw("}"), *epi_code, Raw("}"), Raw("kk_wbase += kk_nmbk;"),
+                # the next batch point or N block uses the same rows of the C scratch: all threads done first
+                Raw("if (kk_dyn && (kk_jc + kk_nc < kk_n1 || kk_b + 1 < kk_b1)) {\n#pragma omp barrier\n}")]
+
     # the kernel -----------------------------------------------------------------------------------------
     def emit(self, epilogue) -> list:  # noqa: C901
         """The whole contraction as statements; ``epilogue()`` returns the per-element work (the current
@@ -409,9 +436,16 @@ class ContractionLowering(PanelPacking):
             par += fills + [Raw("#pragma omp barrier")]
         if astg is not None:
             par += astg.a_check(mr)
+        # under pre-packed B the threads of mode 0 take M blocks as they come (kk_dyn, ``_dealt_blocks``), not a
+        # fixed share each: no thread waits at the end for one that ran slower (an interrupt, a busy sibling
+        # core, another pool in the process); ResNet-50 ran 0.95-0.97 of the time on a 2-core Zen 3
+        dyn = pre_b
+        shared = "kk_mode || kk_dyn" if dyn else "kk_mode"
+        if dyn:
+            par.append(Decl("const int", "kk_dyn", "kk_mode == 0 && kk_nt > 1"))
         par += [
-            Decl("const long long", "kk_m0", f"kk_mode ? 0 : kk_t * (kk_Mp / {mr}) / kk_nt * {mr}"),
-            Decl("const long long", "kk_m1", f"kk_mode ? kk_Mp : (kk_t + 1) * (kk_Mp / {mr}) / kk_nt * {mr}"),
+            Decl("const long long", "kk_m0", f"{shared} ? 0 : kk_t * (kk_Mp / {mr}) / kk_nt * {mr}"),
+            Decl("const long long", "kk_m1", f"{shared} ? kk_Mp : (kk_t + 1) * (kk_Mp / {mr}) / kk_nt * {mr}"),
             Decl("const long long", "kk_n0", "kk_mode == 1 ? kk_t * kk_nun / kk_nt * kk_un : 0"),
             Decl("const long long", "kk_n1x", "kk_mode == 1 ? (kk_t + 1) * kk_nun / kk_nt * kk_un : kk_N"),
             Decl("const long long", "kk_n1", "kk_n1x < kk_N ? kk_n1x : kk_N"),
@@ -420,16 +454,22 @@ class ContractionLowering(PanelPacking):
             # this thread's rows in blocks of at most MC, as even as MR allows; all of them packed once per
             # batch point (for every K) when that fits in L2
             Decl("const long long", "kk_nmb", f"(kk_m1 - kk_m0 + {mc - 1}) / {mc}"),
-            Decl("const long long", "kk_mblk",
+            Decl("const long long", "kk_mblk0" if dyn else "kk_mblk",
                  f"kk_nmb > 0 ? ((kk_m1 - kk_m0 + kk_nmb - 1) / kk_nmb + {mr - 1}) / {mr} * {mr} : {mr}"),
+            # dealt blocks: DYN_BLOCKS a thread at least, where MC allows
+            *([Decl("const long long", "kk_mblkd", f"(kk_Mp / ({DYN_BLOCKS} * kk_nt) + {mr - 1}) / {mr} * {mr}"),
+               Decl("const long long", "kk_mblk", f"!kk_dyn ? kk_mblk0 : kk_mblkd < {mr} ? {mr} : "
+                    "kk_mblkd < kk_mblk0 ? kk_mblkd : kk_mblk0")] if dyn else []),
             # pre-packed A: every panel resident, for all of K (the layout the resident path packs)
-            Decl("const int", "kk_ares", "1" if pre_a else f"(kk_m1 - kk_m0) * kk_K <= {A_RESIDENT_FLOATS}"),
+            Decl("const int", "kk_ares", "1" if pre_a else
+                 f"{'!kk_dyn && ' if dyn else ''}(kk_m1 - kk_m0) * kk_K <= {A_RESIDENT_FLOATS}"),
             Decl("const float* KUMIKO_RESTRICT", "kk_Ap", f"{self.pre['a']} + kk_m0 * kk_K") if pre_a else
             Decl("float* KUMIKO_RESTRICT", "kk_Ap", "(float*)kk_scratch(4, sizeof(float) * (size_t)(kk_ares ? "
                  f"(kk_m1 - kk_m0) * kk_K : {mc} * kk_kc))"),
             Decl("float*", "kk_Bt", "kk_Bp + (kk_mode ? kk_t : 0) * 2 * kk_bsz"),
             Decl("float*", "kk_Ct", "kk_C + (kk_mode ? kk_t : 0) * kk_Mp * kk_ldc"),
-            Decl("long long", "kk_it", "0")]
+            Decl("long long", "kk_it", "0"),
+            *([Decl("long long", "kk_wbase", "0"), Decl("long long", "kk_w", "-1")] if dyn else [])]
         bdec: list = []
         self.decompose("kk_b", c.batch, bdec)
         for sd in (A, B):
@@ -479,11 +519,13 @@ class ContractionLowering(PanelPacking):
                  micro]
         rows_end = "(kk_ic + kk_mcb < kk_M ? kk_ic + kk_mcb : kk_M)"
         if win:
-            block.append(If("kk_last", tuple(self._epi_window(epilogue, "kk_ic", rows_end))))
+            epi_code = self._epi_window(epilogue, "kk_ic", rows_end)
         else:
             # the output's innermost axis on the M side: the epilogue runs down the columns
             epi = self._epi_transposed if lo.r.iters[-1].name in A.rows[-1:] else self._epi_pointwise
-            block.append(If("kk_last", tuple(epi(epilogue, "kk_ic", rows_end, "0", "kk_ncur"))))
+            epi_code = epi(epilogue, "kk_ic", rows_end, "0", "kk_ncur")
+        if not dyn:
+            block.append(If("kk_last", tuple(epi_code)))
         # the threads of mode 0 share the B panels they pack: none to share when B is pre-packed (each thread's A
         # panels, C rows and stage reads are its own)
         barrier = [] if pre_b else [Raw("if (kk_mode == 0) {\n#pragma omp barrier\n}")]
@@ -509,11 +551,14 @@ class ContractionLowering(PanelPacking):
                        "kk_dir && kk_ares && kk_K > 0 && (kk_nfull == kk_np || kk_K <= kk_kc) ? kk_kl1 : kk_kc"
                        if in_place else "kk_dir && kk_ares && kk_K > 0 ? kk_kl1 : kk_kc" if stg is not None
                        else "kk_adir && kk_K > 0 ? kk_K : kk_kc" if one_k_a else "kk_kc"),
-                  Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"), *kblock, Raw("}")]
+                  *(self._dealt_blocks(block, epi_code) if dyn else [
+                      Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"), *kblock,
+                      Raw("}")])]
         par.append(For("kk_b", "kk_b0", "kk_b1", tuple(bdec) + (
             For("kk_jc", "kk_n0", "kk_n1", tuple(jblock), step="kk_nc"),)))
         par.append(Raw("kk_scratch_trim(4);"))
-        s += [Raw("#pragma omp parallel num_threads(kk_T)\n{"), *par, Raw("}"),
+        s += [*([Decl("long long", "kk_next", "0")] if dyn else []),     # the next M block to deal (kk_dyn)
+              Raw("#pragma omp parallel num_threads(kk_T)\n{"), *par, Raw("}"),
               Raw("kk_scratch_trim(0); kk_scratch_trim(1); kk_scratch_trim(2); kk_scratch_trim(3);" +
                   (" kk_scratch_trim(10);" if (self.stage is not None and not self.stage.in_place) or
                    self.astage is not None else ""))]

@@ -177,6 +177,7 @@ static inline int omp_get_thread_num(void) { return 0; }
 long long kk_stage_blocks;   /* blocks whose B was read from a stage (tests build with -DKUMIKO_TRACE_STAGE) */
 long long kk_pack_s2;         /* AVX2 panel copies of stride-2 runs: every row valid, */
 long long kk_pack_s2m;        /* some rows valid (the same tests) */
+long long kk_dealt;           /* M blocks the threads took from the shared counter (the same tests) */
 #endif
 static _Thread_local void* kk_scratch_p[KK_SCRATCH_SLOTS];
 static _Thread_local size_t kk_scratch_n[KK_SCRATCH_SLOTS];
