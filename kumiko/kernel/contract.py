@@ -20,7 +20,8 @@ kept for every K, or is at most 2 MiB under pre-packed weights); or a range of M
 at most MC rows, sharing each (N block, K block) of packed B that they pack together into one of two
 buffers (one barrier per K block). Under a pre-packed B (the weights) there is nothing to pack together:
 the M blocks come outermost, each all of K and its epilogue on one thread, and the threads that split M
-take them from a shared counter as they come (``_dealt_blocks``), not in fixed shares. K blocks are as
+take them from a shared counter as they come (``_dealt_blocks``), not in fixed shares; threads that split N
+take its column chunks so (``_dealt_columns``). K blocks are as
 the plan's ``k_blocks`` says: of equal size (at most
 KC), or one block of all of K (the chooser's when A is pre-packed and B's panels for all of K fit in
 L2: the weights then stream front to back, once), or that tested at run time when the sizes are
@@ -321,6 +322,32 @@ class ContractionLowering(PanelPacking):
         return f" || (kk_Mp * kk_K <= {SPLIT_LIMITS[rule]} && {even})"
 
     @staticmethod
+    def _dealt_columns(walk, a_kept: str) -> list:
+        """Under pre-packed B, one batch point, threads that split N (mode 1): the columns in chunks of whole
+        units (at least DYN_BLOCKS a thread), dealt from the shared counter ``kk_next`` as the threads come
+        for them, each chunk's ``walk`` (its N blocks, all of M and K, the epilogue) on one thread with its own
+        C scratch; a thread packs its resident A panels in its first chunk (``kk_nfirst``). Only where A is
+        not packed again for each chunk (``a_kept``, C: resident, pre-packed or read in place; ResNet-50's 1x1
+        2048 -> 512 at 7x7, its A packed per block, ran 1.14x the time dealt). Otherwise one walk over the
+        thread's fixed range."""
+        return [Decl("const int", "kk_ndyn", f"kk_mode == 1 && kk_nt > 1 && kk_B == 1 && ({a_kept})"),
+                Decl("const long long", "kk_chu0", f"kk_nun / ({DYN_BLOCKS} * kk_nt)"),
+                Decl("const long long", "kk_chu", "kk_chu0 > 0 ? kk_chu0 : 1"),
+                Decl("const long long", "kk_nch", "(kk_nun + kk_chu - 1) / kk_chu"),
+                Decl("long long", "kk_nfirst", "-1"),
+                Raw("for (long long kk_rep = 0;; ++kk_rep) {"),
+                Raw("long long kk_ch = kk_rep;\n"
+                    "if (kk_ndyn) {\n"
+                    "  kk_ch = __atomic_fetch_add(&kk_next, 1, __ATOMIC_RELAXED);\n"
+                    "  if (kk_ch >= kk_nch) break;\n"
+                    "#ifdef KUMIKO_TRACE_STAGE\n  __atomic_fetch_add(&kk_dealt, 1, __ATOMIC_RELAXED);\n#endif\n"
+                    "} else if (kk_rep > 0) break;"),
+                Decl("const long long", "kk_n0", "kk_ndyn ? kk_ch * kk_chu * kk_un : kk_n0s"),
+                Decl("const long long", "kk_n1d", "kk_ndyn ? (kk_ch + 1) * kk_chu * kk_un : kk_n1s"),
+                Decl("const long long", "kk_n1", "kk_n1d < kk_N ? kk_n1d : kk_N"),
+                Raw("if (kk_nfirst < 0) kk_nfirst = kk_n0;"), walk, Raw("}")]
+
+    @staticmethod
     def _dealt_blocks(block: list, epi_code: list) -> list:
         """Under pre-packed B: the M blocks outermost, each all of K and then its epilogue, so a block is one
         thread's from start to end (no barrier between K blocks). In mode 0 the threads take the blocks from
@@ -446,9 +473,9 @@ class ContractionLowering(PanelPacking):
         par += [
             Decl("const long long", "kk_m0", f"{shared} ? 0 : kk_t * (kk_Mp / {mr}) / kk_nt * {mr}"),
             Decl("const long long", "kk_m1", f"{shared} ? kk_Mp : (kk_t + 1) * (kk_Mp / {mr}) / kk_nt * {mr}"),
-            Decl("const long long", "kk_n0", "kk_mode == 1 ? kk_t * kk_nun / kk_nt * kk_un : 0"),
+            Decl("const long long", "kk_n0s" if dyn else "kk_n0", "kk_mode == 1 ? kk_t * kk_nun / kk_nt * kk_un : 0"),
             Decl("const long long", "kk_n1x", "kk_mode == 1 ? (kk_t + 1) * kk_nun / kk_nt * kk_un : kk_N"),
-            Decl("const long long", "kk_n1", "kk_n1x < kk_N ? kk_n1x : kk_N"),
+            Decl("const long long", "kk_n1s" if dyn else "kk_n1", "kk_n1x < kk_N ? kk_n1x : kk_N"),
             Decl("const long long", "kk_b0", "kk_mode == 2 ? kk_t * kk_B / kk_nt : 0"),
             Decl("const long long", "kk_b1", "kk_mode == 2 ? (kk_t + 1) * kk_B / kk_nt : kk_B"),
             # this thread's rows in blocks of at most MC, as even as MR allows; all of them packed once per
@@ -513,7 +540,8 @@ class ContractionLowering(PanelPacking):
                 f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
         micro = For("kk_jr", "0", "kk_np", (For("kk_ir", "0", "kk_mcb", (call,), step=str(mr)),))
         block = [Decl("const long long", "kk_mcb", "kk_m1 - kk_ic < kk_mblk ? kk_m1 - kk_ic : kk_mblk"),
-                 *([] if pre_a else [If(f"(!kk_ares || (kk_pc == 0 && kk_jc == kk_n0)){no_astage}", tuple(pack_a))]),
+                 *([] if pre_a else [If(f"(!kk_ares || (kk_pc == 0 && kk_jc == {'kk_nfirst' if dyn else 'kk_n0'}))"
+                                        f"{no_astage}", tuple(pack_a))]),
                  Decl("const float*", "kk_Ac", f"kk_ares ? kk_Ap + (kk_ic - kk_m0) * kk_K + kk_pc * {mr} : kk_Ap"),
                  Decl("const long long", "kk_lda", "kk_ares ? kk_K : kk_kcb"),
                  micro]
@@ -554,8 +582,9 @@ class ContractionLowering(PanelPacking):
                   *(self._dealt_blocks(block, epi_code) if dyn else [
                       Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"), *kblock,
                       Raw("}")])]
-        par.append(For("kk_b", "kk_b0", "kk_b1", tuple(bdec) + (
-            For("kk_jc", "kk_n0", "kk_n1", tuple(jblock), step="kk_nc"),)))
+        walk = For("kk_b", "kk_b0", "kk_b1", tuple(bdec) + (
+            For("kk_jc", "kk_n0", "kk_n1", tuple(jblock), step="kk_nc"),))
+        par += self._dealt_columns(walk, "kk_ares" + (" || kk_adir" if astg is not None else "")) if dyn else [walk]
         par.append(Raw("kk_scratch_trim(4);"))
         s += [*([Decl("long long", "kk_next", "0")] if dyn else []),     # the next M block to deal (kk_dyn)
               Raw("#pragma omp parallel num_threads(kk_T)\n{"), *par, Raw("}"),
