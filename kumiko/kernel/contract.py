@@ -20,10 +20,9 @@ kept for every K, or is at most 2 MiB under pre-packed weights); or a range of M
 at most MC rows, sharing each (N block, K block) of packed B that they pack together into one of two
 buffers (one barrier per K block). Under a pre-packed B (the weights) there is nothing to pack together:
 the M blocks come outermost, each all of K and its epilogue on one thread, and the threads that split M
-take them from a shared counter as they come (``_dealt_blocks``), not in fixed shares; threads that split N
-take its column chunks so (``_dealt_columns``). K blocks are as
-the plan's ``k_blocks`` says: of equal size (at most
-KC), or one block of all of K (the chooser's when A is pre-packed and B's panels for all of K fit in
+take them as they come (``_dealt_blocks``: each its own share first, then what is left of the others'), not
+in fixed shares, where the plan splits M. K blocks are as the plan's ``k_blocks`` says: of equal size (at
+most KC), or one block of all of K (the chooser's when A is pre-packed and B's panels for all of K fit in
 L2: the weights then stream front to back, once), or that tested at run time when the sizes are
 symbolic (``kumiko.plan.packed``). The
 accumulator lives in a C scratch (row stride padded off multiples of 4 KiB) across K blocks; the
@@ -63,6 +62,9 @@ from kumiko.symbolic import Expr, prod
 
 _MACS_PER_THREAD = 1 << 17   # the least work (multiply-adds) worth another thread of a contraction
 DYN_BLOCKS = 4               # M blocks per thread, at least, when the threads deal them (MC permitting)
+#: ... where the pre-packed B of an N block is at most this many floats: each M block streams all of it (GPT-2's
+#: 128-row GEMMs, 1.6-7 MiB of weights, ran 1.07x the time in 8 blocks of 18 rows instead of 2 of 66)
+DYN_B_FLOATS = 1 << 16
 
 
 def _split(flat: str, names: tuple, sizes: list, out: list) -> None:
@@ -322,43 +324,17 @@ class ContractionLowering(PanelPacking):
         return f" || (kk_Mp * kk_K <= {SPLIT_LIMITS[rule]} && {even})"
 
     @staticmethod
-    def _dealt_columns(walk, a_kept: str) -> list:
-        """Under pre-packed B, one batch point, threads that split N (mode 1): the columns in chunks of whole
-        units (at least DYN_BLOCKS a thread), dealt from the shared counter ``kk_next`` as the threads come
-        for them, each chunk's ``walk`` (its N blocks, all of M and K, the epilogue) on one thread with its own
-        C scratch; a thread packs its resident A panels in its first chunk (``kk_nfirst``). Only where A is
-        not packed again for each chunk (``a_kept``, C: resident, pre-packed or read in place; ResNet-50's 1x1
-        2048 -> 512 at 7x7, its A packed per block, ran 1.14x the time dealt). Otherwise one walk over the
-        thread's fixed range."""
-        return [Decl("const int", "kk_ndyn", f"kk_mode == 1 && kk_nt > 1 && kk_B == 1 && ({a_kept})"),
-                Decl("const long long", "kk_chu0", f"kk_nun / ({DYN_BLOCKS} * kk_nt)"),
-                Decl("const long long", "kk_chu", "kk_chu0 > 0 ? kk_chu0 : 1"),
-                Decl("const long long", "kk_nch", "(kk_nun + kk_chu - 1) / kk_chu"),
-                Decl("long long", "kk_nfirst", "-1"),
-                Raw("for (long long kk_rep = 0;; ++kk_rep) {"),
-                Raw("long long kk_ch = kk_rep;\n"
-                    "if (kk_ndyn) {\n"
-                    "  kk_ch = __atomic_fetch_add(&kk_next, 1, __ATOMIC_RELAXED);\n"
-                    "  if (kk_ch >= kk_nch) break;\n"
-                    "#ifdef KUMIKO_TRACE_STAGE\n  __atomic_fetch_add(&kk_dealt, 1, __ATOMIC_RELAXED);\n#endif\n"
-                    "} else if (kk_rep > 0) break;"),
-                Decl("const long long", "kk_n0", "kk_ndyn ? kk_ch * kk_chu * kk_un : kk_n0s"),
-                Decl("const long long", "kk_n1d", "kk_ndyn ? (kk_ch + 1) * kk_chu * kk_un : kk_n1s"),
-                Decl("const long long", "kk_n1", "kk_n1d < kk_N ? kk_n1d : kk_N"),
-                Raw("if (kk_nfirst < 0) kk_nfirst = kk_n0;"), walk, Raw("}")]
-
-    @staticmethod
     def _dealt_blocks(block: list, epi_code: list) -> list:
         """Under pre-packed B: the M blocks outermost, each all of K and then its epilogue, so a block is one
-        thread's from start to end (no barrier between K blocks). In mode 0 the threads take the blocks from
-        the shared counter ``kk_next`` as they come (``kk_dyn``; numbered across the batch points and N blocks,
-        which every thread walks alike: a thread keeps a number it drew past this walk's blocks for the next; a
-        barrier between them, as they share the C scratch's rows), else each walks its own range in order.
-        ``block``: the M block's size, then its K block's work."""
+        thread's from start to end (no barrier between K blocks). In mode 0 the threads take the blocks as
+        they come (``kk_dyn``, ``kk_take``: a thread's own share of the blocks first, so it keeps the rows, and
+        the caches, a fixed split would give it; then the rest of the others' shares), in each batch point and
+        N block (which every thread walks alike, with barriers between them: they share the C scratch's rows);
+        else each thread walks its own range in order. ``block``: the M block's size, then its K block's
+        work."""
         deal = ("if (kk_dyn) {\n"
-                "  if (kk_w < kk_wbase) kk_w = __atomic_fetch_add(&kk_next, 1, __ATOMIC_RELAXED);\n"
-                "  if (kk_w >= kk_wbase + kk_nmbk) break;\n"
-                "  kk_blk = kk_w - kk_wbase; kk_w = -1;\n"
+                "  kk_blk = kk_take(kk_cnt, kk_t, kk_nt, kk_nmbk, &kk_vic);\n"
+                "  if (kk_blk < 0) break;\n"
                 "#ifdef KUMIKO_TRACE_STAGE\n  __atomic_fetch_add(&kk_dealt, 1, __ATOMIC_RELAXED);\n#endif\n"
                 "} else {\n  if (kk_bi >= kk_nmbk) break;\n  kk_blk = kk_bi++;\n}")
         return [Decl("const long long", "kk_nmbk", "(kk_m1 - kk_m0 + kk_mblk - 1) / kk_mblk"),
@@ -366,9 +342,11 @@ class ContractionLowering(PanelPacking):
                 Decl("const long long", "kk_ic", "kk_m0 + kk_blk * kk_mblk"), block[0],
                 Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"),
                 Decl("const long long", "kk_kcb", "kk_K - kk_pc < kk_kstep ? kk_K - kk_pc : kk_kstep"),
-                *block[1:], Raw("}"), *epi_code, Raw("}"), Raw("kk_wbase += kk_nmbk;"),
-                # the next batch point or N block uses the same rows of the C scratch: all threads done first
-                Raw("if (kk_dyn && (kk_jc + kk_nc < kk_n1 || kk_b + 1 < kk_b1)) {\n#pragma omp barrier\n}")]
+                *block[1:], Raw("}"), *epi_code, Raw("}"),
+                # the next batch point or N block uses the same rows of the C scratch: all threads done first,
+                # then each resets its own counter before any thread takes from it
+                Raw("if (kk_dyn && (kk_jc + kk_nc < kk_n1 || kk_b + 1 < kk_b1)) {\n#pragma omp barrier\n"
+                    "kk_cnt[8 * kk_t] = 0; kk_vic = kk_t;\n#pragma omp barrier\n}")]
 
     # the kernel -----------------------------------------------------------------------------------------
     def emit(self, epilogue) -> list:  # noqa: C901
@@ -465,17 +443,19 @@ class ContractionLowering(PanelPacking):
             par += astg.a_check(mr)
         # under pre-packed B the threads of mode 0 take M blocks as they come (kk_dyn, ``_dealt_blocks``), not a
         # fixed share each: no thread waits at the end for one that ran slower (an interrupt, a busy sibling
-        # core, another pool in the process); ResNet-50 ran 0.95-0.97 of the time on a 2-core Zen 3
-        dyn = pre_b
+        # core, another pool in the process). Where the plan splits M: the M blocks then come outside the K
+        # blocks, and each streams all of B (a split of N keeps the K blocks outside: BERT's 128 x 768 x 3072
+        # GEMM, each thread's share of B 4.7 MiB, ran 1.13x the time with its two M blocks outside)
+        dyn = pre_b and (self.plan.split or "m") == "m"
         shared = "kk_mode || kk_dyn" if dyn else "kk_mode"
         if dyn:
             par.append(Decl("const int", "kk_dyn", "kk_mode == 0 && kk_nt > 1"))
         par += [
             Decl("const long long", "kk_m0", f"{shared} ? 0 : kk_t * (kk_Mp / {mr}) / kk_nt * {mr}"),
             Decl("const long long", "kk_m1", f"{shared} ? kk_Mp : (kk_t + 1) * (kk_Mp / {mr}) / kk_nt * {mr}"),
-            Decl("const long long", "kk_n0s" if dyn else "kk_n0", "kk_mode == 1 ? kk_t * kk_nun / kk_nt * kk_un : 0"),
+            Decl("const long long", "kk_n0", "kk_mode == 1 ? kk_t * kk_nun / kk_nt * kk_un : 0"),
             Decl("const long long", "kk_n1x", "kk_mode == 1 ? (kk_t + 1) * kk_nun / kk_nt * kk_un : kk_N"),
-            Decl("const long long", "kk_n1s" if dyn else "kk_n1", "kk_n1x < kk_N ? kk_n1x : kk_N"),
+            Decl("const long long", "kk_n1", "kk_n1x < kk_N ? kk_n1x : kk_N"),
             Decl("const long long", "kk_b0", "kk_mode == 2 ? kk_t * kk_B / kk_nt : 0"),
             Decl("const long long", "kk_b1", "kk_mode == 2 ? (kk_t + 1) * kk_B / kk_nt : kk_B"),
             # this thread's rows in blocks of at most MC, as even as MR allows; all of them packed once per
@@ -483,10 +463,10 @@ class ContractionLowering(PanelPacking):
             Decl("const long long", "kk_nmb", f"(kk_m1 - kk_m0 + {mc - 1}) / {mc}"),
             Decl("const long long", "kk_mblk0" if dyn else "kk_mblk",
                  f"kk_nmb > 0 ? ((kk_m1 - kk_m0 + kk_nmb - 1) / kk_nmb + {mr - 1}) / {mr} * {mr} : {mr}"),
-            # dealt blocks: DYN_BLOCKS a thread at least, where MC allows
+            # dealt blocks: DYN_BLOCKS a thread at least, where MC allows and B is small (DYN_B_FLOATS)
             *([Decl("const long long", "kk_mblkd", f"(kk_Mp / ({DYN_BLOCKS} * kk_nt) + {mr - 1}) / {mr} * {mr}"),
-               Decl("const long long", "kk_mblk", f"!kk_dyn ? kk_mblk0 : kk_mblkd < {mr} ? {mr} : "
-                    "kk_mblkd < kk_mblk0 ? kk_mblkd : kk_mblk0")] if dyn else []),
+               Decl("const long long", "kk_mblk", f"!kk_dyn || kk_K * kk_ncp > {DYN_B_FLOATS} ? kk_mblk0 : "
+                    f"kk_mblkd < {mr} ? {mr} : kk_mblkd < kk_mblk0 ? kk_mblkd : kk_mblk0")] if dyn else []),
             # pre-packed A: every panel resident, for all of K (the layout the resident path packs)
             Decl("const int", "kk_ares", "1" if pre_a else
                  f"{'!kk_dyn && ' if dyn else ''}(kk_m1 - kk_m0) * kk_K <= {A_RESIDENT_FLOATS}"),
@@ -496,7 +476,7 @@ class ContractionLowering(PanelPacking):
             Decl("float*", "kk_Bt", "kk_Bp + (kk_mode ? kk_t : 0) * 2 * kk_bsz"),
             Decl("float*", "kk_Ct", "kk_C + (kk_mode ? kk_t : 0) * kk_Mp * kk_ldc"),
             Decl("long long", "kk_it", "0"),
-            *([Decl("long long", "kk_wbase", "0"), Decl("long long", "kk_w", "-1")] if dyn else [])]
+            *([Decl("int", "kk_vic", "kk_t")] if dyn else [])]
         bdec: list = []
         self.decompose("kk_b", c.batch, bdec)
         for sd in (A, B):
@@ -540,8 +520,7 @@ class ContractionLowering(PanelPacking):
                 f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
         micro = For("kk_jr", "0", "kk_np", (For("kk_ir", "0", "kk_mcb", (call,), step=str(mr)),))
         block = [Decl("const long long", "kk_mcb", "kk_m1 - kk_ic < kk_mblk ? kk_m1 - kk_ic : kk_mblk"),
-                 *([] if pre_a else [If(f"(!kk_ares || (kk_pc == 0 && kk_jc == {'kk_nfirst' if dyn else 'kk_n0'}))"
-                                        f"{no_astage}", tuple(pack_a))]),
+                 *([] if pre_a else [If(f"(!kk_ares || (kk_pc == 0 && kk_jc == kk_n0)){no_astage}", tuple(pack_a))]),
                  Decl("const float*", "kk_Ac", f"kk_ares ? kk_Ap + (kk_ic - kk_m0) * kk_K + kk_pc * {mr} : kk_Ap"),
                  Decl("const long long", "kk_lda", "kk_ares ? kk_K : kk_kcb"),
                  micro]
@@ -582,11 +561,12 @@ class ContractionLowering(PanelPacking):
                   *(self._dealt_blocks(block, epi_code) if dyn else [
                       Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"), *kblock,
                       Raw("}")])]
-        walk = For("kk_b", "kk_b0", "kk_b1", tuple(bdec) + (
-            For("kk_jc", "kk_n0", "kk_n1", tuple(jblock), step="kk_nc"),))
-        par += self._dealt_columns(walk, "kk_ares" + (" || kk_adir" if astg is not None else "")) if dyn else [walk]
+        par.append(For("kk_b", "kk_b0", "kk_b1", tuple(bdec) + (
+            For("kk_jc", "kk_n0", "kk_n1", tuple(jblock), step="kk_nc"),)))
         par.append(Raw("kk_scratch_trim(4);"))
-        s += [*([Decl("long long", "kk_next", "0")] if dyn else []),     # the next M block to deal (kk_dyn)
+        # the units each thread has taken from its share, one cache line apart (kk_take)
+        s += [*([Raw("long long kk_cnt[8 * kk_T];\n"
+                     "for (long long kk_x = 0; kk_x < 8 * kk_T; ++kk_x) kk_cnt[kk_x] = 0;")] if dyn else []),
               Raw("#pragma omp parallel num_threads(kk_T)\n{"), *par, Raw("}"),
               Raw("kk_scratch_trim(0); kk_scratch_trim(1); kk_scratch_trim(2); kk_scratch_trim(3);" +
                   (" kk_scratch_trim(10);" if (self.stage is not None and not self.stage.in_place) or

@@ -179,6 +179,22 @@ long long kk_pack_s2;         /* AVX2 panel copies of stride-2 runs: every row v
 long long kk_pack_s2m;        /* some rows valid (the same tests) */
 long long kk_dealt;           /* M blocks the threads took from the shared counter (the same tests) */
 #endif
+/* The next of n units (M blocks or column chunks of a contraction) for thread t of nt: from its own share
+ * (units [t*n/nt, (t+1)*n/nt), counted in cnt[8*t]) while it lasts, then from the others' in turn (*vic, from
+ * t on): a thread keeps the rows it would have had (and the caches that hold them), and one that runs ahead
+ * finishes a slower one's share instead of waiting for it. -1: none left. */
+__attribute__((unused)) static inline long long kk_take(long long* cnt, int t, int nt, long long n, int* vic) {
+  while (*vic < t + nt) {
+    const int v = *vic % nt;
+    const long long lo = v * n / nt, hi = (v + 1) * n / nt;
+    if (lo + __atomic_load_n(&cnt[8 * v], __ATOMIC_RELAXED) < hi) {
+      const long long k = __atomic_fetch_add(&cnt[8 * v], 1, __ATOMIC_RELAXED);
+      if (lo + k < hi) return lo + k;
+    }
+    ++*vic;
+  }
+  return -1;
+}
 static _Thread_local void* kk_scratch_p[KK_SCRATCH_SLOTS];
 static _Thread_local size_t kk_scratch_n[KK_SCRATCH_SLOTS];
 __attribute__((unused)) static void* kk_scratch(int slot, size_t bytes) {
