@@ -177,9 +177,9 @@ static inline int omp_get_thread_num(void) { return 0; }
 long long kk_stage_blocks;   /* blocks whose B was read from a stage (tests build with -DKUMIKO_TRACE_STAGE) */
 long long kk_pack_s2;         /* AVX2 panel copies of stride-2 runs: every row valid, */
 long long kk_pack_s2m;        /* some rows valid (the same tests) */
-long long kk_dealt;           /* M blocks the threads took from the shared counter (the same tests) */
+long long kk_dealt;           /* M blocks the threads took with kk_take (the same tests) */
 #endif
-/* The next of n units (M blocks or column chunks of a contraction) for thread t of nt: from its own share
+/* The next of n units (a contraction's M blocks) for thread t of nt: from its own share
  * (units [t*n/nt, (t+1)*n/nt), counted in cnt[8*t]) while it lasts, then from the others' in turn (*vic, from
  * t on): a thread keeps the rows it would have had (and the caches that hold them), and one that runs ahead
  * finishes a slower one's share instead of waiting for it. -1: none left. */
