@@ -13,7 +13,9 @@ pools must not leak into the next):
   peers' calls are not timed).
 
 Workloads (fp32, batch 1): ReLU of 16 floats (per-call overhead), Conv 3x3 groups 8 64->64 at 56x56,
-a 512^3 GEMM and Linear 768->3072 of one row. The ratio is a scenario's median over ``alone``'s.
+a 512^3 GEMM, Linear 768->3072 of one row, and two Conv 3x3 64->64 + bias + ReLU at 56x56 (``conv2``: a
+network's channels-last convolutions, whose threads take their M blocks as they come). The ratio is a
+scenario's median over ``alone``'s.
 
     python bench/coexist.py                  # append a table to bench/RESULTS.md
     python bench/coexist.py --no-append --reps 50
@@ -34,7 +36,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ("alone", "after-peers", "interleaved")
-WORKLOADS = ("relu16", "gconv", "gemm512", "linear1")
+WORKLOADS = ("relu16", "gconv", "gemm512", "linear1", "conv2")
 
 
 def onnx_model(key: str):
@@ -58,6 +60,15 @@ def onnx_model(key: str):
         x = rng.standard_normal((1, 768), dtype=np.float32)
         inits.append(numpy_helper.from_array(rng.standard_normal((768, 3072), dtype=np.float32), "w"))
         nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    elif key == "conv2":
+        x = rng.standard_normal((1, 64, 56, 56), dtype=np.float32)
+        nodes = []
+        for i in range(2):
+            inits += [numpy_helper.from_array(rng.standard_normal((64, 64, 3, 3), dtype=np.float32) * 0.05, f"w{i}"),
+                      numpy_helper.from_array(rng.standard_normal((64,), dtype=np.float32), f"b{i}")]
+            src = "x" if i == 0 else "r0"
+            nodes += [helper.make_node("Conv", [src, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
+                      helper.make_node("Relu", [f"c{i}"], ["y" if i == 1 else f"r{i}"])]
     else:
         raise SystemExit(f"unknown workload {key!r}")
     g = helper.make_graph(nodes, key, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
