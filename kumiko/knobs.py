@@ -19,6 +19,8 @@
   ``KUMIKO_CACHE``, ``kumiko.pipeline.cache``); default on.
 - ``KUMIKO_SPEC``: verifier strictness at stage boundaries: 0 off, 1 (default) the cheap checks and the verifiers
   of a stage read from a file (``--resume``), 2 every stage's verifiers on every compile (``pipeline.verify``).
+  At run time (``cpu``): 1 poisons the outputs before every call and the arena of intermediates before its first
+  call, 2 the arena before every call too, 0 nothing (``runtime.program``).
 - ``KUMIKO_CUDA_GRAPH``: 1 makes the ``cuda`` target replay each program's launches as a CUDA Graph (default 0).
 - ``KUMIKO_SPLIT_K``: the most CTAs the GPU plan chooser divides one output tile's K among (split-K, ``Plan.split_k``;
   default 16, 1 turns it off): for comparing plans on a device.

@@ -13,8 +13,11 @@ It owns everything between numpy and the kernels, so the code generator only emi
   their memory any more, which saves a large output's first-touch page faults on every call;
   ``reuse_outputs=False`` gives a fresh array every call;
 - intermediates (``Program.buffers``) live in one arena planned by liveness (``arena.plan_arena``),
-  allocated once per shape and poisoned with 0xff bytes (NaN in every float dtype) before each run.
-  Poisoning is a verifier: on unless ``KUMIKO_SPEC=0`` (or ``poison=False``), read at each call;
+  allocated once per shape and poisoned with 0xff bytes (NaN in every float dtype) before its first run,
+  and before every run under ``KUMIKO_SPEC=2`` (or ``poison=True``): a region that leaves part of its
+  output unwritten gives NaN downstream on the first call, while refilling 6 MiB before each call was 3% of
+  MobileNetV2's time at batch 1 (1% of ResNet-50's). Poisoning is a verifier: on unless ``KUMIKO_SPEC=0``
+  (or ``poison=False``), read at each call;
 - each region's function gets ``bufs`` = its inputs then its outputs (``region.inputs`` order, then
   ``region.outputs`` order) and ``syms`` = the values of ``program_symbols(program)`` (sorted names).
   A code generator that runs several regions in one function (``kumiko.kernel.stream``: a deferred
@@ -86,8 +89,8 @@ class Frame:
     goes to; ``outputs``: per output (name, shape, numpy dtype, alignment, places); ``calls``: per step (step,
     kernel or None, argument array), the arena's addresses already written; ``packs``: per step with pre-packed
     panels (step, ((panel buffer, places), ...)); ``views``: the arena's buffers as arrays."""
-    __slots__ = ("inputs", "outputs", "calls", "syms", "sym_list", "raw", "poison_arena", "views", "packs",
-                 "packs_static", "packed_own", "var_inputs", "const_names", "const_arrays",
+    __slots__ = ("inputs", "outputs", "calls", "syms", "sym_list", "raw", "poison_arena", "arena_fresh", "views",
+                 "packs", "packs_static", "packed_own", "var_inputs", "const_names", "const_arrays",
                  "const_template", "const_placed")
 
     def __init__(self, inputs: tuple, outputs: tuple, calls: list, syms: list[int], raw: np.ndarray,
@@ -96,6 +99,7 @@ class Frame:
         self.sym_list = syms
         self.syms = (ctypes.c_longlong * max(1, len(syms)))(*syms)
         self.raw, self.poison_arena, self.views = raw, poison_arena, views
+        self.arena_fresh = True         # no run has used the arena yet (poisoned before the first one)
         self.packs, self.packs_static = packs, packs_static
         #: the panels' places hold the shared panels of the bound constants (not a call's own packing)
         self.packed_own = False
@@ -373,10 +377,11 @@ class CpuProgram:
             outs[name] = poison(arr) if do_poison else arr
             for a, j in places:
                 a[j] = ptr
-        if do_poison and frame.poison_arena:
-            # (before every call: poisoning only the first one measured no faster, 1.00 on MobileNetV2 and
-            # ResNet-50 at batch 1 in one process, though the fill is most of a call's time outside its kernels)
+        if do_poison and frame.poison_arena and (frame.arena_fresh or self.poison is True or knobs.spec() >= 2):
+            # (before every call only when asked: MobileNetV2 at batch 1 ran 1.028x the time with its 6 MiB
+            # refilled each call, IQR 1.009-1.061, in-process A/B with pauses; ResNet-50 1.011)
             frame.raw.fill(0xFF)
+        frame.arena_fresh = False
         return frame, arrays, outs, overridden
 
     def buffers(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int],
