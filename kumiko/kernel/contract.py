@@ -18,10 +18,10 @@ buffers, no barrier); a range of N each (private buffers, no barrier: when rows 
 where the plan's ``bind.split`` says N: when A is small enough to be packed once per batch point and
 kept for every K, or is at most 2 MiB under pre-packed weights); or a range of M rows each, in blocks of
 at most MC rows, sharing each (N block, K block) of packed B that they pack together into one of two
-buffers (one barrier per K block). Under a pre-packed B (the weights) there is nothing to pack together:
-the M blocks come outermost, each all of K and its epilogue on one thread, and the threads that split M
-take them as they come (``_dealt_blocks``: each its own share first, then what is left of the others'), not
-in fixed shares, where the plan splits M. K blocks are as the plan's ``k_blocks`` says: of equal size (at
+buffers (one barrier per K block). Under a pre-packed B (the weights), where the plan splits M, there is
+nothing to pack together: the M blocks come outermost, each all of K and its epilogue on one thread, and the
+threads take them as they come (``_dealt_blocks``: each its own share first, then what is left of the
+others'), not in fixed shares. K blocks are as the plan's ``k_blocks`` says: of equal size (at
 most KC), or one block of all of K (the chooser's when A is pre-packed and B's panels for all of K fit in
 L2: the weights then stream front to back, once), or that tested at run time when the sizes are
 symbolic (``kumiko.plan.packed``). The
@@ -62,8 +62,8 @@ from kumiko.symbolic import Expr, prod
 
 _MACS_PER_THREAD = 1 << 17   # the least work (multiply-adds) worth another thread of a contraction
 DYN_BLOCKS = 4               # M blocks per thread, at least, when the threads deal them (MC permitting)
-#: ... where the pre-packed B of an N block is at most this many floats: each M block streams all of it (GPT-2's
-#: 128-row GEMMs, 1.6-7 MiB of weights, ran 1.07x the time in 8 blocks of 18 rows instead of 2 of 66)
+#: ... where the pre-packed B of an N block is at most this many floats: each M block streams all of it (GPT-2,
+#: when its 128-row GEMMs were dealt, 1.6-7 MiB of weights, ran 1.07x the time in 8 blocks of 18 rows, not 2 of 66)
 DYN_B_FLOATS = 1 << 16
 
 
@@ -325,13 +325,13 @@ class ContractionLowering(PanelPacking):
 
     @staticmethod
     def _dealt_blocks(block: list, epi_code: list) -> list:
-        """Under pre-packed B: the M blocks outermost, each all of K and then its epilogue, so a block is one
-        thread's from start to end (no barrier between K blocks). In mode 0 the threads take the blocks as
-        they come (``kk_dyn``, ``kk_take``: a thread's own share of the blocks first, so it keeps the rows, and
-        the caches, a fixed split would give it; then the rest of the others' shares), in each batch point and
-        N block (which every thread walks alike, with barriers between them: they share the C scratch's rows);
-        else each thread walks its own range in order. ``block``: the M block's size, then its K block's
-        work."""
+        """Under pre-packed B where the plan splits M: the M blocks outermost, each all of K and then its
+        epilogue, so a block is one thread's from start to end (no barrier between K blocks). In mode 0 the
+        threads take the blocks as they come (``kk_dyn``, ``kk_take``: a thread's own share of the blocks first,
+        so it keeps the rows, and the caches, a fixed split would give it; then the rest of the others' shares),
+        in each batch point and N block (which every thread walks alike, with barriers between them: they share
+        the C scratch's rows); else each thread walks its own range in order. ``block``: the M block's size,
+        then its K block's work."""
         deal = ("if (kk_dyn) {\n"
                 "  kk_blk = kk_take(kk_cnt, kk_t, kk_nt, kk_nmbk, &kk_vic);\n"
                 "  if (kk_blk < 0) break;\n"
