@@ -109,10 +109,10 @@ def choose_cpu_plans(tiny: TinyGraph, program: Program, plans: Mapping[str, Plan
         hit = cached_winner(r, chosen[r.name], env, machine, compiler)
         if hit is not None:
             try:
-                chosen[r.name] = validate(hit, r, syms, feats)
+                chosen[r.name] = validate(hit, r, syms, feats, constants)
             except KumikoError:
                 pass          # a stale cached plan (another machine, an older compiler): keep the default
-    chosen = override_plans(program, chosen, plans, lambda p, r: validate(p, r, syms, feats))
+    chosen = override_plans(program, chosen, plans, lambda p, r: validate(p, r, syms, feats, constants))
     if tune:
         def time_plans(trial: dict[str, Plan]) -> float:
             source = render_cpu_kernels(lower_cpu_kernels(program, trial))

@@ -144,9 +144,10 @@ class ContractionLowering(PanelPacking):
         k = prod([a.size for a in self.c.k_axes]) if self.c.k_axes else Expr.lift(1)
         return (Expr.lift(rows) + (sd.r - 1)) // sd.r * sd.r * k
 
-    def prepack(self, key: str) -> list:
+    def prepack(self, key: str, dst: str | None = None) -> list:
         """The body of side ``key``'s packing function: panel q of all rows at all of K, at
-        ``kk_pk + q*R*K`` (the layout the kernel's resident A panels have), the panels split among threads."""
+        ``kk_pk + q*R*K`` (the layout the kernel's resident A panels have; at ``dst`` instead when given),
+        the panels split among threads."""
         sd = self.a if key == "a" else self.b
         s = self._size_decls()
         par: list = [Decl("const int", "kk_t", "omp_get_thread_num()"),
@@ -158,7 +159,7 @@ class ContractionLowering(PanelPacking):
         par += [Decl("const long long", "kk_pc", "0"), Decl("const long long", "kk_kcb", "kk_K"),
                 Decl("const long long", "kk_npn", f"({sd.count} + {sd.r - 1}) / {sd.r}"),
                 *self._pack(sd, "kk_t * kk_npn / kk_nt", "(kk_t + 1) * kk_npn / kk_nt", "0", sd.count,
-                            f"(float*){self.pre[key]}")]
+                            dst or f"(float*){self.pre[key]}")]
         return s + [Raw("#pragma omp parallel\n{"), *par, Raw("}"),
                     Raw("kk_scratch_trim(2); kk_scratch_trim(3);")]
 

@@ -268,3 +268,45 @@ def vector_types(vw: int) -> str:
     return (f"typedef float kk_vf __attribute__((vector_size({4 * vw})));\n"
             "typedef kk_vf kk_vfu __attribute__((aligned(4)));\n"
             f"typedef int kk_vmi __attribute__((vector_size({4 * vw})));\n" + fma + _HELPERS)
+
+
+def winograd_name(kind: str, vw: int) -> str:
+    return f"kk_wino_{kind}_v{vw}"
+
+
+def winograd_helpers(vw: int) -> str:
+    """The transforms of Winograd's F(2x2, 3x3) (``kumiko.kernel.winograd``), VW channels at a time.
+
+    ``in``: the 4x4 patch of pixels at ``s`` (rows ``sh``, columns ``sw`` floats apart, each pixel's ``c``
+    channels consecutive) to ``V = B^T d B``, element xi = 4i + j of it at ``v + xi*vs`` (``c`` floats each).
+    ``out``: the 16 products of a tile at ``m + xi*ms`` (``n`` columns each) to ``Y = A^T M A``, its pixel
+    (i, j) at ``y[2i + j]`` (``n`` columns). B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], A^T = [1 1 1 0;
+    0 1 -1 -1]: additions only."""
+    def rows_of(get, put) -> list:
+        """B^T x B of the 4x4 ``get(a, b)`` into ``put(xi, value)``: rows first (r), then columns."""
+        out = []
+        for b in range(4):
+            d = [get(a, b) for a in range(4)]
+            out += [f"    const kk_vf r0{b} = {d[0]} - {d[2]}, r1{b} = {d[1]} + {d[2]}, "
+                    f"r2{b} = {d[2]} - {d[1]}, r3{b} = {d[1]} - {d[3]};"]
+        for i in range(4):
+            vals = (f"r{i}0 - r{i}2", f"r{i}1 + r{i}2", f"r{i}2 - r{i}1", f"r{i}1 - r{i}3")
+            out += [put(4 * i + j, v) for j, v in enumerate(vals)]
+        return out
+    lines = [f"__attribute__((unused)) static void {winograd_name('in', vw)}(const float* KUMIKO_RESTRICT s, "
+             "long long sh, long long sw, long long c, float* KUMIKO_RESTRICT v, long long vs) {",
+             f"  for (long long k = 0; k < c; k += {vw}) {{"]
+    lines += [f"    const kk_vf d{a}{b} = *(const kk_vfu*)(s + {a}*sh + {b}*sw + k);"
+              for a in range(4) for b in range(4)]
+    lines += rows_of(lambda a, b: f"d{a}{b}", lambda xi, v: f"    *(kk_vfu*)(v + {xi}*vs + k) = {v};")
+    lines += ["  }", "}",
+              f"__attribute__((unused)) static void {winograd_name('out', vw)}(const float* KUMIKO_RESTRICT m, "
+              "long long ms, long long n, float* KUMIKO_RESTRICT y0, float* KUMIKO_RESTRICT y1, "
+              "float* KUMIKO_RESTRICT y2, float* KUMIKO_RESTRICT y3) {",
+              f"  for (long long k = 0; k < n; k += {vw}) {{"]
+    lines += [f"    const kk_vf x{i}{j} = *(const kk_vfu*)(m + {4 * i + j}*ms + k);"
+              for i in range(4) for j in range(4)]
+    lines += [f"    const kk_vf q0{j} = x0{j} + x1{j} + x2{j}, q1{j} = x1{j} - x2{j} - x3{j};" for j in range(4)]
+    lines += [f"    *(kk_vfu*)(y{2 * i} + k) = q{i}0 + q{i}1 + q{i}2;\n"
+              f"    *(kk_vfu*)(y{2 * i + 1} + k) = q{i}1 - q{i}2 - q{i}3;" for i in range(2)]
+    return "\n".join(lines + ["  }", "}"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from kumiko.plan.packed import IN_PLACE_PANEL_BYTES, k_blocks_rule, n_block_padded, prepackable, split_rule
 from kumiko.plan.plan import CacheBlock, Plan, RegisterBlock, make_plan
+from kumiko.plan.winograd import Geometry, winograd_blocks, winograd_geometry, winograd_pays
 from kumiko.region.analysis import Contraction, RegionFacts, analyze
 from kumiko.region.operands import Orientation, lane_rows, orient, phase_count, stage_bounds, steps_last_dim
 from kumiko.region.srnf import epilogue
@@ -234,6 +235,41 @@ def _a_stage_pays(o: Orientation, o2: Orientation, tile: tuple, tile2: tuple, fa
     return w is not None and unit and tile2[0] - 1 <= w < tile[1] - 1
 
 
+def winograd_fit(c: Contraction, facts: RegionFacts, vw: int, constants: frozenset, lanes: str | None = None
+                 ) -> tuple[Geometry, str] | None:
+    """(the geometry, the lanes' side) when ``c`` is a convolution Winograd's F(2x2, 3x3) computes with its
+    pixels on the A side and its constant weights pre-packed on the B side (``kumiko.plan.winograd``);
+    ``lanes``: only that side's orientation (a plan's ``vectorize.axis``)."""
+    _, nr = micro_tile(vw)
+    for side in ((lanes,) if lanes else ("n", "m")):
+        o = orient(c, facts.memrefs, facts.sizes, side)
+        pre_b = prepackable("b", o.b, c, nr, nr, constants)
+        g = winograd_geometry(c, o, facts.sizes, vw, pre_b)
+        if g is not None:
+            return g, side
+    return None
+
+
+def _winograd(region: Region, c: Contraction, facts: RegionFacts, arch: str, vw: int, constants: frozenset,
+              cores: int) -> Plan | None:
+    """The Winograd plan where the region is a 3x3 stride-1 convolution for which it pays (``kumiko.plan.winograd``):
+    ``cache_block`` holds its blocks (tile rows, output channels; KC all of C), ``register_block`` the packed
+    path's micro-tile."""
+    fit = winograd_fit(c, facts, vw, constants)
+    mr, nr = micro_tile(vw)
+    if fit is None or not winograd_pays(fit[0], nr):
+        return None
+    g, lanes = fit
+    tr, ncols = winograd_blocks(g, mr, nr, cores)
+    return make_plan(arch, algo_choice={"contraction": "winograd"}, register_block=RegisterBlock(mr, nr),
+                     cache_block=CacheBlock(tr, ncols, g.c), vectorize={"width": vw, "axis": lanes},
+                     bind={"m.o": "omp"},
+                     cache=({"tensor": "x", "where": "stage", "at": "m.o"},
+                            {"tensor": "y", "where": "prepack", "at": "load"}),
+                     predicate_tail=tuple(c.n_axes), epilogue=tuple(epilogue(region)),
+                     local_edges=({"from": c.let, "to": "epilogue", "buffer": "scratch"},))
+
+
 def choose_plan(region: Region, syms: tuple, features: dict, constants: frozenset = frozenset()) -> Plan:
     """The region's plan on this machine; ``constants``: the inputs bound once (their operands pre-packed)."""
     arch, vw = machine_arch(features)
@@ -254,6 +290,9 @@ def choose_plan(region: Region, syms: tuple, features: dict, constants: frozense
                          predicate_tail=tuple(c.n_axes), epilogue=tuple(epilogue(region)),
                          local_edges=({"from": c.let, "to": "epilogue",
                                        "buffer": "reg" if c.pointwise else "scratch"},))
+    wino = _winograd(region, c, facts, arch, vw, constants, cores)
+    if wino is not None:
+        return wino
     o, (mr, nr) = _orientation(c, facts, o, vw, constants, cores)
     lanes = "m" if o.swapped else "n"
     mc, nc = max(mr, 120 // mr * mr), 2048 // nr * nr

@@ -13,14 +13,14 @@ machine's arch family (a CUDA plan cannot drive the CPU backend) and set only a 
 from __future__ import annotations
 
 from kumiko.diagnostics import KumikoError
-from kumiko.plan.choose import machine_arch
+from kumiko.plan.choose import machine_arch, winograd_fit
 from kumiko.plan.packed import K_BLOCKS, SPLITS
 from kumiko.plan.plan import Plan, check_fields
 from kumiko.region.analysis import analyze
 from kumiko.region.ssa import Region
 
 
-def validate(plan: Plan, region: Region, syms: tuple, features: dict) -> Plan:
+def validate(plan: Plan, region: Region, syms: tuple, features: dict, constants: frozenset = frozenset()) -> Plan:
     at = f"plan of {region.name}"
     arch, vw = machine_arch(features)
     if not plan.arch.startswith("cpu"):
@@ -30,9 +30,10 @@ def validate(plan: Plan, region: Region, syms: tuple, features: dict) -> Plan:
         raise KumikoError("E1801", at=at, why=f"vector width {plan.vector_width} exceeds this machine's {vw} floats",
                           suggestion=f"use a width of at most {vw} (arch {arch})")
     plan = _packed_rules(plan, at)
-    if plan.algo not in ("packed", "skinny"):
+    if plan.algo not in ("packed", "skinny", "winograd"):
         return plan
-    if analyze(region).contraction is None:
+    facts = analyze(region)
+    if facts.contraction is None:
         raise KumikoError("E1801", at=at, why=f"a {plan.algo} plan needs a contraction (Reduce(sum) of a product) "
                           "and this region has none", suggestion="use algo_choice {\"region\": \"loops\"}")
     axis = plan.get("vectorize", "axis", None)
@@ -42,6 +43,8 @@ def validate(plan: Plan, region: Region, syms: tuple, features: dict) -> Plan:
                           suggestion='use "axis": "m" or "n", or leave it out for the region\'s own orientation')
     if plan.algo == "skinny":
         return _skinny(plan, at)
+    if plan.algo == "winograd":
+        return _winograd(plan, facts, vw, constants, at)
     if plan.register_block is None or plan.cache_block is None:
         raise KumikoError("E1801", at=at, why="a packed plan needs register_block {mr, nr} and cache_block "
                           "{mc, nc, kc}", suggestion=f'e.g. "register_block": {{"mr": 6, "nr": {2 * vw}}}, '
@@ -88,4 +91,26 @@ def _skinny(plan: Plan, at: str) -> Plan:
     if mr < 1 or nr < 1 or nr % plan.vector_width:
         raise KumikoError("E1801", at=at, why=f"register_block mr={mr}, nr={nr}: both must be positive and nr a "
                           f"whole number of {plan.vector_width}-float vectors")
+    return plan
+
+
+def _winograd(plan: Plan, facts, vw: int, constants: frozenset, at: str) -> Plan:
+    """A Winograd plan: the region a 3x3 stride-1 convolution it computes (``kumiko.plan.winograd``), the
+    packed path's micro-tile, and blocks of whole tile rows and whole NR panels of output channels."""
+    fit = winograd_fit(facts.contraction, facts, vw, constants, plan.lanes)
+    if fit is None:
+        raise KumikoError("E1801", at=at, why="a winograd plan needs a 3x3 convolution of stride 1 and dilation 1 "
+                          "whose pixels (even rows and columns, channels-last, whole vectors of channels) are the "
+                          "contraction's A side and whose weights are bound (pre-packed), with a pointwise epilogue",
+                          suggestion='use algo_choice {"contraction": "packed"}')
+    if plan.register_block is None or plan.cache_block is None:
+        raise KumikoError("E1801", at=at, why="a winograd plan needs register_block {mr, nr} and cache_block "
+                          "{mc: tile rows per block, nc: output channels per block, kc: the input channels}",
+                          suggestion=f'e.g. "register_block": {{"mr": 6, "nr": {2 * vw}}}, "cache_block": '
+                          f'{{"mc": 3, "nc": {8 * vw}, "kc": {fit[0].c}}}')
+    (mr, nr), (mc, nc, kc) = plan.register_block, plan.cache_block
+    if mr < 1 or nr < 1 or nr % plan.vector_width or mc < 1 or nc < 1 or nc % nr or kc != fit[0].c:
+        raise KumikoError("E1801", at=at, why=f"register_block mr={mr}, nr={nr}, cache_block mc={mc}, nc={nc}, "
+                          f"kc={kc}: nr whole vectors, mc >= 1 tile rows, nc a positive multiple of nr and kc the "
+                          f"input channels ({fit[0].c})")
     return plan

@@ -40,9 +40,10 @@ from kumiko.kernel.abi import Pack, Step, program_symbols
 from kumiko.kernel.contract import lower_contraction_kernels
 from kumiko.kernel.loops import Kernel
 from kumiko.kernel.lower_cpu import CpuLowering
-from kumiko.kernel.micro import astage_micro_kernel, micro_kernel, stage_micro_kernel, vector_types
+from kumiko.kernel.micro import astage_micro_kernel, micro_kernel, stage_micro_kernel, vector_types, winograd_helpers
 from kumiko.kernel.skinny import SkinnyLowering
 from kumiko.kernel.stream import find_pipe, lower_pipe, pipe_buffers
+from kumiko.kernel.winograd import WinogradLowering
 from kumiko.plan.plan import Plan
 from kumiko.region.analysis import analyze
 from kumiko.region.ssa import Program
@@ -61,6 +62,9 @@ _DIGIT = re.compile(r"\d")
 _STATE = re.compile(r"^(static[ \t]+)?(?!typedef\b|extern\b|return\b)([A-Za-z_][^()#;{}=\n]*?)[ \t]*(=[^;\n]*)?;(.*)$",
                     re.M)
 _HIDDEN = '__attribute__((visibility("hidden"))) '
+
+#: the contraction lowerings other than the packed path's, by plan algorithm
+_LOWERINGS = {"skinny": SkinnyLowering, "winograd": WinogradLowering}
 
 
 @dataclass(frozen=True)
@@ -143,15 +147,15 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             continue
         facts = analyze(r)
         kern, micros, packs, kind = None, (), [], "loops"
-        if plan.algo in ("packed", "skinny") and facts.contraction is not None:
+        if plan.algo in ("packed", "skinny", "winograd") and facts.contraction is not None:
             c = facts.contraction
             kind = "contraction" if c.pointwise and c.outer is None else "contraction+reduce"
             lo = CpuLowering(r, syms, name, facts=facts)
-            kern, prepacks = lower_contraction_kernels(lo, plan, constants,
-                                                       SkinnyLowering if plan.algo == "skinny" else None)
+            kern, prepacks = lower_contraction_kernels(lo, plan, constants, _LOWERINGS.get(plan.algo))
             m = (*plan.register_block, plan.vector_width)
             micros = ((("p", *m),) + ((("s", *m),) if lo.staged else ()) + ((("l", *m),) if lo.b_ld else ())
-                      + ((("a", *m),) if lo.a_staged is True else (("au", *m),) if lo.a_staged else ()))
+                      + ((("a", *m),) if lo.a_staged is True else (("au", *m),) if lo.a_staged else ())
+                      + ((("r", *m), ("w", *m)) if plan.algo == "winograd" else ()))
             for pk in prepacks:
                 pieces.append(_Piece(pk.kernel, (("p", *m),), plan.vector_width, "pack"))
                 packs.append((len(pieces) - 1, pk, f"{r.name}.pack_{pk.key}"))
@@ -260,6 +264,7 @@ def _micro_texts(micros) -> list[str]:
     out += [micro_kernel(*m[1:], b_ld=True) for m in sorted(m for m in micros if m[0] == "l")]
     out += [astage_micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "a")]
     out += [astage_micro_kernel(*m[1:], unit=True) for m in sorted(m for m in micros if m[0] == "au")]
+    out += [winograd_helpers(vw) for vw in sorted({m[3] for m in micros if m[0] == "w"})]
     return out
 
 

@@ -1,0 +1,199 @@
+"""Winograd F(2x2, 3x3) for the CPU's 3x3 convolutions: when the region's contraction is one, and when it pays.
+
+A 3x3 convolution of stride 1 computes each 2x2 block of output pixels from a 4x4 patch of input pixels.
+Winograd's minimal filtering algorithm F(2x2, 3x3) does that with 16 products per (input channel, output
+channel) instead of 36: the patch ``d`` is transformed to ``V = B^T d B`` and the 3x3 filter ``g`` to
+``U = G g G^T`` (both 4x4), their element-wise product summed over the input channels, ``M = sum_c U * V``,
+and transformed back, ``Y = A^T M A`` (2x2). Summed over the channels, the element-wise product is 16
+independent GEMMs (one per element xi of the 4x4 transform: tiles x C times C x N), so 2.25x fewer
+multiply-adds go through the same register-blocked micro-kernel as the direct path's, plus two cheap
+transforms of additions. The filter transform is done once, when the weights are packed
+(``kumiko.kernel.winograd``).
+
+Which regions qualify is read off the region, not an op name (``winograd_geometry``): the contraction's
+A side (its rows, the M axes, ending in the output's row and column axes) reads a padded source through
+a stage (``kumiko.region.operands.stage_bounds``) whose last dimension is stepped by a K axis alone (the
+input channels, channels-last) and whose two other moving dimensions are each ``row axis + K axis`` with
+unit coefficients (stride 1, dilation 1), the K axis of size 3; the B side (the N axes: output channels)
+is a constant (pre-packed); the rest of the region is pointwise (bias, activation, residual). The output
+rows and columns are even (whole 2x2 tiles) and the channels whole vectors.
+
+Whether it pays (``winograd_pays``): on a 2-core Zen 3 (AVX2), a standalone F(2x2, 3x3) with bias + ReLU
+took 0.79 ms for 64 -> 64 at 56x56, 0.84 for 128 -> 128 at 28x28 and 1.04 for 256 -> 256 at 14x14, where
+the direct kernels take about 1.65 each (231 MFLOP at ~140 GFLOP/s), and 1.79 ms for 512 -> 512 at 7x7 (16
+tiles: no gain, and 16 MiB of transformed weights). So: at least ``MIN_TILES`` tiles per image and
+transformed weights of at most ``MAX_U_FLOATS``.
+
+How the kernel blocks the work (``winograd_blocks``): a block is a run of whole tile rows (2 output rows
+each: the pixels of a block are consecutive rows of the contraction's C) times a range of output channels;
+the threads take blocks as they come. The chooser picks the tile rows and columns per block that minimise a
+makespan model of the threads dealing the blocks (GEMM, transforms, the weights each block streams).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kumiko.region.operands import Orientation, phase_count, row_dim, stage_bounds
+from kumiko.symbolic import Expr
+
+#: the fewest 2x2 tiles per image for which the transforms pay (14x14 outputs: 49 tiles)
+MIN_TILES = 49
+#: the most floats of transformed weights (16 x C x N, 4 MiB): past it each block streams them from DRAM
+MAX_U_FLOATS = 1 << 20
+#: the fewest input channels and output channels: below, the transforms cost more than the GEMMs save
+MIN_CHANNELS = 16
+#: the most floats of a block's transformed tiles (16 x tiles x C) and products (16 x tiles x columns)
+MAX_BLOCK_FLOATS = 1 << 18
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A 3x3, stride-1 convolution as the region's contraction sees it (channels-last, on the A side)."""
+    oh: str            # the M axis of the output rows (the rows' second innermost)
+    ow: str            # ... and of its columns (the innermost)
+    kh: str            # the K axis that moves the stage's row dimension with ``oh``
+    kw: str            # ... its column dimension with ``ow``
+    ci: str            # ... its last dimension (the input channels)
+    dh: int            # the stage dimensions ``kh`` and ``kw`` move
+    dw: int
+    rows: int          # output rows, all images (the M axes but the innermost, flat)
+    cols: int          # output columns
+    c: int             # input channels
+    n: int             # output channels (the N side, flat)
+    image_rows: int    # one image's output rows (the size of ``oh``)
+
+    @property
+    def tile_rows(self) -> int:
+        return self.rows // 2
+
+    @property
+    def tile_cols(self) -> int:
+        return self.cols // 2
+
+
+def _known(e) -> int | None:
+    return Expr.lift(e).as_int()
+
+
+def _only(e: Expr, axis: str) -> bool:
+    """``e`` is ``axis`` (coefficient 1) plus a constant."""
+    return len(e.terms) == 1 and e.coeff(axis) == 1
+
+
+def winograd_geometry(c, o: Orientation, sizes: dict, vw: int, pre_b: bool) -> Geometry | None:
+    """The region's contraction as a 3x3 stride-1 convolution Winograd's F(2x2, 3x3) computes (module
+    docstring), else None. ``o``: the operands' orientation; ``pre_b``: the B side is pre-packed."""
+    if c.outer is not None or not c.pointwise or c.batch or not pre_b or len(c.k_axes) != 3:
+        return None
+    dims = stage_bounds(o.a_table)
+    rows = o.a_rows
+    if dims is None or len(rows) < 2 or len(dims) < 3:
+        return None
+    if any(phase_count(rest, rp, rows) != 1 for (rest, rp, _), _ in dims):
+        return None
+    last = len(dims) - 1
+    moved = row_dim(rows, dims)
+    if moved is None or moved != (moved[0], 1) or moved[0] == last:
+        return None
+    ow, oh = rows[-1], rows[-2]
+    ks = {a.name for a in c.k_axes}
+    (rest_c, rp_c, kp_c), _ = dims[last]
+    ci = next((k for k in ks if _only(kp_c, k) and kp_c.const == 0), None)
+    if ci is None or rp_c.terms or rest_c.terms:
+        return None
+    dh = dw = None
+    kh = kw = None
+    for i, ((rest, rp, kp), _) in enumerate(dims[:last]):
+        if rest.terms:
+            return None
+        k = next((k for k in ks - {ci} if _only(kp, k)), None)
+        if k is None:
+            if kp.terms or any(a in (oh, ow) for a in rp.symbols()):
+                return None            # another dimension that K moves, or that the output pixels move
+            continue
+        if _only(rp, ow) and dw is None:
+            dw, kw = i, k
+        elif _only(rp, oh) and dh is None:
+            dh, kh = i, k
+        else:
+            return None
+    if dh is None or dw is None or kh == kw or dw != moved[0]:
+        return None
+    kdims = {a.name: _known(a.size) for a in c.k_axes}
+    if kdims[kh] != 3 or kdims[kw] != 3 or kdims[ci] is None:
+        return None
+    cols = _known(sizes[ow])
+    flat = 1
+    for a in rows[:-1]:
+        v = _known(sizes[a])
+        if v is None:
+            return None
+        flat *= v
+    n = 1
+    for a in o.b_rows:
+        v = _known(sizes[a])
+        if v is None:
+            return None
+        n *= v
+    oh_n = _known(sizes[oh])
+    if cols is None or oh_n is None or cols % 2 or oh_n % 2 or kdims[ci] % vw:
+        return None
+    return Geometry(oh, ow, kh, kw, ci, dh, dw, flat, cols, kdims[ci], n, oh_n)
+
+
+def winograd_pays(g: Geometry, nr: int) -> bool:
+    """Whether F(2x2, 3x3) beats the direct kernel for ``g`` (module docstring)."""
+    n_pad = (g.n + nr - 1) // nr * nr
+    tiles = (g.image_rows // 2) * g.tile_cols
+    return (tiles >= MIN_TILES and g.c >= MIN_CHANNELS and g.n >= MIN_CHANNELS
+            and 16 * g.c * n_pad <= MAX_U_FLOATS)
+
+
+#: floats of a 512 KiB L2 (Zen 3's; the model's threshold for the weights and a block's V and X staying in it)
+L2_FLOATS = 1 << 17
+
+
+def _block_cost(tiles: int, cols: int, c: int, mr: int, u_total: int) -> float:
+    """A block's time in cycles of one core (AVX2: 16 multiply-adds a cycle): its 16 GEMMs (whole MR-row
+    panels), the input transform (16 loads, 32 additions and 16 stores per 8 channels of a tile), the output
+    transform and epilogue, the transformed weights it streams (from L3 once all of them, ``u_total`` floats,
+    outgrow L2) and its transformed tiles and products (V and X) when they outgrow L2."""
+    tp = (tiles + mr - 1) // mr * mr
+    u = 16 * c * cols
+    vx = 16 * tp * (c + cols)
+    return (tp * c * cols + 2.7 * tiles * c + 3.0 * tiles * cols + (0.5 if u_total > L2_FLOATS else 0.02) * u
+            + (0.2 * vx if vx > L2_FLOATS else 0.0))
+
+
+def winograd_blocks(g: Geometry, mr: int, nr: int, cores: int) -> tuple[int, int]:
+    """(tile rows, output channels) per block: the pair whose blocks, dealt in order to the least loaded of
+    ``cores`` threads, finish first under ``_block_cost`` (fewer blocks on a tie). Blocks whose V passes
+    ``MAX_BLOCK_FLOATS`` are not considered (one tile row always is). Measured against the model's choices
+    (2-core Zen 3, whole graphs of four 3x3 convs, in-process A/B): 64 -> 64 at 56x56, one tile row a block
+    ran 0.95 of seven's time; 256 -> 256 at 14x14, all seven tile rows and 128 channels a block 0.90 of seven
+    rows and 32 channels (and one tile row a block 1.23-1.28: the 4 MiB of weights streamed seven times); at
+    28x28 every choice ran within the noise (0.96-1.07)."""
+    n_pad = (g.n + nr - 1) // nr * nr
+    u_total = 16 * g.c * n_pad
+    best: tuple | None = None
+    for parts in range(1, n_pad // nr + 1):
+        cols = (n_pad // nr + parts - 1) // parts * nr
+        if parts > 1 and (n_pad + cols - 1) // cols < parts:
+            continue
+        for tr in range(1, g.tile_rows + 1):
+            tiles = tr * g.tile_cols
+            if tr > 1 and 16 * ((tiles + mr - 1) // mr * mr) * g.c > MAX_BLOCK_FLOATS:
+                break
+            load = [0.0] * max(1, cores)
+            nblk = 0
+            for r0 in range(0, g.tile_rows, tr):
+                t = min(tr, g.tile_rows - r0) * g.tile_cols
+                for j0 in range(0, n_pad, cols):
+                    k = load.index(min(load))
+                    load[k] += _block_cost(t, min(cols, n_pad - j0), g.c, mr, u_total)
+                    nblk += 1
+            key = (max(load), nblk)
+            if best is None or key < best[0]:
+                best = (key, tr, cols)
+    assert best is not None
+    return best[1], best[2]
