@@ -270,43 +270,61 @@ def vector_types(vw: int) -> str:
             f"typedef int kk_vmi __attribute__((vector_size({4 * vw})));\n" + fma + _HELPERS)
 
 
-def winograd_name(kind: str, vw: int) -> str:
-    return f"kk_wino_{kind}_v{vw}"
+def winograd_name(kind: str, m: int, vw: int) -> str:
+    return f"kk_wino_{kind}{m}_v{vw}"
 
 
-def winograd_helpers(vw: int) -> str:
-    """The transforms of Winograd's F(2x2, 3x3) (``kumiko.kernel.winograd``), VW channels at a time.
+def _combine(coefs, names) -> str:
+    """C for the linear combination ``sum coefs[i] * names[i]`` of vectors: additions for +-1, a product by
+    the float literal for any other nonzero coefficient."""
+    out = ""
+    for c, x in zip(coefs, names):
+        if c == 0:
+            continue
+        mag = abs(c)
+        term = x if mag == 1 else f"{float(mag)!r}f * {x}"
+        out += (f" - {term}" if c < 0 else f" + {term}") if out else (f"-{term}" if c < 0 else term)
+    assert out, "a transform row of zeros"
+    return out
 
-    ``in``: the 4x4 patch of pixels at ``s`` (rows ``sh``, columns ``sw`` floats apart, each pixel's ``c``
-    channels consecutive) to ``V = B^T d B``, element xi = 4i + j of it at ``v + xi*vs`` (``c`` floats each).
-    ``out``: the 16 products of a tile at ``m + xi*ms`` (``n`` columns each) to ``Y = A^T M A``, its pixel
-    (i, j) at ``y[2i + j]`` (``n`` columns). B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], A^T = [1 1 1 0;
-    0 1 -1 -1]: additions only."""
-    def rows_of(get, put) -> list:
-        """B^T x B of the 4x4 ``get(a, b)`` into ``put(xi, value)``: rows first (r), then columns."""
-        out = []
-        for b in range(4):
-            d = [get(a, b) for a in range(4)]
-            out += [f"    const kk_vf r0{b} = {d[0]} - {d[2]}, r1{b} = {d[1]} + {d[2]}, "
-                    f"r2{b} = {d[2]} - {d[1]}, r3{b} = {d[1]} - {d[3]};"]
-        for i in range(4):
-            vals = (f"r{i}0 - r{i}2", f"r{i}1 + r{i}2", f"r{i}2 - r{i}1", f"r{i}1 - r{i}3")
-            out += [put(4 * i + j, v) for j, v in enumerate(vals)]
-        return out
-    lines = [f"__attribute__((unused)) static void {winograd_name('in', vw)}(const float* KUMIKO_RESTRICT s, "
+
+def _transform(mat, get, out_name: str, inner: int) -> list:
+    """``X = mat @ D @ mat^T`` of the ``inner`` x ``inner`` matrix ``get(a, b)`` (C vector expressions), rows
+    first (``t`` temporaries), as declarations of ``{out_name}{i}_{j}``."""
+    rows = len(mat)
+    lines = []
+    for i in range(rows):
+        for b in range(inner):
+            lines.append(f"    const kk_vf t{i}_{b} = {_combine(mat[i], [get(a, b) for a in range(inner)])};")
+    for i in range(rows):
+        for j in range(rows):
+            terms = _combine(mat[j], [f"t{i}_{b}" for b in range(inner)])
+            lines.append(f"    const kk_vf {out_name}{i}_{j} = {terms};")
+    return lines
+
+
+def winograd_helpers(m: int, vw: int, bt, at) -> str:
+    """The transforms of Winograd's F(m x m, 3x3) (``kumiko.kernel.winograd``), VW channels at a time, from its
+    matrices B^T (n x n, n = m + 2) and A^T (m x n) (``kumiko.plan.winograd.TRANSFORMS``).
+
+    ``in``: the n x n patch of pixels at ``s`` (rows ``sh``, columns ``sw`` floats apart, each pixel's ``c``
+    channels consecutive) to ``V = B^T d B``, element xi = n*i + j of it at ``v + xi*vs`` (``c`` floats each).
+    ``out``: the n*n products of a tile at ``x + xi*xs`` (``cols`` columns each) to ``Y = A^T M A``, its
+    pixel (i, j) at ``y + i*yr + j*yc`` (``cols`` columns)."""
+    n = m + 2
+    lines = [f"__attribute__((unused)) static void {winograd_name('in', m, vw)}(const float* KUMIKO_RESTRICT s, "
              "long long sh, long long sw, long long c, float* KUMIKO_RESTRICT v, long long vs) {",
              f"  for (long long k = 0; k < c; k += {vw}) {{"]
-    lines += [f"    const kk_vf d{a}{b} = *(const kk_vfu*)(s + {a}*sh + {b}*sw + k);"
-              for a in range(4) for b in range(4)]
-    lines += rows_of(lambda a, b: f"d{a}{b}", lambda xi, v: f"    *(kk_vfu*)(v + {xi}*vs + k) = {v};")
+    lines += [f"    const kk_vf d{a}_{b} = *(const kk_vfu*)(s + {a}*sh + {b}*sw + k);"
+              for a in range(n) for b in range(n)]
+    lines += _transform(bt, lambda a, b: f"d{a}_{b}", "v", n)
+    lines += [f"    *(kk_vfu*)(v + {n * i + j}*vs + k) = v{i}_{j};" for i in range(n) for j in range(n)]
     lines += ["  }", "}",
-              f"__attribute__((unused)) static void {winograd_name('out', vw)}(const float* KUMIKO_RESTRICT m, "
-              "long long ms, long long n, float* KUMIKO_RESTRICT y0, float* KUMIKO_RESTRICT y1, "
-              "float* KUMIKO_RESTRICT y2, float* KUMIKO_RESTRICT y3) {",
-              f"  for (long long k = 0; k < n; k += {vw}) {{"]
-    lines += [f"    const kk_vf x{i}{j} = *(const kk_vfu*)(m + {4 * i + j}*ms + k);"
-              for i in range(4) for j in range(4)]
-    lines += [f"    const kk_vf q0{j} = x0{j} + x1{j} + x2{j}, q1{j} = x1{j} - x2{j} - x3{j};" for j in range(4)]
-    lines += [f"    *(kk_vfu*)(y{2 * i} + k) = q{i}0 + q{i}1 + q{i}2;\n"
-              f"    *(kk_vfu*)(y{2 * i + 1} + k) = q{i}1 - q{i}2 - q{i}3;" for i in range(2)]
+              f"__attribute__((unused)) static void {winograd_name('out', m, vw)}(const float* KUMIKO_RESTRICT x, "
+              "long long xs, long long cols, float* KUMIKO_RESTRICT y, long long yr, long long yc) {",
+              f"  for (long long k = 0; k < cols; k += {vw}) {{"]
+    lines += [f"    const kk_vf x{i}_{j} = *(const kk_vfu*)(x + {n * i + j}*xs + k);"
+              for i in range(n) for j in range(n)]
+    lines += _transform(at, lambda a, b: f"x{a}_{b}", "y", n)
+    lines += [f"    *(kk_vfu*)(y + {i}*yr + {j}*yc + k) = y{i}_{j};" for i in range(m) for j in range(m)]
     return "\n".join(lines + ["  }", "}"])

@@ -1,19 +1,21 @@
-"""The Winograd path of the CPU contraction: a 3x3, stride-1 convolution as F(2x2, 3x3), chosen by the plan
-(``algo_choice {"contraction": "winograd"}``, ``kumiko.plan.winograd``) from the region's read maps.
+"""The Winograd path of the CPU contraction: a 3x3, stride-1 convolution as F(m x m, 3x3) (m = 2 or 4), chosen by
+the plan (``algo_choice {"contraction": "winograd", "tile": m}``, ``kumiko.plan.winograd``) from the region's
+read maps.
 
 The region is the packed path's (``kumiko.kernel.contract``): the same A side (the output pixels, read from
 the padded stage of the input, channels-last), the same pre-packed B side (the weights), the same C scratch
 (pixels x output channels) and the same epilogue over its rows (bias, activation, residual, cast). Only the
-product that fills a block of C differs. A block is ``cache_block.mc`` tile rows (each tile 2x2 output
-pixels, so 2 output rows per tile row: the block's pixels are consecutive rows of C) times
-``cache_block.nc`` output channels. For a block, each thread
+product that fills a block of C differs. A block is ``cache_block.mc`` tile rows (each tile m x m output
+pixels, so m output rows per tile row: the block's pixels are consecutive rows of C) times
+``cache_block.nc`` output channels. With n = m + 2, for a block, each thread
 
-1. transforms every tile's 4x4 input patch (read from the stage at the tile's top-left pixel's offset, the
-   stage's row and column strides apart) into ``V[xi][tile][C]`` (``micro.winograd_helpers``: additions);
-2. runs the 16 GEMMs ``X[xi] = V[xi] (tiles x C) @ U[xi] (C x columns)`` with the packed path's row-major-A
+1. transforms every tile's n x n input patch (read from the stage at the tile's top-left pixel's offset,
+   the stage's row and column strides apart) into ``V[xi][tile][C]`` (``micro.winograd_helpers``, generated
+   from the transform matrices);
+2. runs the n^2 GEMMs ``X[xi] = V[xi] (tiles x C) @ U[xi] (C x columns)`` with the packed path's row-major-A
    micro-kernel (MR tiles x NR channels, all of C at once);
-3. transforms each tile's 16 products back into its 2x2 pixels, into the C scratch, and runs the epilogue on
-   the block's rows of C.
+3. transforms each tile's n^2 products back into its m x m pixels, into the C scratch, and runs the epilogue
+   on the block's rows of C.
 
 The threads take the blocks as they come (``kk_take``, each its own share first). The transformed filter
 ``U[xi][panel][C][NR]`` is the constant pool's: the weights' pre-packed panels (the packed path's layout,
@@ -24,28 +26,33 @@ from __future__ import annotations
 from kumiko.kernel.contract import _MACS_PER_THREAD, ContractionLowering
 from kumiko.kernel.loops import Comment, Decl, For, Raw
 from kumiko.kernel.micro import micro_name, winograd_name
-from kumiko.plan.winograd import winograd_geometry
+from kumiko.plan.winograd import TRANSFORMS, winograd_geometry
 from kumiko.region.operands import Orientation
 from kumiko.symbolic import Expr
 
 
 class WinogradLowering(ContractionLowering):
-    """Emits a contraction as Winograd F(2x2, 3x3) (module docstring) into a region kernel."""
+    """Emits a contraction as Winograd F(m x m, 3x3) (module docstring) into a region kernel."""
 
     def __init__(self, lo, c, plan, constants: frozenset = frozenset()):
         super().__init__(lo, c, plan, constants)
         self.geom = winograd_geometry(c, self._orientation(), lo.sizes, self.vw, "b" in self.pre)
         if self.geom is None or self.astage is None or self.astage.rdim is None:
-            raise ValueError(f"{lo.r.name}: not a convolution Winograd F(2x2, 3x3) computes (validate the plan)")
+            raise ValueError(f"{lo.r.name}: not a convolution Winograd F(m x m, 3x3) computes (validate the plan)")
 
     def _orientation(self) -> Orientation:
         return Orientation(self.a.expr, self.a.rows, self.a.table, self.b.expr, self.b.rows, self.b.table,
                            self.swapped)
 
+    @property
+    def m(self) -> int:
+        """The output tile: F(m x m, 3x3)."""
+        return int(self.plan.get("algo_choice", "tile", 2))
+
     # the transformed weights ----------------------------------------------------------------------------
     def prepack_floats(self, key: str) -> Expr:
-        g, nr = self.geom, self.nr
-        return Expr.lift(16 * ((g.n + nr - 1) // nr) * nr * g.c)
+        g, nr, n = self.geom, self.nr, self.m + 2
+        return Expr.lift(n * n * ((g.n + nr - 1) // nr) * nr * g.c)
 
     def prepack(self, key: str, dst: str | None = None) -> list:
         """Pack the weights' panels (panel q of all of K at ``q*NR*K``) into a temporary, then transform each
@@ -58,18 +65,21 @@ class WinogradLowering(ContractionLowering):
             stride[names[i]] = stride[names[i + 1]] * sizes[i + 1]
         npan = (g.n + nr - 1) // nr
         kk = 9 * g.c
+        n = self.m + 2
+        gm = TRANSFORMS[self.m][1]
+        gtext = ", ".join("{" + ", ".join(repr(float(v)) for v in row) + "}" for row in gm)
         body = [Raw(f"float* kk_wt = (float*)kumiko_tmp_alloc(sizeof(float) * (size_t){npan * nr * kk});")]
         body += super().prepack(key, "kk_wt")
         body.append(Raw(
             "{\n"
-            "  static const double kk_G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};\n"
+            f"  static const double kk_G[{n}][3] = {{{gtext}}};\n"
             f"  float* KUMIKO_RESTRICT kk_u = (float*){self.pre['b']};\n"
             "  #pragma omp parallel for\n"
             f"  for (long long kk_q = 0; kk_q < {npan}; ++kk_q)\n"
             f"    for (long long kk_ci = 0; kk_ci < {g.c}; ++kk_ci)\n"
             f"      for (int kk_j = 0; kk_j < {nr}; ++kk_j) {{\n"
-            "        double kk_t[4][3];\n"
-            "        for (int kk_i = 0; kk_i < 4; ++kk_i)\n"
+            f"        double kk_t[{n}][3];\n"
+            f"        for (int kk_i = 0; kk_i < {n}; ++kk_i)\n"
             "          for (int kk_b = 0; kk_b < 3; ++kk_b) {\n"
             "            double kk_s = 0;\n"
             "            for (int kk_a = 0; kk_a < 3; ++kk_a)\n"
@@ -77,11 +87,11 @@ class WinogradLowering(ContractionLowering):
             f"kk_a*{stride[g.kh]} + kk_b*{stride[g.kw]})*{nr} + kk_j];\n"
             "            kk_t[kk_i][kk_b] = kk_s;\n"
             "          }\n"
-            "        for (int kk_i = 0; kk_i < 4; ++kk_i)\n"
-            "          for (int kk_l = 0; kk_l < 4; ++kk_l) {\n"
+            f"        for (int kk_i = 0; kk_i < {n}; ++kk_i)\n"
+            f"          for (int kk_l = 0; kk_l < {n}; ++kk_l) {{\n"
             "            double kk_s = 0;\n"
             "            for (int kk_b = 0; kk_b < 3; ++kk_b) kk_s += kk_t[kk_i][kk_b] * kk_G[kk_l][kk_b];\n"
-            f"            kk_u[(((kk_i*4 + kk_l)*{npan} + kk_q)*{g.c} + kk_ci)*{nr} + kk_j] = (float)kk_s;\n"
+            f"            kk_u[(((kk_i*{n} + kk_l)*{npan} + kk_q)*{g.c} + kk_ci)*{nr} + kk_j] = (float)kk_s;\n"
             "          }\n"
             "      }\n"
             "}\n"
@@ -91,17 +101,18 @@ class WinogradLowering(ContractionLowering):
     # the kernel -----------------------------------------------------------------------------------------
     def emit(self, epilogue) -> list:
         c, lo, A, g = self.c, self.lo, self.a, self.geom
-        mr, nr, vw = self.mr, self.nr, self.vw
+        mr, nr, vw, m = self.mr, self.nr, self.vw, self.m
+        n = m + 2
+        nn = n * n
         tr, ncols = self.plan.cache_block.mc, self.plan.cache_block.nc
         astg = self.astage
         npan = (g.n + nr - 1) // nr
-        tw, trows = g.tile_cols, g.tile_rows
-        ntile = tr * tw
-        ntp = (ntile + mr - 1) // mr * mr
-        s: list = [Comment(f"Winograd F(2x2, 3x3) contraction {c.let}: M {list(A.rows)} ({g.rows} x {g.cols} "
+        tw, trows = g.cols // m, g.rows // m
+        ntp = (tr * tw + mr - 1) // mr * mr
+        s: list = [Comment(f"Winograd F({m}x{m}, 3x3) contraction {c.let}: M {list(A.rows)} ({g.rows} x {g.cols} "
                            f"pixels, {trows} x {tw} tiles, a padded stage read in place), N {list(self.b.rows)} "
                            f"({g.n}, the transformed weights pre-packed), K {[a.name for a in c.k_axes]} "
-                           f"({g.c} channels x 3 x 3); blocks of {tr} tile rows x {ncols} channels, "
+                           f"({g.c} channels x 3 x 3); {nn} GEMMs a block of {tr} tile rows x {ncols} channels, "
                            f"micro {mr}x{nr} (A rows)"),
                    *self._size_decls()]
         s += lo.unit_decls(c)
@@ -125,9 +136,9 @@ class WinogradLowering(ContractionLowering):
                      Raw("if (!kk_stg) __builtin_trap();"),
                      Decl("const long long", "kk_b", "0"), *self._batch_parts(A), astg.base(),
                      Decl("float* KUMIKO_RESTRICT", "kk_V",
-                          f"(float*)kk_scratch(4, sizeof(float) * (size_t){16 * ntp * g.c})"),
+                          f"(float*)kk_scratch(4, sizeof(float) * (size_t){nn * ntp * g.c})"),
                      Decl("float* KUMIKO_RESTRICT", "kk_X",
-                          f"(float*)kk_scratch(1, sizeof(float) * (size_t){16 * ntp * ncols})"),
+                          f"(float*)kk_scratch(1, sizeof(float) * (size_t){nn * ntp * ncols})"),
                      Decl("int", "kk_vic", "kk_t")]
         deal = ("for (long long kk_bi = 0;;) {\n"
                 "long long kk_blk;\n"
@@ -136,7 +147,10 @@ class WinogradLowering(ContractionLowering):
                 "  if (kk_blk < 0) break;\n"
                 "#ifdef KUMIKO_TRACE_STAGE\n  __atomic_fetch_add(&kk_dealt, 1, __ATOMIC_RELAXED);\n#endif\n"
                 "} else {\n  if (kk_bi >= kk_nmbk) break;\n  kk_blk = kk_bi++;\n}")
-        src = f"kk_S + kk_asb + kk_akso[0] + kk_arso[2 * kk_R * {g.cols} + 2 * kk_tc]"
+        # a tile's top-left output pixel: row m*R of all images' rows, column m*tc (the C scratch's row)
+        pix = f"{m} * kk_R * {g.cols} + {m} * kk_tc"
+        where = (Decl("const long long", "kk_R", f"kk_R0 + kk_u / {tw}"),
+                 Decl("const long long", "kk_tc", f"kk_u % {tw}"))
         block = [
             Decl("const long long", "kk_R0", f"kk_blk / kk_npart * {tr}"),
             Decl("const long long", "kk_R1", f"kk_R0 + {tr} < {trows} ? kk_R0 + {tr} : {trows}"),
@@ -146,29 +160,24 @@ class WinogradLowering(ContractionLowering):
             Decl("const long long", "kk_ncur", f"kk_N - kk_jc < {ncols} ? kk_N - kk_jc : {ncols}"),
             Decl("const long long", "kk_np", f"(kk_ncur + {nr - 1}) / {nr}"),
             Decl("const long long", "kk_ldx", f"kk_np * {nr}"),
-            Comment("1. each tile's input patch to V[xi][tile][C] (the tiles past the block's to zero)"),
-            For("kk_u", "0", "kk_wn", (
-                Decl("const long long", "kk_R", f"kk_R0 + kk_u / {tw}"),
-                Decl("const long long", "kk_tc", f"kk_u % {tw}"),
-                Raw(f"{winograd_name('in', vw)}({src}, kk_sst{g.dh}, kk_sst{g.dw}, {g.c}, kk_V + kk_u * {g.c}, "
-                    f"kk_wp * {g.c});"))),
-            Raw(f"if (kk_wp > kk_wn)\n  for (int kk_xi = 0; kk_xi < 16; ++kk_xi)\n"
+            Comment(f"1. each tile's {n}x{n} input patch to V[xi][tile][C] (the tiles past the block's: zeros)"),
+            For("kk_u", "0", "kk_wn", where + (
+                Raw(f"{winograd_name('in', m, vw)}(kk_S + kk_asb + kk_akso[0] + kk_arso[{pix}], kk_sst{g.dh}, "
+                    f"kk_sst{g.dw}, {g.c}, kk_V + kk_u * {g.c}, kk_wp * {g.c});"),)),
+            Raw(f"if (kk_wp > kk_wn)\n  for (int kk_xi = 0; kk_xi < {nn}; ++kk_xi)\n"
                 f"    memset(kk_V + (kk_xi * kk_wp + kk_wn) * {g.c}, 0, sizeof(float) * (size_t)((kk_wp - kk_wn) * "
                 f"{g.c}));"),
-            Comment("2. the 16 GEMMs X[xi] = V[xi] @ U[xi], all of C at once"),
-            For("kk_xi", "0", "16", (For("kk_q", "0", "kk_np", (For("kk_i", "0", "kk_wp", (Raw(
+            Comment(f"2. the {nn} GEMMs X[xi] = V[xi] @ U[xi], all of C at once"),
+            For("kk_xi", "0", str(nn), (For("kk_q", "0", "kk_np", (For("kk_i", "0", "kk_wp", (Raw(
                 f"{micro_name(mr, nr, vw, a_rows=True)}({g.c}, kk_V + (kk_xi * kk_wp + kk_i) * {g.c}, {g.c}, "
                 f"{self.pre['b']} + ((kk_xi * {npan} + kk_jc / {nr} + kk_q) * {g.c}) * {nr}, "
                 f"kk_X + (kk_xi * kk_wp + kk_i) * kk_ldx + kk_q * {nr}, kk_ldx, 0);"),), step=str(mr)),)),)),
-            Comment("3. each tile's products to its 2x2 pixels in C, then the epilogue on the block's rows"),
-            For("kk_u", "0", "kk_wn", (
-                Decl("const long long", "kk_R", f"kk_R0 + kk_u / {tw}"),
-                Decl("const long long", "kk_tc", f"kk_u % {tw}"),
-                Decl("float*", "kk_y", f"kk_C + (2 * kk_R * {g.cols} + 2 * kk_tc) * kk_ldc + kk_jc"),
-                Raw(f"{winograd_name('out', vw)}(kk_X + kk_u * kk_ldx, kk_wp * kk_ldx, kk_ldx, kk_y, kk_y + kk_ldc, "
-                    f"kk_y + {g.cols} * kk_ldc, kk_y + ({g.cols} + 1) * kk_ldc);"))),
+            Comment(f"3. each tile's products to its {m}x{m} pixels in C, then the epilogue on the block's rows"),
+            For("kk_u", "0", "kk_wn", where + (
+                Raw(f"{winograd_name('out', m, vw)}(kk_X + kk_u * kk_ldx, kk_wp * kk_ldx, kk_ldx, "
+                    f"kk_C + ({pix}) * kk_ldc + kk_jc, {g.cols} * kk_ldc, kk_ldc);"),)),
             Decl("float*", "kk_Ct", "kk_C + kk_jc"),
-            *self._epi_pointwise(epilogue, f"2 * kk_R0 * {g.cols}", f"2 * kk_R1 * {g.cols}", "0", "kk_ncur"),
+            *self._epi_pointwise(epilogue, f"{m} * kk_R0 * {g.cols}", f"{m} * kk_R1 * {g.cols}", "0", "kk_ncur"),
         ]
         par += [Raw(deal), *block, Raw("}")]
         s += [Raw("#pragma omp parallel num_threads(kk_T)\n{"), *par, Raw("}"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from kumiko.plan.packed import IN_PLACE_PANEL_BYTES, k_blocks_rule, n_block_padded, prepackable, split_rule
 from kumiko.plan.plan import CacheBlock, Plan, RegisterBlock, make_plan
-from kumiko.plan.winograd import Geometry, winograd_blocks, winograd_geometry, winograd_pays
+from kumiko.plan.winograd import Geometry, winograd_blocks, winograd_geometry, winograd_tile
 from kumiko.region.analysis import Contraction, RegionFacts, analyze
 from kumiko.region.operands import Orientation, lane_rows, orient, phase_count, stage_bounds, steps_last_dim
 from kumiko.region.srnf import epilogue
@@ -237,7 +237,7 @@ def _a_stage_pays(o: Orientation, o2: Orientation, tile: tuple, tile2: tuple, fa
 
 def winograd_fit(c: Contraction, facts: RegionFacts, vw: int, constants: frozenset, lanes: str | None = None
                  ) -> tuple[Geometry, str] | None:
-    """(the geometry, the lanes' side) when ``c`` is a convolution Winograd's F(2x2, 3x3) computes with its
+    """(the geometry, the lanes' side) when ``c`` is a convolution Winograd's F(m x m, 3x3) computes with its
     pixels on the A side and its constant weights pre-packed on the B side (``kumiko.plan.winograd``);
     ``lanes``: only that side's orientation (a plan's ``vectorize.axis``)."""
     _, nr = micro_tile(vw)
@@ -253,15 +253,16 @@ def winograd_fit(c: Contraction, facts: RegionFacts, vw: int, constants: frozens
 def _winograd(region: Region, c: Contraction, facts: RegionFacts, arch: str, vw: int, constants: frozenset,
               cores: int) -> Plan | None:
     """The Winograd plan where the region is a 3x3 stride-1 convolution for which it pays (``kumiko.plan.winograd``):
-    ``cache_block`` holds its blocks (tile rows, output channels; KC all of C), ``register_block`` the packed
-    path's micro-tile."""
+    ``algo_choice.tile`` is m of F(m x m, 3x3), ``cache_block`` holds its blocks (tile rows, output channels; KC
+    all of C), ``register_block`` the packed path's micro-tile."""
     fit = winograd_fit(c, facts, vw, constants)
     mr, nr = micro_tile(vw)
-    if fit is None or not winograd_pays(fit[0], nr):
+    m = winograd_tile(fit[0], nr) if fit is not None else None
+    if m is None:
         return None
     g, lanes = fit
-    tr, ncols = winograd_blocks(g, mr, nr, cores)
-    return make_plan(arch, algo_choice={"contraction": "winograd"}, register_block=RegisterBlock(mr, nr),
+    tr, ncols = winograd_blocks(g, mr, nr, cores, m)
+    return make_plan(arch, algo_choice={"contraction": "winograd", "tile": m}, register_block=RegisterBlock(mr, nr),
                      cache_block=CacheBlock(tr, ncols, g.c), vectorize={"width": vw, "axis": lanes},
                      bind={"m.o": "omp"},
                      cache=({"tensor": "x", "where": "stage", "at": "m.o"},

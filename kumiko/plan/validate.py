@@ -16,6 +16,7 @@ from kumiko.diagnostics import KumikoError
 from kumiko.plan.choose import machine_arch, winograd_fit
 from kumiko.plan.packed import K_BLOCKS, SPLITS
 from kumiko.plan.plan import Plan, check_fields
+from kumiko.plan.winograd import TRANSFORMS
 from kumiko.region.analysis import analyze
 from kumiko.region.ssa import Region
 
@@ -109,6 +110,12 @@ def _winograd(plan: Plan, facts, vw: int, constants: frozenset, at: str) -> Plan
                           suggestion=f'e.g. "register_block": {{"mr": 6, "nr": {2 * vw}}}, "cache_block": '
                           f'{{"mc": 3, "nc": {8 * vw}, "kc": {fit[0].c}}}')
     (mr, nr), (mc, nc, kc) = plan.register_block, plan.cache_block
+    m = plan.get("algo_choice", "tile", 2)
+    g = fit[0]
+    if m not in TRANSFORMS or g.image_rows % m or g.cols % m:
+        raise KumikoError("E1801", at=at, why=f"algo_choice tile {m!r}: F(m x m, 3x3) is built for m in "
+                          f"{sorted(TRANSFORMS)}, dividing the output's {g.image_rows} rows and {g.cols} columns",
+                          suggestion='use "tile": 2 (even sizes) or 4 (multiples of 4)')
     if mr < 1 or nr < 1 or nr % plan.vector_width or mc < 1 or nc < 1 or nc % nr or kc != fit[0].c:
         raise KumikoError("E1801", at=at, why=f"register_block mr={mr}, nr={nr}, cache_block mc={mc}, nc={nc}, "
                           f"kc={kc}: nr whole vectors, mc >= 1 tile rows, nc a positive multiple of nr and kc the "

@@ -45,6 +45,7 @@ from kumiko.kernel.skinny import SkinnyLowering
 from kumiko.kernel.stream import find_pipe, lower_pipe, pipe_buffers
 from kumiko.kernel.winograd import WinogradLowering
 from kumiko.plan.plan import Plan
+from kumiko.plan.winograd import TRANSFORMS
 from kumiko.region.analysis import analyze
 from kumiko.region.ssa import Program
 from kumiko.render.c import HEADER, declared_names, render_kernel, render_unit
@@ -91,7 +92,8 @@ class CpuSource:
 @dataclass(frozen=True)
 class _Piece:
     kernel: Kernel
-    micros: tuple       # (kind, mr, nr, vw) of the micro-kernels it calls: kind "p" packed, "r" a_rows, "s" stage
+    micros: tuple       # (kind, mr, nr, vw) of the micro-kernels it calls: kind "p" packed, "r" a_rows, "s" stage,
+    #                     "w<m>" Winograd F(m x m, 3x3)'s transforms
     vw: int             # the vector width of its types (kk_vf)
     kind: str = "loops"     # its unit's kind (``CpuSource.unit_kinds``)
 
@@ -155,7 +157,8 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             m = (*plan.register_block, plan.vector_width)
             micros = ((("p", *m),) + ((("s", *m),) if lo.staged else ()) + ((("l", *m),) if lo.b_ld else ())
                       + ((("a", *m),) if lo.a_staged is True else (("au", *m),) if lo.a_staged else ())
-                      + ((("r", *m), ("w", *m)) if plan.algo == "winograd" else ()))
+                      + ((("r", *m), (f"w{plan.get('algo_choice', 'tile', 2)}", *m)) if plan.algo == "winograd"
+                         else ()))
             for pk in prepacks:
                 pieces.append(_Piece(pk.kernel, (("p", *m),), plan.vector_width, "pack"))
                 packs.append((len(pieces) - 1, pk, f"{r.name}.pack_{pk.key}"))
@@ -264,7 +267,9 @@ def _micro_texts(micros) -> list[str]:
     out += [micro_kernel(*m[1:], b_ld=True) for m in sorted(m for m in micros if m[0] == "l")]
     out += [astage_micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "a")]
     out += [astage_micro_kernel(*m[1:], unit=True) for m in sorted(m for m in micros if m[0] == "au")]
-    out += [winograd_helpers(vw) for vw in sorted({m[3] for m in micros if m[0] == "w"})]
+    for kind, vw in sorted({(m[0], m[3]) for m in micros if m[0].startswith("w")}):   # "w<m>": F(m x m, 3x3)
+        bt, _, at = TRANSFORMS[int(kind[1:])]
+        out.append(winograd_helpers(int(kind[1:]), vw, bt, at))
     return out
 
 

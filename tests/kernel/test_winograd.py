@@ -1,4 +1,4 @@
-"""Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions on the CPU (``kumiko.plan.winograd``,
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) for 3x3 stride-1 convolutions on the CPU (``kumiko.plan.winograd``,
 ``kumiko.kernel.winograd``): which regions the chooser gives it (read off the region: a channels-last conv's
 stage, stride 1, dilation 1, even output rows and columns, bound weights, enough tiles), results against the
 evaluator (bias, residual, ReLU in the epilogue; output channels that are not whole panels; batches; blocks
@@ -16,7 +16,7 @@ import pytest
 import kumiko
 from kumiko import Tensor
 from kumiko.diagnostics import KumikoError
-from kumiko.plan.winograd import Geometry, winograd_blocks
+from kumiko.plan.winograd import Geometry, winograd_blocks, winograd_tile
 
 rng = np.random.default_rng(3)
 
@@ -65,15 +65,37 @@ def block(h, c_in, c_out, batch=1, residual=True, bias=True):
     return y.relu().graph("y")
 
 
-@pytest.mark.parametrize("h,c_in,c_out,batch", [
-    (28, 16, 24, 1),     # 24 output channels: a short last panel of NR
-    (14, 32, 48, 2),     # two images: tile rows run across them
-    (16, 24, 40, 1),     # 8 tiles a row: blocks of tile rows that leave a short last one
+def tile(exe):
+    (plan,) = exe._run.plans.values()
+    return plan.get("algo_choice", "tile", 2)
+
+
+@pytest.mark.parametrize("h,c_in,c_out,batch,m", [
+    (28, 16, 24, 1, 4),     # 24 output channels: a short last panel of NR; rows a multiple of 4: F(4x4)
+    (14, 32, 48, 2, 2),     # two images: tile rows run across them; 14 rows: F(2x2)
+    (16, 24, 40, 1, 4),     # 4 tiles a row: blocks of tile rows that leave a short last one
+    (18, 16, 16, 1, 2),     # 81 tiles of 2x2
 ])
-def test_matches_the_evaluator(h, c_in, c_out, batch):
+def test_matches_the_evaluator(h, c_in, c_out, batch, m):
     exe = check(block(h, c_in, c_out, batch))
-    assert algos(exe) == ["winograd"]
-    assert "Winograd F(2x2, 3x3) contraction" in exe._run.source
+    assert algos(exe) == ["winograd"] and tile(exe) == m
+    assert f"Winograd F({m}x{m}, 3x3) contraction" in exe._run.source
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_either_tile_matches(m):
+    """A plan may take F(2x2) or F(4x4) where the sizes allow both; every block shape gives the same result."""
+    g = block(28, 32, 48)
+    exe = kumiko.compile(g, "cpu")
+    ins = inputs(exe)
+    want = kumiko.compile(g, "eval")(**ins)["y"]
+    (name, plan), = exe._run.plans.items()
+    mr, nr = plan.register_block
+    for tr, nc in ((1, nr), (2, 3 * nr), (28 // m, 48)):
+        p = replace(plan, algo_choice=(("contraction", "winograd"), ("tile", m)), cache_block=(tr, nc, 32))
+        got = kumiko.compile(g, "cpu", plans={name: p})
+        assert f"Winograd F({m}x{m}, 3x3)" in got._run.source
+        assert rel(got(**ins)["y"], want) < 3e-6, (m, tr, nc)
 
 
 def test_blocks_split_over_channels_match():
@@ -161,7 +183,8 @@ for name, g in (("28", block(28, 16, 24)), ("14x256", block(14, 256, 256, residu
     counter.value = 0
     a, b = np.asarray(exe(**ins)["y"], np.float64), np.asarray(ref(**ins)["y"], np.float64)
     assert np.linalg.norm(a - b) <= 3e-6 * np.linalg.norm(b), name
-    out[name] = {"dealt": counter.value, "algo": plan.algo, "tr": plan.cache_block[0], "nc": plan.cache_block[1]}
+    out[name] = {"dealt": counter.value, "algo": plan.algo, "tr": plan.cache_block[0], "nc": plan.cache_block[1],
+                 "m": plan.get("algo_choice", "tile", 2)}
 print(json.dumps(out))
 '''
 
@@ -173,9 +196,9 @@ def test_threads_take_every_block_once(threads):
                        text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    for (h, n), case in ((14, 24), got["28"]), ((7, 256), got["14x256"]):
+    for (h, n), case in ((28, 24), got["28"]), ((14, 256), got["14x256"]):
         assert case["algo"] == "winograd"
-        blocks = -(-h // case["tr"]) * -(-n // case["nc"])
+        blocks = -(-(h // case["m"]) // case["tr"]) * -(-n // case["nc"])
         assert case["dealt"] == (0 if threads == "1" else blocks), (case, blocks)
 
 
@@ -195,6 +218,11 @@ def test_plan_validation():
     with pytest.raises(KumikoError) as e:
         kumiko.compile(g, "cpu", plans={name: replace(plan, cache_block=(2, nr + 1, 32))})
     assert e.value.code == "E1801" and "multiple of nr" in e.value.why
+    for m in (3, 4):       # no F(3x3) is built; 14 rows are no whole tiles of 4
+        bad = replace(plan, algo_choice=(("contraction", "winograd"), ("tile", m)))
+        with pytest.raises(KumikoError) as e:
+            kumiko.compile(g, "cpu", plans={name: bad})
+        assert e.value.code == "E1801" and f"tile {m}" in e.value.why and e.value.suggestion
 
 
 def test_blocks_model():
@@ -205,3 +233,6 @@ def test_blocks_model():
     tr, nc = winograd_blocks(g(56, 64), 6, 16, 2)
     assert tr <= 4 and nc >= 32
     assert winograd_blocks(g(14, 256), 6, 16, 2) == (7, 128)
+    assert winograd_tile(g(56, 64), 16) == 4 and winograd_tile(g(14, 256), 16) == 2
+    assert winograd_tile(g(8, 64), 16) is None                  # 16 tiles: the direct kernel
+    assert winograd_tile(g(14, 512), 16) is None                # 16 MiB of transformed weights
