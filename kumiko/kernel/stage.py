@@ -111,8 +111,9 @@ class Stage:
         """Dimension i's extent as the fill walks it: the padded size, or the phases times the coarse size."""
         return f"{self.f[i]} * kk_sc{i}" if self.f[i] > 1 else f"kk_sn{i}"
 
-    def decls(self) -> list:
-        """Pads, extents and strides of the stage, whether to use it (``kk_stg``) and its buffer."""
+    def decls(self, always: bool = False) -> list:
+        """Pads, extents and strides of the stage, whether to use it (``kk_stg``) and its buffer. ``always``: use
+        it whatever the rows' runs, the columns or its size (a kernel that reads nothing else: Winograd's)."""
         out: list = []
         for i, ((_, n), sp) in enumerate(zip(self.dims, self.spans)):
             lo = " + ".join(s[0] for s in sp)
@@ -153,13 +154,15 @@ class Stage:
             # GEMM 1024^3 with bound weights ran 1.12x in place, BERT's shapes 1.03-1.06x)
             rule = (f"kk_M <= {IN_PLACE_ROWS}" if self.key == "b" else f"kk_N <= {IN_PLACE_COLS}"
                     if self.rdim is not None else f"kk_N <= {IN_PLACE_COLS} && kk_M % {self.nr} == 0")
-            return out + [Decl("const int", "kk_stgw", f"kk_srun >= {self.nr - 1} && {flat} && {rule}"),
+            use = "1" if always else f"kk_srun >= {self.nr - 1} && {flat} && {rule}"
+            return out + [Decl("const int", "kk_stgw", use),
                           Decl("float*", "kk_S", f"kk_stgw ? (float*){self.src} : 0"),
                           Decl("const int", "kk_stg", "kk_stgw")]
         src_n = " * ".join(f"({C.index(n, set())})" for _, n in self.dims)
         out += [Decl("const long long", "kk_ssz", f"{order[0][0]} * {order[0][1]}"),
                 # the stage at most twice the source (plus a little): the pads are borders, not blow-ups
-                Decl("const int", "kk_stgw", f"kk_srun >= {self.nr - 1} && kk_ssz <= 2 * ({src_n}) + 65536"),
+                Decl("const int", "kk_stgw", "1" if always else
+                     f"kk_srun >= {self.nr - 1} && kk_ssz <= 2 * ({src_n}) + 65536"),
                 Decl("float*", "kk_S", f"kk_stgw ? (float*)kk_scratch(10, sizeof(float) * (size_t)(kk_ssz + "
                      f"{4 * self.nr})) : 0"),
                 Decl("const int", "kk_stg", "kk_stgw && kk_S != 0")]     # no memory for it: pack as before

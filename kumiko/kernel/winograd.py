@@ -117,7 +117,7 @@ class WinogradLowering(ContractionLowering):
                    *self._size_decls()]
         s += lo.unit_decls(c)
         al, fills = self._tables(A, astg.columns())
-        s += al + astg.decls()
+        s += al + astg.decls(always=True)
         fills = fills + astg.fill()
         s += [Decl("const long long", "kk_ncp", f"(kk_N + {nr - 1}) / {nr} * {nr}"),
               Decl("const long long", "kk_ldc", "kk_ncp % 1024 == 0 ? kk_ncp + 16 : kk_ncp"),
@@ -132,7 +132,7 @@ class WinogradLowering(ContractionLowering):
         par: list = [Decl("const int", "kk_t", "omp_get_thread_num()"),
                      Decl("const int", "kk_nt", "omp_get_num_threads()"),
                      *fills, Raw("#pragma omp barrier"),
-                     # the stage holds every patch (sizes known when compiling: it fits); without its memory, stop
+                     # the stage (or the source itself, unpadded) holds every patch; without memory for it, stop
                      Raw("if (!kk_stg) __builtin_trap();"),
                      Decl("const long long", "kk_b", "0"), *self._batch_parts(A), astg.base(),
                      Decl("float* KUMIKO_RESTRICT", "kk_V",

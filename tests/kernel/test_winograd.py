@@ -82,6 +82,21 @@ def test_matches_the_evaluator(h, c_in, c_out, batch, m):
     assert f"Winograd F({m}x{m}, 3x3) contraction" in exe._run.source
 
 
+@pytest.mark.parametrize("what,graph", [
+    # no padding: the source is its own stage, whatever the packed path's rules for reading it in place (more
+    # than 256 columns) say
+    ("unpadded, 320 output channels", lambda: conv_nhwc(Tensor.input("x", (1, 18, 18, 16)),
+                                                        param((320, 16, 3, 3), "w"), padding=0).graph("y")),
+    # output rows 4 pixels wide, shorter than a micro-tile's rows: the padded stage all the same
+    ("4 columns", lambda: conv_nhwc(Tensor.input("x", (1, 98, 4, 16)), param((16, 16, 3, 3), "w")).graph("y")),
+    ("pad 2, 20x20 out", lambda: conv_nhwc(Tensor.input("x", (1, 18, 18, 16)), param((16, 16, 3, 3), "w"),
+                                           padding=2).graph("y")),
+])
+def test_edges(what, graph):
+    exe = check(graph())
+    assert algos(exe) == ["winograd"], what
+
+
 @pytest.mark.parametrize("m", [2, 4])
 def test_either_tile_matches(m):
     """A plan may take F(2x2) or F(4x4) where the sizes allow both; every block shape gives the same result."""
