@@ -312,19 +312,20 @@ def winograd_helpers(m: int, vw: int, bt, at) -> str:
     ``out``: the n*n products of a tile at ``x + xi*xs`` (``cols`` columns each) to ``Y = A^T M A``, its
     pixel (i, j) at ``y + i*yr + j*yc`` (``cols`` columns)."""
     n = m + 2
-    lines = [f"__attribute__((unused)) static void {winograd_name('in', m, vw)}(const float* KUMIKO_RESTRICT s, "
-             "long long sh, long long sw, long long c, float* KUMIKO_RESTRICT v, long long vs) {",
-             f"  for (long long k = 0; k < c; k += {vw}) {{"]
-    lines += [f"    const kk_vf d{a}_{b} = *(const kk_vfu*)(s + {a}*sh + {b}*sw + k);"
-              for a in range(n) for b in range(n)]
-    lines += _transform(bt, lambda a, b: f"d{a}_{b}", "v", n)
-    lines += [f"    *(kk_vfu*)(v + {n * i + j}*vs + k) = v{i}_{j};" for i in range(n) for j in range(n)]
-    lines += ["  }", "}",
-              f"__attribute__((unused)) static void {winograd_name('out', m, vw)}(const float* KUMIKO_RESTRICT x, "
-              "long long xs, long long cols, float* KUMIKO_RESTRICT y, long long yr, long long yc) {",
-              f"  for (long long k = 0; k < cols; k += {vw}) {{"]
-    lines += [f"    const kk_vf x{i}_{j} = *(const kk_vfu*)(x + {n * i + j}*xs + k);"
-              for i in range(n) for j in range(n)]
-    lines += _transform(at, lambda a, b: f"x{a}_{b}", "y", n)
-    lines += [f"    *(kk_vfu*)(y + {i}*yr + {j}*yc + k) = y{i}_{j};" for i in range(m) for j in range(m)]
-    return "\n".join(lines + ["  }", "}"])
+
+    def fn(kind: str, args: str, count: str, load, mat, store, rows: int) -> list:
+        """One transform: the n x n vectors ``load(a, b)`` (addresses) to ``mat @ D @ mat^T``, its ``rows`` x
+        ``rows`` elements stored at ``store(i, j)``."""
+        body = [f"__attribute__((unused)) static void {winograd_name(kind, m, vw)}({args}) {{",
+                f"  for (long long k = 0; k < {count}; k += {vw}) {{"]
+        body += [f"    const kk_vf d{a}_{b} = *(const kk_vfu*)({load(a, b)} + k);" for a in range(n) for b in range(n)]
+        body += _transform(mat, lambda a, b: f"d{a}_{b}", "r", n)
+        body += [f"    *(kk_vfu*)({store(i, j)} + k) = r{i}_{j};" for i in range(rows) for j in range(rows)]
+        return body + ["  }", "}"]
+    lines = fn("in", "const float* KUMIKO_RESTRICT s, long long sh, long long sw, long long c, "
+               "float* KUMIKO_RESTRICT v, long long vs", "c", lambda a, b: f"s + {a}*sh + {b}*sw", bt,
+               lambda i, j: f"v + {n * i + j}*vs", n)
+    lines += fn("out", "const float* KUMIKO_RESTRICT x, long long xs, long long cols, float* KUMIKO_RESTRICT y, "
+                "long long yr, long long yc", "cols", lambda a, b: f"x + {n * a + b}*xs", at,
+                lambda i, j: f"y + {i}*yr + {j}*yc", m)
+    return "\n".join(lines)
