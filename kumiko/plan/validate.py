@@ -6,7 +6,11 @@ vector width the machine has; its ``k_blocks`` and ``bind.split`` must be rules 
 (``kumiko.plan.packed``, on any plan), and a plan that leaves them out gets ``"kc"`` and ``"m"``; a plan
 that is not packed has neither (nothing reads them: a packed plan's file edited to another algorithm
 keeps working), and the plan returned says so. A skinny plan needs a contraction and such a
-``register_block``, but no ``cache_block`` (it runs all of K in one pass). Any plan must be for this
+``register_block``, but no ``cache_block`` (it runs all of K in one pass). A winograd plan needs a region that
+is a 3x3 stride-1 convolution it computes (``kumiko.plan.winograd``: read off the region with the bound
+params, ``constants``), a ``tile`` m of F(m x m, 3x3) it is built for that divides the output's rows and
+columns, and a ``cache_block`` of (tile rows, whole NR panels of output channels, the input channels). Any
+plan must be for this
 machine's arch family (a CUDA plan cannot drive the CPU backend) and set only a CPU plan's fields
 (``check_fields``).
 """
