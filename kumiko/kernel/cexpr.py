@@ -196,7 +196,9 @@ def reduce_update(op: str, acc: str, v: str, ct: str) -> str:
     return ops.REDUCE_BY_FN[op].update(acc, v, ct)
 
 
-def binary(fn: str, a: str, b: str, ct: str) -> str:
+def binary(fn: str, a: str, b: str, ct: str, zero_masks: bool = False) -> str:
+    """``fn`` of ``a`` and ``b`` in C. ``zero_masks``: the max or min of a value and a +0 literal as the CPU
+    header's ``kumiko_max0f``/``kumiko_min0f`` (a compare and an and-not) instead of a select."""
     op = ops.BY_FN[fn]
     n = _SMALL_INT.match(b) if op.c_small_int and ct == "float" else None
     if n is not None:
@@ -204,8 +206,10 @@ def binary(fn: str, a: str, b: str, ct: str) -> str:
     if ct == "float":
         sym = ">" if fn == "max" else "<"
         tie = "<=" if fn == "max" else ">="
-        lit = _minmax_lit(fn, a, b, a, b, lambda c, x: f"({c} {sym} ({x}) ? {c} : ({x}))",
-                          lambda c, x: f"(({x}) {tie} {c} ? {c} : ({x}))")
+
+        def pick_tie(c: str, x: str) -> str:
+            return f"kumiko_{fn}0f({x})" if zero_masks else f"(({x}) {tie} {c} ? {c} : ({x}))"
+        lit = _minmax_lit(fn, a, b, a, b, lambda c, x: f"({c} {sym} ({x}) ? {c} : ({x}))", pick_tie)
         if lit is not None:
             return lit
     return op.spell(ct, a=a, b=b)

@@ -43,6 +43,8 @@ class RegionEmitter:
     #: how the target spells a fused multiply-add for a sum of products (``reduce_step``); None: a plain add
     #: (the GPU emitters, whose nvcc fuses on its own)
     FMA: str | None = None
+    #: the max or min of a value and +0 as the CPU header's masks (``cexpr.binary``'s ``zero_masks``)
+    ZERO_MASKS = False
 
     def __init__(self, region: Region, syms: tuple, name: str, facts: RegionFacts | None = None):
         self.facts = facts if facts is not None else analyze(region)
@@ -127,7 +129,7 @@ class RegionEmitter:
         if isinstance(e, Binary):
             hint2 = self.dt(e.x) or self.dt(e.y)
             a, b = self.expr(e.x, out, hint2), self.expr(e.y, out, hint2)
-            return C.binary(e.fn, a, b, C.COMPUTE[hint2.name] if hint2 else "float")
+            return C.binary(e.fn, a, b, C.COMPUTE[hint2.name] if hint2 else "float", self.ZERO_MASKS)
         if isinstance(e, (BroadcastInDim, Transpose)):
             return self.expr(e.operand, out, hint)
         if isinstance(e, Select):
