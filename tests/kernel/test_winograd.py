@@ -73,7 +73,7 @@ def tile(exe):
 @pytest.mark.parametrize("h,c_in,c_out,batch,m", [
     (28, 16, 24, 1, 4),     # 24 output channels: a short last panel of NR; rows a multiple of 4: F(4x4)
     (14, 32, 48, 2, 2),     # two images: tile rows run across them; 14 rows: F(2x2)
-    (16, 24, 40, 1, 4),     # 4 tiles a row: blocks of tile rows that leave a short last one
+    (16, 32, 40, 1, 4),     # 4 tiles a row: blocks of tile rows that leave a short last one
     (18, 16, 16, 1, 2),     # 81 tiles of 2x2
 ])
 def test_matches_the_evaluator(h, c_in, c_out, batch, m):
