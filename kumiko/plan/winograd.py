@@ -87,7 +87,6 @@ class Geometry:
     image_rows: int    # one image's output rows (the size of ``oh``)
 
 
-
 def _known(e) -> int | None:
     return Expr.lift(e).as_int()
 
@@ -176,9 +175,9 @@ L2_FLOATS = 1 << 17
 
 
 def _block_cost(tiles: int, cols: int, c: int, mr: int, u_total: int, m: int = 2) -> float:
-    """A block's time in cycles of one core (AVX2: 16 multiply-adds a cycle): its 16 GEMMs (whole MR-row
-    panels), the input transform (16 loads, 32 additions and 16 stores per 8 channels of a tile), the output
-    transform and epilogue, the transformed weights it streams (from L3 once all of them, ``u_total`` floats,
+    """A block's time in cycles of one core (AVX2: 16 multiply-adds a cycle) under F(m x m): its (m + 2)^2
+    GEMMs (whole MR-row panels), the input transform and the output transform with the epilogue
+    (``_IN_COST``, ``_OUT_COST``), the transformed weights it streams (from L3 once all of them, ``u_total`` floats,
     outgrow L2) and its transformed tiles and products (V and X) when they outgrow L2."""
     nn = (m + 2) ** 2
     tp = (tiles + mr - 1) // mr * mr
@@ -192,10 +191,11 @@ def winograd_blocks(g: Geometry, mr: int, nr: int, cores: int, m: int = 2) -> tu
     """(tile rows, output channels) per block: the pair whose blocks, dealt in order to the least loaded of
     ``cores`` threads, finish first under ``_block_cost`` (fewer blocks on a tie). Blocks whose V passes
     ``MAX_BLOCK_FLOATS`` are not considered (one tile row always is). Measured against the model's choices
-    (2-core Zen 3, whole graphs of four 3x3 convs, in-process A/B): 64 -> 64 at 56x56, one tile row a block
-    ran 0.95 of seven's time; 256 -> 256 at 14x14, all seven tile rows and 128 channels a block 0.90 of seven
-    rows and 32 channels (and one tile row a block 1.23-1.28: the 4 MiB of weights streamed seven times); at
-    28x28 every choice ran within the noise (0.96-1.07)."""
+    (2-core Zen 3, whole graphs of four 3x3 convs, in-process A/B). F(2x2): 64 -> 64 at 56x56, one to three
+    tile rows a block ran 0.95-0.99 of seven's time; 256 -> 256 at 14x14, all seven tile rows and 128
+    channels a block 0.90 of seven rows and 32 channels (one tile row a block 1.23-1.28: the 4 MiB of weights
+    streamed seven times); at 28x28 every choice within the noise (0.96-1.07). F(4x4): the model's seven tile
+    rows and 64 channels at 56x56 and 28x28 ran within 0.97-1.05 of the alternatives tried (1 to 14 rows)."""
     n_pad = (g.n + nr - 1) // nr * nr
     nn = (m + 2) ** 2
     u_total = nn * g.c * n_pad
