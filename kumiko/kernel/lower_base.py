@@ -13,6 +13,8 @@ the MMA skeleton (``kumiko.kernel.gpu_mma``) uses it as it is for its operands' 
 """
 from __future__ import annotations
 
+import re
+
 from kumiko import dtypes
 from kumiko.kernel import cexpr as C
 from kumiko.kernel.loops import Assign, Block, Decl, If, Store, axis_loop
@@ -34,6 +36,9 @@ from kumiko.region.ssa import (
     Unary,
 )
 from kumiko.symbolic import Expr, prod
+
+#: an operand that needs no local of its own: a name or a number literal (``1.0f``, ``-1.0f``, ``1e-05f``)
+_SIMPLE = re.compile(r"[A-Za-z_]\w*|\(?-?[0-9][0-9.e+-]*f?\)?")
 
 
 class RegionEmitter:
@@ -154,8 +159,22 @@ class RegionEmitter:
             return v
         p = self.expr(e.pred, out)
         tv, ov = self.expr(e.then, out, dt), self.expr(e.other, out, dt)
+        if ct in ("float", "double"):
+            # both sides into locals first (floats do not trap; a value predicate guards no index): a load inside
+            # the ternary is a conditional load, and gcc 12.2's loop vectorizer made it a masked load with the
+            # wrong stride across an outer loop's rows at -O3 (where(y < 0, x, -1) over 2 x 4 read x[1, j] from
+            # x[0, j + 2]: a wrong answer a random-graph test found; the plain loads vectorise correctly)
+            tv, ov = self._local(tv, ct, out), self._local(ov, ct, out)
         out.append(Decl(ct, v, f"({p}) ? ({tv}) : ({ov})"))
         return v
+
+    def _local(self, value: str, ct: str, out: list) -> str:
+        """``value`` as a local of type ``ct`` declared in ``out`` (a literal or a name as it is)."""
+        if _SIMPLE.fullmatch(value):
+            return value
+        t = self.tmp()
+        out.append(Decl(ct, t, value))
+        return t
 
     def reduce(self, e: Reduce, out: list) -> str:
         ct = C.COMPUTE[e.dtype.name]
