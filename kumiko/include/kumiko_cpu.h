@@ -71,6 +71,18 @@
 #define KUMIKO_ASSUME_ALIGNED(p, n) __builtin_assume_aligned((p), (n))
 #define KUMIKO_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KUMIKO_UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* All of a run's kernels in one call from the runtime (kumiko.runtime.program): n ABI functions in order,
+ * each with its own argument array and the shared symbols; the first non-zero status stops the run and its
+ * step's index goes to *failed. Weak: every unit of a program defines it, the link keeps one. */
+typedef int (*kumiko_abi_fn)(void** bufs, const long long* syms);
+KUMIKO_EXTERN_C __attribute__((weak, visibility("default"), unused)) int kumiko_run_steps(
+    long long n, const kumiko_abi_fn* fns, void** const* args, const long long* syms, long long* failed) {
+    for (long long i = 0; i < n; ++i) {
+        const int rc = fns[i](args[i], syms);
+        if (rc) { *failed = i; return rc; }
+    }
+    return 0;
+}
 /* A kernel entry point: `KUMIKO_KERNEL my_region(void** bufs, const long long* syms) { ... return 0; }`.
  * Visible even under -fvisibility=hidden, unmangled if the file is compiled as C++. */
 #define KUMIKO_KERNEL KUMIKO_EXTERN_C __attribute__((visibility("default"))) int

@@ -108,6 +108,16 @@ class CModule:
     cached: bool            # True when this build compiled nothing (disk or memory hit)
     compile_s: float = 0.0
 
+    def steps_fn(self):
+        """The module's ``kumiko_run_steps`` (``kumiko_cpu.h``: a run's kernels in one C call), or None when
+        its source did not include the header."""
+        try:
+            fn = self.lib["kumiko_run_steps"]
+        except AttributeError:
+            return None
+        fn.restype = ctypes.c_int
+        return fn
+
     def fn(self, name: str) -> Callable[[Sequence[np.ndarray], Sequence[int]], int]:
         try:
             cfn = getattr(self.lib, name)

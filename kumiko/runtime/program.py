@@ -19,7 +19,9 @@ It owns everything between numpy and the kernels, so the code generator only emi
   MobileNetV2's time at batch 1 (1% of ResNet-50's). Poisoning is a verifier: on unless ``KUMIKO_SPEC=0``
   (or ``poison=False``), read at each call;
 - each region's function gets ``bufs`` = its inputs then its outputs (``region.inputs`` order, then
-  ``region.outputs`` order) and ``syms`` = the values of ``program_symbols(program)`` (sorted names).
+  ``region.outputs`` order) and ``syms`` = the values of ``program_symbols(program)`` (sorted names); a run
+  calls them all in one C call (``kumiko_run_steps`` of ``kumiko_cpu.h``, in the program's own module)
+  unless ``KUMIKO_DEBUG=2`` times them one by one.
   A code generator that runs several regions in one function (``kumiko.kernel.stream``: a deferred
   buffer handed from one region to the next inside the kernel) says so with ``Step``s; a buffer no step
   passes is never allocated.
@@ -89,13 +91,22 @@ class Frame:
     goes to; ``outputs``: per output (name, shape, numpy dtype, alignment, places); ``calls``: per step (step,
     kernel or None, argument array), the arena's addresses already written; ``packs``: per step with pre-packed
     panels (step, ((panel buffer, places), ...)); ``views``: the arena's buffers as arrays."""
-    __slots__ = ("inputs", "outputs", "calls", "syms", "sym_list", "raw", "poison_arena", "arena_fresh", "views",
-                 "packs", "packs_static", "packed_own", "var_inputs", "const_names", "const_arrays",
+    __slots__ = ("inputs", "outputs", "calls", "batch", "syms", "sym_list", "raw", "poison_arena", "arena_fresh",
+                 "views", "packs", "packs_static", "packed_own", "var_inputs", "const_names", "const_arrays",
                  "const_template", "const_placed")
 
     def __init__(self, inputs: tuple, outputs: tuple, calls: list, syms: list[int], raw: np.ndarray,
                  poison_arena: bool, views: dict, packs: tuple, packs_static: bool):
         self.inputs, self.outputs, self.calls = inputs, outputs, calls
+        #: the calls as one C call (``kumiko_run_steps``): (n, function pointers, argument arrays, failed index);
+        #: None unless every step's kernel is a C function
+        self.batch = None
+        if calls and all(isinstance(getattr(fn, "bare", None), ctypes._CFuncPtr) for _, fn, _ in calls):
+            self.batch = (ctypes.c_longlong(len(calls)),
+                          (ctypes.c_void_p * len(calls))(*[ctypes.cast(fn.bare, ctypes.c_void_p).value
+                                                           for _, fn, _ in calls]),
+                          (ctypes.c_void_p * len(calls))(*[ctypes.addressof(a) for _, _, a in calls]),
+                          ctypes.c_longlong(-1))
         self.sym_list = syms
         self.syms = (ctypes.c_longlong * max(1, len(syms)))(*syms)
         self.raw, self.poison_arena, self.views = raw, poison_arena, views
@@ -151,6 +162,7 @@ class CpuProgram:
         self.setup(program, steps if steps is not None else region_steps(program, fn_names), poison,
                    reuse_outputs=reuse_outputs)
         self.kernels = [(st, module.fn(st.fn)) for st in self.steps]
+        self.run_steps = module.steps_fn()       # all of a run's kernels in one C call (kumiko_cpu.h)
         self.constants = dict(constants or {})
         self._pack_fns = {pk.fn: module.fn(pk.fn) for st in self.steps for pk in st.packs}
 
@@ -470,6 +482,14 @@ class CpuProgram:
             if frame.packs and (overridden or not frame.packed_own):
                 self._place_packs(frame, inputs, arrays, outs, overridden, env, state)
             syms = frame.syms
+            run_steps = getattr(self, "run_steps", None)
+            if run_steps is not None and frame.batch is not None and not timed:    # every kernel in one C call
+                n, fns, argv, failed = frame.batch
+                rc = run_steps(n, fns, argv, syms, ctypes.byref(failed))
+                if rc:
+                    step, fn, _ = frame.calls[failed.value]
+                    self._failed(step, fn, rc, env)
+                return outs
             for step, fn, args in frame.calls:
                 t0 = time.perf_counter() if timed else 0.0
                 rc = fn.bare(args, syms)

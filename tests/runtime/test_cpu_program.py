@@ -145,6 +145,26 @@ def test_unaligned_and_strided_inputs_are_copied(module):
     np.testing.assert_array_equal(run({"x": xt}, ENV)["y"], xt * 2 + 1)
 
 
+def test_a_run_is_one_c_call(module):
+    """The kernels of a run go to C in one call (``kumiko_run_steps`` of ``kumiko_cpu.h``: each with its own
+    argument array, in order), not one ctypes call each; the results are the same, and a kernel's non-zero
+    status still names its own step (below)."""
+    calls = []
+    prog = chain_program(4)
+    run = CpuProgram(prog, module, {r.name: "k_add1" for r in prog.regions})
+    real = run.run_steps
+    assert real is not None
+
+    def counting(n, *args):
+        calls.append(n.value)
+        return real(n, *args)
+    run.run_steps = counting
+    x = _x(3)
+    for _ in range(2):
+        np.testing.assert_array_equal(run({"x": x}, ENV)["y"], play_program(prog, {"x": x}, ENV)["y"])
+    assert calls == [4, 4]
+
+
 def test_nonzero_return_is_a_diagnostic(module):
     run = CpuProgram(two_region_program(), module, {"k_t": "k_t", "k_y": "k_fail"})
     with pytest.raises(KumikoError) as e:
