@@ -67,6 +67,21 @@ DYN_BLOCKS = 4               # M blocks per thread, at least, when the threads d
 DYN_B_FLOATS = 1 << 16
 
 
+#: the per-thread counters ``kk_take`` deals blocks from (``kk_T`` threads, a cache line apart), zeroed
+DEAL_COUNTERS = ("long long kk_cnt[8 * kk_T];\n"
+                 "for (long long kk_x = 0; kk_x < 8 * kk_T; ++kk_x) kk_cnt[kk_x] = 0;")
+
+
+def next_block(dyn: str) -> str:
+    """C that sets ``kk_blk`` to the next of ``kk_nmbk`` blocks inside a ``for (kk_bi = 0;;)`` loop (breaking
+    when none is left): taken as they come (``kk_take``) where ``dyn`` holds, else the thread's next in order."""
+    return (f"if ({dyn}) {{\n"
+            "  kk_blk = kk_take(kk_cnt, kk_t, kk_nt, kk_nmbk, &kk_vic);\n"
+            "  if (kk_blk < 0) break;\n"
+            "#ifdef KUMIKO_TRACE_STAGE\n  __atomic_fetch_add(&kk_dealt, 1, __ATOMIC_RELAXED);\n#endif\n"
+            "} else {\n  if (kk_bi >= kk_nmbk) break;\n  kk_blk = kk_bi++;\n}")
+
+
 def _split(flat: str, names: tuple, sizes: list, out: list) -> None:
     """``long long name = ...`` for each of ``names`` from a row-major flat index over ``sizes``."""
     rest = flat
@@ -333,13 +348,8 @@ class ContractionLowering(PanelPacking):
         in each batch point and N block (which every thread walks alike, with barriers between them: they share
         the C scratch's rows); else each thread walks its own range in order. ``block``: the M block's size,
         then its K block's work."""
-        deal = ("if (kk_dyn) {\n"
-                "  kk_blk = kk_take(kk_cnt, kk_t, kk_nt, kk_nmbk, &kk_vic);\n"
-                "  if (kk_blk < 0) break;\n"
-                "#ifdef KUMIKO_TRACE_STAGE\n  __atomic_fetch_add(&kk_dealt, 1, __ATOMIC_RELAXED);\n#endif\n"
-                "} else {\n  if (kk_bi >= kk_nmbk) break;\n  kk_blk = kk_bi++;\n}")
         return [Decl("const long long", "kk_nmbk", "(kk_m1 - kk_m0 + kk_mblk - 1) / kk_mblk"),
-                Raw("for (long long kk_bi = 0;;) {"), Raw("long long kk_blk;"), Raw(deal),
+                Raw("for (long long kk_bi = 0;;) {"), Raw("long long kk_blk;"), Raw(next_block("kk_dyn")),
                 Decl("const long long", "kk_ic", "kk_m0 + kk_blk * kk_mblk"), block[0],
                 Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"),
                 Decl("const long long", "kk_kcb", "kk_K - kk_pc < kk_kstep ? kk_K - kk_pc : kk_kstep"),
@@ -566,8 +576,7 @@ class ContractionLowering(PanelPacking):
             For("kk_jc", "kk_n0", "kk_n1", tuple(jblock), step="kk_nc"),)))
         par.append(Raw("kk_scratch_trim(4);"))
         # the units each thread has taken from its share, one cache line apart (kk_take)
-        s += [*([Raw("long long kk_cnt[8 * kk_T];\n"
-                     "for (long long kk_x = 0; kk_x < 8 * kk_T; ++kk_x) kk_cnt[kk_x] = 0;")] if dyn else []),
+        s += [*([Raw(DEAL_COUNTERS)] if dyn else []),
               Raw("#pragma omp parallel num_threads(kk_T)\n{"), *par, Raw("}"),
               Raw("kk_scratch_trim(0); kk_scratch_trim(1); kk_scratch_trim(2); kk_scratch_trim(3);" +
                   (" kk_scratch_trim(10);" if (self.stage is not None and not self.stage.in_place) or

@@ -23,7 +23,7 @@ packed into a temporary) transformed once, ``U = G g G^T`` in double precision, 
 """
 from __future__ import annotations
 
-from kumiko.kernel.contract import _MACS_PER_THREAD, ContractionLowering
+from kumiko.kernel.contract import _MACS_PER_THREAD, DEAL_COUNTERS, ContractionLowering, next_block
 from kumiko.kernel.loops import Comment, Decl, For, Raw
 from kumiko.kernel.micro import micro_name, winograd_name
 from kumiko.plan.winograd import TRANSFORMS, winograd_geometry
@@ -127,8 +127,7 @@ class WinogradLowering(ContractionLowering):
               Decl("const long long", "kk_npart", f"(kk_N + {ncols - 1}) / {ncols}"),
               Decl("const long long", "kk_nmbk", f"{(trows + tr - 1) // tr} * kk_npart"),
               Raw("float* kk_C = (float*)kk_scratch(0, sizeof(float) * (size_t)(kk_Mp * kk_ldc));"),
-              Raw("long long kk_cnt[8 * kk_T];\n"
-                  "for (long long kk_x = 0; kk_x < 8 * kk_T; ++kk_x) kk_cnt[kk_x] = 0;")]
+              Raw(DEAL_COUNTERS)]
         par: list = [Decl("const int", "kk_t", "omp_get_thread_num()"),
                      Decl("const int", "kk_nt", "omp_get_num_threads()"),
                      *fills, Raw("#pragma omp barrier"),
@@ -140,13 +139,7 @@ class WinogradLowering(ContractionLowering):
                      Decl("float* KUMIKO_RESTRICT", "kk_X",
                           f"(float*)kk_scratch(1, sizeof(float) * (size_t){nn * ntp * ncols})"),
                      Decl("int", "kk_vic", "kk_t")]
-        deal = ("for (long long kk_bi = 0;;) {\n"
-                "long long kk_blk;\n"
-                "if (kk_nt > 1) {\n"
-                "  kk_blk = kk_take(kk_cnt, kk_t, kk_nt, kk_nmbk, &kk_vic);\n"
-                "  if (kk_blk < 0) break;\n"
-                "#ifdef KUMIKO_TRACE_STAGE\n  __atomic_fetch_add(&kk_dealt, 1, __ATOMIC_RELAXED);\n#endif\n"
-                "} else {\n  if (kk_bi >= kk_nmbk) break;\n  kk_blk = kk_bi++;\n}")
+        deal = "for (long long kk_bi = 0;;) {\nlong long kk_blk;\n" + next_block("kk_nt > 1")
         # a tile's top-left output pixel: row m*R of all images' rows, column m*tc (the C scratch's row)
         pix = f"{m} * kk_R * {g.cols} + {m} * kk_tc"
         where = (Decl("const long long", "kk_R", f"kk_R0 + kk_u / {tw}"),
