@@ -328,15 +328,3 @@ def _panel_runs(r: int, flag: str, panels: str, offsets: str, rows: str, first: 
             f"{short}"
             f"  {apart}[kk_q] = kk_d;\n"
             "}\n")
-    return (f"for (long long kk_q = 0; {flag} && kk_q < {panels}; ++kk_q) {{\n"
-            f"  const long long* kk_so = {offsets} + kk_q*{r};\n"
-            f"  const long long kk_nv = {rows} - kk_q*{r} < {r} ? {rows} - kk_q*{r} : {r};\n"
-            "  long long kk_s = 1;\n"
-            "  while (kk_s < kk_nv && kk_so[kk_s] == kk_so[0] + kk_s) ++kk_s;\n"
-            "  const long long kk_d = kk_s < kk_nv ? kk_so[kk_s] - kk_so[0] - kk_s : 0;\n"
-            "  for (long long kk_r = kk_s; kk_r < kk_nv; ++kk_r)\n"
-            f"    {flag} &= kk_so[kk_r] == kk_so[0] + kk_d + kk_r;\n"
-            f"  {flag} &= kk_d >= 0;\n"
-            f"  {first}[kk_q] = kk_s < kk_nv ? kk_s : {r};\n"
-            f"  {apart}[kk_q] = kk_d;\n"
-            "}\n")
