@@ -96,6 +96,9 @@ def _split(flat: str, names: tuple, sizes: list, out: list) -> None:
 class ContractionLowering(PanelPacking):
     """Emits the blocked contraction into a region kernel (in front of the epilogue or generic rest)."""
 
+    #: C for the output row the C scratch's first row holds (the epilogues and micro-kernels index it from there)
+    c_row0 = "0"
+
     def __init__(self, lo: CpuLowering, c: Contraction, plan: Plan, constants: frozenset = frozenset()):
         self.lo, self.c, self.plan = lo, c, plan
         self.mr, self.nr = plan.register_block
@@ -215,7 +218,7 @@ class ContractionLowering(PanelPacking):
             Decl("long long", "kk_j", c0),
             Raw(f"while (kk_j < {c1}) {{"),
             Decl("const long long", "kk_run", f"{c1} - kk_j < {s_last} - kk_nl ? {c1} - kk_j : {s_last} - kk_nl"),
-            Decl("const float* KUMIKO_RESTRICT", "kk_cr", "kk_Ct + kk_ii*kk_ldc + kk_j"),
+            Decl("const float* KUMIKO_RESTRICT", "kk_cr", f"kk_Ct + (kk_ii - {self.c_row0})*kk_ldc + kk_j"),
             For(last, "kk_nl", "kk_nl + kk_run", (Decl("float", "kk_acc", f"kk_cr[{last} - kk_nl]"),) + body,
                 vector=int(simd)),
             Raw(f"kk_j += kk_run; kk_nl += kk_run;\nif (kk_nl == {s_last}) {{ {carry} }}\n}}")))]
@@ -241,7 +244,7 @@ class ContractionLowering(PanelPacking):
             Decl("long long", "kk_i", r0),
             Raw(f"while (kk_i < {r1}) {{"),
             Decl("const long long", "kk_run", f"{r1} - kk_i < {s_last} - kk_ml ? {r1} - kk_i : {s_last} - kk_ml"),
-            Decl("const float* KUMIKO_RESTRICT", "kk_cr", "kk_Ct + kk_i*kk_ldc + kk_jj"),
+            Decl("const float* KUMIKO_RESTRICT", "kk_cr", f"kk_Ct + (kk_i - {self.c_row0})*kk_ldc + kk_jj"),
             Raw("for (long long kk_r = 0; kk_r < kk_run; ++kk_r) kk_col[kk_r] = kk_cr[kk_r*kk_ldc];"),
             For(last, "kk_ml", "kk_ml + kk_run", (Decl("float", "kk_acc", f"kk_col[{last} - kk_ml]"),) + body,
                 vector=int(simd)),
@@ -313,7 +316,7 @@ class ContractionLowering(PanelPacking):
         body, simd = self._epilogue_body(epilogue)
         return [For("kk_m", r0, r1, tuple(dm) + (
             For("kk_g", "0", "kk_ngr", tuple(dp) + (
-                Decl("const float* KUMIKO_RESTRICT", "kk_cg", "kk_Ct + kk_m*kk_ldc + kk_g*kk_G"),
+                Decl("const float* KUMIKO_RESTRICT", "kk_cg", f"kk_Ct + (kk_m - {self.c_row0})*kk_ldc + kk_g*kk_G"),
                 For("kk_e", "0", self.size(nonw), tuple(de) + (
                     Decl(ct, "kk_acc", C.literal(c.outer.init, c.outer.dtype)),
                     *(dw if flat else ()),
@@ -444,8 +447,16 @@ class ContractionLowering(PanelPacking):
             s += astg.decls()
             fills += astg.fill()
             lo.a_staged = "u" if astg.rdim is not None else True    # and the A-stage one (rows a unit apart)
+        # under pre-packed B where the plan splits M (``dyn``, ``_dealt_blocks``) each M block is one thread's
+        # from its first K block to its epilogue: the thread's C rows are the block's alone (at most MC + MR), so
+        # the tile stays in L1/L2 between the micro-kernels and the epilogue (C rows of all of M, 4.7 MiB for
+        # MobileNetV2's 16 -> 96 conv at 112x112, went out to L3 and back)
+        dyn = pre_b and (self.plan.split or "m") == "m"
+        c_rows = f"{mc + mr}" if dyn else "kk_Mp"
+        self.c_row0 = "kk_ic" if dyn else "0"
         s.append(Raw("float* kk_Bp = (float*)kk_scratch(1, sizeof(float) * (size_t)(kk_nbuf * 2 * kk_bsz));\n"
-                     "float* kk_C = (float*)kk_scratch(0, sizeof(float) * (size_t)(kk_nbuf * kk_Mp * kk_ldc));"))
+                     f"float* kk_C = (float*)kk_scratch(0, sizeof(float) * (size_t)({'kk_T' if dyn else 'kk_nbuf'} "
+                     f"* {c_rows} * kk_ldc));"))
         par: list = [Decl("const int", "kk_t", "omp_get_thread_num()"),
                      Decl("const int", "kk_nt", "omp_get_num_threads()")]
         if fills:
@@ -457,7 +468,6 @@ class ContractionLowering(PanelPacking):
         # core, another pool in the process). Where the plan splits M: the M blocks then come outside the K
         # blocks, and each streams all of B (a split of N keeps the K blocks outside: BERT's 128 x 768 x 3072
         # GEMM, each thread's share of B 4.7 MiB, ran 1.13x the time with its two M blocks outside)
-        dyn = pre_b and (self.plan.split or "m") == "m"
         shared = "kk_mode || kk_dyn" if dyn else "kk_mode"
         if dyn:
             par.append(Decl("const int", "kk_dyn", "kk_mode == 0 && kk_nt > 1"))
@@ -485,7 +495,8 @@ class ContractionLowering(PanelPacking):
             Decl("float* KUMIKO_RESTRICT", "kk_Ap", "(float*)kk_scratch(4, sizeof(float) * (size_t)(kk_ares ? "
                  f"(kk_m1 - kk_m0) * kk_K : {mc} * kk_kc))"),
             Decl("float*", "kk_Bt", "kk_Bp + (kk_mode ? kk_t : 0) * 2 * kk_bsz"),
-            Decl("float*", "kk_Ct", "kk_C + (kk_mode ? kk_t : 0) * kk_Mp * kk_ldc"),
+            Decl("float*", "kk_Ct", f"kk_C + kk_t * {c_rows} * kk_ldc" if dyn else
+                 "kk_C + (kk_mode ? kk_t : 0) * kk_Mp * kk_ldc"),
             Decl("long long", "kk_it", "0"),
             *([Decl("int", "kk_vic", "kk_t")] if dyn else [])]
         bdec: list = []
@@ -517,18 +528,18 @@ class ContractionLowering(PanelPacking):
         b_at = (f"{self.pre['b']} + (kk_jc + kk_jr*{nr})*kk_K + kk_pc*{nr}" if pre_b else
                 f"kk_Bc + kk_jr*{nr}*kk_kcb")
         call = Raw(f"{micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, {b_at}, "
-                   f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);")
+                   f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);")
         if stg is not None:     # B from the stage: the panel's first row's offset, the K offsets, its two runs
             call = If("kk_dir && kk_jr < kk_nfull" if in_place else "kk_dir", (Raw(
                 f"{stage_micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, "
                 f"kk_S + kk_bsb + kk_brso[kk_jc + kk_jr*{nr}], kk_bkso + kk_pc, kk_ps[kk_jr], kk_pd[kk_jr], "
-                f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
+                f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
         if astg is not None:    # A from its stage: the panel's first row's offset, the K offsets, its two runs
             call = If("kk_adir", (Raw(
                 f"{astage_micro_name(mr, nr, self.vw, astg.rdim is not None)}(kk_kcb, "
                 f"kk_S + kk_asb + kk_arso[kk_ic + kk_ir], kk_akso + kk_pc, kk_aps[(kk_ic + kk_ir) / {mr}], "
                 f"kk_apd[(kk_ic + kk_ir) / {mr}], {'kk_asu, ' if astg.rdim is not None else ''}{b_at}, "
-                f"kk_Ct + (kk_ic + kk_ir)*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
+                f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
         micro = For("kk_jr", "0", "kk_np", (For("kk_ir", "0", "kk_mcb", (call,), step=str(mr)),))
         block = [Decl("const long long", "kk_mcb", "kk_m1 - kk_ic < kk_mblk ? kk_m1 - kk_ic : kk_mblk"),
                  *([] if pre_a else [If(f"(!kk_ares || (kk_pc == 0 && kk_jc == kk_n0)){no_astage}", tuple(pack_a))]),

@@ -3,7 +3,8 @@ they come (``kumiko.kernel.contract``, ``_dealt_blocks``; ``kk_take``: each thre
 what is left of the others'), each block all of K and its epilogue on one thread. Checked against the
 evaluator on 1-3 threads (a fresh process each, the kernels built with -DKUMIKO_TRACE_STAGE so that they count
 the blocks taken): every block is taken once a call, at sizes with K blocks, two N blocks, a short last
-block, a transposed epilogue."""
+block, a transposed epilogue. A block's C rows are the thread's own few (MC + MR rows a thread, not all of
+M: the tile stays in L1/L2 until its epilogue, and a 112x112 conv no longer keeps megabytes of it)."""
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 _CASES = r'''
-import ctypes, json, numpy as np, kumiko
+import ctypes, json, re, numpy as np, kumiko
 from kumiko import Tensor
 from kumiko.runtime import cpu as cpu_rt
 cpu_rt.DEFAULT_FLAGS = tuple(cpu_rt.DEFAULT_FLAGS) + ("-DKUMIKO_TRACE_STAGE",)
@@ -46,7 +47,9 @@ for name, y in graphs.items():
         assert np.linalg.norm(a - b) <= 2e-5 * np.linalg.norm(b), name
     out[name] = {"dealt": counter.value, "mr": plan.register_block[0], "nr": plan.register_block[1],
                  "mc": plan.cache_block[0],
-                 "pre": "kk_take(" in exe._run.source}
+                 "pre": "kk_take(" in exe._run.source,
+                 "c_rows": re.search(r"kk_scratch\(0, sizeof\(float\) \* \(size_t\)\((?:kk_T|kk_nbuf) \* (\w+) \* "
+                                     r"kk_ldc\)\)", exe._run.source).group(1)}
 print(json.dumps(out))
 '''
 
@@ -75,6 +78,7 @@ def test_threads_deal_the_m_blocks(threads):
     t = int(threads)
     for name, r in got.items():
         assert r["pre"], name              # weights bound: B pre-packed, the dealing code is there
+        assert r["c_rows"] == str(r["mc"] + r["mr"]), (name, r)     # C rows of one block a thread
         if t == 1:
             assert r["dealt"] == 0, name    # one thread walks its own range
     if t == 1:
