@@ -14,6 +14,7 @@ the MMA skeleton (``kumiko.kernel.gpu_mma``) uses it as it is for its operands' 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 from kumiko import dtypes
 from kumiko.kernel import cexpr as C
@@ -41,6 +42,16 @@ from kumiko.symbolic import Expr, prod
 _SIMPLE = re.compile(r"[A-Za-z_]\w*|\(?-?[0-9][0-9.e+-]*f?\)?")
 
 
+@dataclass
+class Interior:
+    """A loop body emitted a second time for the points where its guards hold throughout (a conv window's
+    padding checks away from the border): ``enclosing`` are the loop indices fixed where the copy's test
+    runs; ``assumed`` collects the constraints (each at its weakest point, ``>= 0``) the copy dropped, whose
+    conjunction is that test (``CpuLowering._interior_split``)."""
+    enclosing: frozenset
+    assumed: list = field(default_factory=list)
+
+
 class RegionEmitter:
     """C for one region's expressions; its facts come from ``facts`` (``analyze(region)`` when not given),
     copied: a lowering extends them (reduce axes as sizes, lets of its own)."""
@@ -65,6 +76,8 @@ class RegionEmitter:
         self.n_tmp = 0
         self.storage: dict[str, tuple] = {}      # let -> ("scalar", var) | ("array", var, axes)
         self.red_axes: list = []                 # reduce axes (and gather vars) in scope while emitting
+        self.red_trip: dict = {}                 # reduce axis -> its trip count (set as a reduction is entered)
+        self.interior: Interior | None = None    # emitting a loop body's guard-free interior copy (``Interior``)
         self.uses_gather = False                 # the kernel checks data-dependent indices (kk_bad)
         self.reversed_reduce = False             # a scalar reduction reads backwards (Kernel.no_loop_vectorize)
 
@@ -143,13 +156,47 @@ class RegionEmitter:
             return self.reduce(e, out)
         raise TypeError(e)
 
+    def assume_interior(self, cons) -> list:
+        """``cons`` (a guard's (affine expression, "ge" | "eq") constraints) less those the interior being
+        emitted assumes (``Interior``): each ``c >= 0`` whose symbols are the loop indices the interior's test
+        sees, size symbols and reduce axes in scope with a constant coefficient. Its weakest point over those
+        axes' ranges (``c`` at the corner where it is smallest) joins the interior's test instead."""
+        ctx = self.interior
+        if ctx is None:
+            return list(cons)
+        keep = []
+        for c, op in cons:
+            corner: dict = {}
+            ok = op == "ge"
+            for a in Expr.lift(c).symbols() if ok else ():
+                if a in ctx.enclosing:
+                    continue
+                if a in self.red_axes and a in self.red_trip:
+                    k = C.stride(Expr.lift(c), a)
+                    if k is None:
+                        ok = False
+                        break
+                    corner[a] = Expr.lift(self.red_trip[a]) - 1 if k < 0 else 0
+                elif a in self.red_axes or a in self.iters:     # a gather's variable, a loop inside the test
+                    ok = False
+                    break
+            if not ok:
+                keep.append((c, op))
+                continue
+            w = Expr.lift(c).subs(corner) if corner else Expr.lift(c)
+            if w not in ctx.assumed:
+                ctx.assumed.append(w)
+        return keep
+
     def select(self, e: Select, out: list, hint) -> str:
         ct = self.ctype(e)
         dt = self.dt(e) or hint
+        if isinstance(e.pred, Guard) and not (cons := self.assume_interior(e.pred.constraints)):
+            return self.expr(e.then, out, dt)
         v = self.tmp()
         if isinstance(e.pred, Guard):
             cond = " && ".join(f"({C.index(c, self.axes_in_scope())} {'>=' if op == 'ge' else '=='} 0)"
-                               for c, op in e.pred.constraints)
+                               for c, op in cons)
             then: list = []
             tv = self.expr(e.then, then, dt)
             other: list = []
@@ -181,6 +228,7 @@ class RegionEmitter:
         acc = self.tmp()
         out.append(Decl(ct, acc, C.literal(e.init, e.dtype)))
         self.ty.add_axes(e.axes)
+        self.red_trip.update({a.name: self.trip(a.name, a.size) for a in e.axes})
         for a in e.axes:
             self.red_axes.append(a.name)
         body: list = []

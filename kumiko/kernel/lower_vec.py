@@ -350,7 +350,7 @@ class VectorEmitter:
             ks = [C.stride(c, ctx.var) for c, _ in e.pred.constraints]
             if None in ks or any(abs(k) >= 1 << 20 for k in ks):
                 raise NotVector("guard")
-            uniform = [(c, op) for (c, op), k in zip(e.pred.constraints, ks) if k == 0]
+            uniform = self.assume_interior([(c, op) for (c, op), k in zip(e.pred.constraints, ks) if k == 0])
             lane = [(c, op) for (c, op), k in zip(e.pred.constraints, ks) if k != 0]
             if ctx.mode == "interior":        # constraints true on the whole interior are dropped there
                 lane = [(c, op) for c, op in lane if not (op == "ge" and self._assume(c, C.stride(c, ctx.var)))]
@@ -422,6 +422,7 @@ class VectorEmitter:
         acc, nan = self._vacc(e, out)
         self.ty.add_axes(e.axes)
         self._vctx.red_trip.update({a.name: self.trip(a.name, a.size) for a in e.axes})
+        self.red_trip.update(self._vctx.red_trip)
         self.red_axes += [a.name for a in e.axes]
         body: list = []
         fma = self._vfma(e, body)
@@ -484,6 +485,7 @@ class VectorEmitter:
         fuse = self._fuse[0] if self._fuse is not None and self._fuse[1] is e else None
         outer, red = self._vctx, list(self.red_axes)
         ctx = self._vctx = VectorCtx(last.name)
+        self.red_trip.update({a.name: self.trip(a.name, a.size) for a in e.axes})
         self.red_axes += [a.name for a in e.axes]
         pre: list = []
         vb: list = []

@@ -52,9 +52,12 @@ def test_depthwise(n, hw, stride):
 
 
 @pytest.mark.parametrize("k,chains", [(3, 3), (5, 0)])
-def test_depthwise_window_rows_accumulate_apart(k, chains):
+def test_depthwise_window_rows_accumulate_apart(k, chains, monkeypatch):
     """A 3x3 window's sum inside the vector loop runs as 3 chains of multiply-adds, one per window row (each
-    its own accumulator, added at the end); a 5x5 window's 5 rows stay one chain. Against the evaluator."""
+    its own accumulator, added at the end); a 5x5 window's 5 rows stay one chain. Against the evaluator. (Points
+    one at a time: jammed points unroll their taps too, ``test_interior_jam``.)"""
+    monkeypatch.setattr("kumiko.kernel.lower_cpu.JAM", 1)
+    monkeypatch.setenv("KUMIKO_PROGRAM_CACHE", "0")
     src = check(*conv(1, 24, 24, 23, 37, k, pad=k // 2, groups=24))
     rows = set(re.findall(r"const long long (r\d+) = (\d)LL;", src))
     assert len(rows) == chains, sorted(rows)

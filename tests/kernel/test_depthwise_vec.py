@@ -100,14 +100,20 @@ def test_row_runs_in_whole_vectors_from_its_start(h, w, stride, pad, monkeypatch
     src = check(*dw(1, 2, h, w, stride=stride, pad=pad), monkeypatch)
     ow = (w + 2 * pad - 3) // stride + 1
     for vw in (16, 8, 4):
-        (row,) = _split_bounds(src, vw)
-        assert row["n"] == ow and 0 <= row["lo"] <= row["head"] <= row["plain"] <= ow
-        assert row["head"] % vw == 0 or row["head"] == ow
-        assert row["head"] >= row["lo"] and (row["head"] - row["lo"] < vw or row["head"] == ow)
-        assert (row["plain"] - row["head"]) % vw == 0 and row["plain"] <= max(row["hi"], row["head"])
-        tail = ow - row["plain"]
-        iters = row["head"] // vw + (row["head"] % vw > 0) + (row["plain"] - row["head"]) // vw + -(-tail // vw)
-        assert iters == -(-ow // vw), (vw, row)
+        rows = _split_bounds(src, vw)       # the row in the guard-free interior copy and in the guarded body
+        assert rows
+        for row in rows:
+            _check_row(row, ow, vw)
+
+
+def _check_row(row: dict, ow: int, vw: int) -> None:
+    assert row["n"] == ow and 0 <= row["lo"] <= row["head"] <= row["plain"] <= ow
+    assert row["head"] % vw == 0 or row["head"] == ow
+    assert row["head"] >= row["lo"] and (row["head"] - row["lo"] < vw or row["head"] == ow)
+    assert (row["plain"] - row["head"]) % vw == 0 and row["plain"] <= max(row["hi"], row["head"])
+    tail = ow - row["plain"]
+    iters = row["head"] // vw + (row["head"] % vw > 0) + (row["plain"] - row["head"]) // vw + -(-tail // vw)
+    assert iters == -(-ow // vw), (vw, row)
 
 
 def test_tail_inside_the_padding_computes_no_lane_guard(monkeypatch):
