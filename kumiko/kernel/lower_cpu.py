@@ -305,8 +305,14 @@ class CpuLowering(VectorEmitter, RegionEmitter):
         keep = frozenset(self.iters) | frozenset(self.red_trip)
         ends = " && ".join(f"({_rename_axis(cond, a, f'({base} + {k}LL)')})" for k in (0, u - 1))
         last = f"kumiko_min_ll({base} + {u}LL, {n})"
-        return [For(base, "0", n, (If(f"{base} + {u - 1}LL < {n} && {ends}", jam(tuple(fast), a, base, u, keep),
-                                      (For(a, base, last, split),)),), step=f"{u}LL")]
+        # the runs start where the interior does, when that is known when compiling (a pad of 1: the runs are
+        # 1..4, 5..8, ...; from 0 a 7-wide row had no run of 4 inside and a 14-wide one two of its three)
+        first = _interior_start(ctx.assumed, a) % u
+        start = first - u if first else 0
+        return [For(base, str(start), n, (If(f"{base} >= 0LL && {base} + {u - 1}LL < {n} && {ends}",
+                                              jam(tuple(fast), a, base, u, keep),
+                                              (For(a, f"kumiko_max_ll({base}, 0LL)", last, split),)),),
+                    step=f"{u}LL")]
 
     def _jam_points(self, it) -> int:
         """How many points of ``it``'s axis a jammed copy computes: JAM where a reduction inside reads along
@@ -515,6 +521,18 @@ JAM_ACCUMULATORS = 12
 def _rename_axis(text: str, axis: str, repl: str) -> str:
     """The C expression ``text`` with the identifier ``axis`` replaced by ``repl``."""
     return _IDENT.sub(lambda m: repl if m.group(0) == axis else m.group(0), text)
+
+
+def _interior_start(assumed: list, axis: str) -> int:
+    """The least point of ``axis`` that the lower bounds among ``assumed`` (each ``k*axis + c >= 0``, k > 0, c
+    a constant) let into the interior; 0 when none is such a bound."""
+    lo = 0
+    for w in assumed:
+        k = C.stride(w, axis)
+        rest = (Expr.lift(w) - Expr.sym(axis) * k).as_int() if k else None
+        if k is not None and k > 0 and rest is not None:
+            lo = max(lo, -(rest // k))          # ceil(-rest / k)
+    return lo
 
 
 def _reduces(items: list) -> list:

@@ -67,13 +67,22 @@ def test_depthwise_windows(stride, pad, dil, k, n, c, monkeypatch):
 def test_the_interior_copy_has_no_per_tap_guard(monkeypatch):
     """A 3x3 padded depthwise conv: the jammed copy loads each tap unguarded; its test is one per run."""
     src = _checked(_dw_last(1, 12, 12, 16), monkeypatch)
-    m = re.search(r"if \(i2_jam \+ 3LL < 12LL && (.*)\) \{\n", src)
+    m = re.search(r"if \(i2_jam >= 0LL && i2_jam \+ 3LL < 12LL && (.*)\) \{\n", src)
     assert m is not None, src
     jammed = src[m.end():src.index("} else {", m.end())]
     assert "if (" not in jammed and jammed.count("kv_fma(") == 36      # 4 points x 9 taps, no guard
     assert "(i2_jam + 3LL)" in jammed
     # the interior's bounds: rows 1..10 and columns 1..10 of the 12 x 12 output
     assert "(i1 + -1LL) >= 0" in m.group(1) and "(-1LL*i1 + 10LL) >= 0" in m.group(1)
+
+
+@pytest.mark.parametrize("pad,start", [(1, -3), (2, -2)])
+def test_runs_start_where_the_interior_does(pad, start, monkeypatch):
+    """The runs of JAM points are aligned on the interior's first column (the pad): with a pad of 1 the runs
+    are 1..4 and 5..8 (a row of 7 gets one), the loop starting at -3 (its first run holds column 0 alone); with
+    a pad of 2, 2..5, from -2."""
+    src = _checked(_dw_last(1, 9, 7, 16, pad=pad), monkeypatch)
+    assert re.search(rf"for \(long long i2_jam = {start}; i2_jam < \d+LL; i2_jam \+= 4LL\)", src), src
 
 
 def test_jammed_points_give_the_same_bits(monkeypatch):
