@@ -316,14 +316,15 @@ class CpuLowering(VectorEmitter, RegionEmitter):
 
     def _jam_points(self, it) -> int:
         """How many points of ``it``'s axis a jammed copy computes: JAM where a reduction inside reads along
-        the axis and one of its own axes together (a window), fewer where the window's rows already take many
-        accumulators (``_split_axis``: JAM x rows of them stay within the 16 vector registers of AVX2); 1:
-        no window."""
+        the axis and one of its own axes together, the axis stepping no farther than the reduce axis (a window
+        whose neighbouring points share taps: stride 1, or a stride up to the dilation; a stride-2 3x3 window's
+        4 points share 3 of their 12 loads, and jammed ran no faster), fewer where the window's rows already
+        take many accumulators (``_split_axis``: JAM x rows of them stay within the 16 vector registers of
+        AVX2); 1: no such window."""
         best = 1
         for e in _reduces(it.items):
-            red = {x.name for x in e.axes}
-            if any(it.axis in Expr.lift(i).symbols() and red & Expr.lift(i).symbols()
-                   for r in _reads(e.body) for i in r.index):
+            red = [x.name for x in e.axes]
+            if any(_shares_taps(Expr.lift(i), it.axis, red) for r in _reads(e.body) for i in r.index):
                 split = self._split_axis(e)
                 rows = split[1] if split is not None else 1
                 best = max(best, max(1, min(JAM, JAM_ACCUMULATORS // rows)))
@@ -533,6 +534,15 @@ def _interior_start(assumed: list, axis: str) -> int:
         if k is not None and k > 0 and rest is not None:
             lo = max(lo, -(rest // k))          # ceil(-rest / k)
     return lo
+
+
+def _shares_taps(index: Expr, axis: str, red: list) -> bool:
+    """Whether neighbouring points of ``axis`` read some of the same elements through ``index`` as a reduce axis
+    in ``red`` moves: both step it, the axis by at most as much."""
+    k = C.stride(index, axis)
+    if not k:
+        return False
+    return any((kr := C.stride(index, r)) and abs(k) <= abs(kr) for r in red if r in index.symbols())
 
 
 def _reduces(items: list) -> list:

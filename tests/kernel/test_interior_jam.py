@@ -64,6 +64,14 @@ def test_depthwise_windows(stride, pad, dil, k, n, c, monkeypatch):
         _checked(_dw_last(n, h, w, c, k=k, stride=stride, pad=pad, dil=dil), monkeypatch)
 
 
+@pytest.mark.parametrize("stride,dil,jammed", [(1, 1, True), (2, 1, False), (2, 2, True), (1, 2, True)])
+def test_jammed_where_neighbours_share_taps(stride, dil, jammed, monkeypatch):
+    """Points are jammed where the window's step along the output (the stride) is at most its taps' (the
+    dilation): a stride-2 3x3 window's neighbours share a third of their loads, not worth a jammed copy."""
+    src = _checked(_dw_last(1, 17, 17, 16, stride=stride, pad=dil, dil=dil), monkeypatch)
+    assert ("i2_jam" in src) == jammed
+
+
 def test_the_interior_copy_has_no_per_tap_guard(monkeypatch):
     """A 3x3 padded depthwise conv: the jammed copy loads each tap unguarded; its test is one per run."""
     src = _checked(_dw_last(1, 12, 12, 16), monkeypatch)
