@@ -11,6 +11,12 @@ the OpenMP thread queries (stubs without OpenMP), the per-thread scratch kept be
 """
 from __future__ import annotations
 
+#: how many times the micro-kernels' loop over k is unrolled (``#pragma GCC unroll``). Rolled, each k paid a
+#: compare, a branch and the pointer steps beside its 12 multiply-adds (AVX2's 6 x 16): on a 2-core Zen 3,
+#: in-process A/Bs, 20 pairs, unrolled 4 times against rolled: BERT 0.927 (IQR 0.885-0.988), MobileNetV2 0.948
+#: (0.898-0.987), ResNet-50 0.946 (0.903-1.012); GEMMs 128 x 768 x 768 0.945, 128 x 3072 x 768 0.926
+MICRO_UNROLL = 4
+
 
 def micro_name(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = False) -> str:
     return f"kk_micro_{'rows_' if a_rows else ''}{'bld_' if b_ld else ''}{mr}x{nr}_v{vw}"
@@ -39,6 +45,12 @@ def _finish(mr: int, nv: int, vw: int) -> list:
     lines.append("  }")
     lines += [f"  *(kk_vfu*)(c + {i}*ldc + {v * vw}) = c{i}_{v};" for i in range(mr) for v in range(nv)]
     return lines + ["}"]
+
+
+def _k_loop(indent: str) -> list:
+    """The micro-kernels' loop over k, unrolled MICRO_UNROLL times (gcc left it rolled: one compare and branch,
+    and the pointer steps, per 12 multiply-adds)."""
+    return [f"{indent}#pragma GCC unroll {MICRO_UNROLL}", f"{indent}for (long long p = 0; p < kc; ++p) {{"]
 
 
 def stage_micro_name(mr: int, nr: int, vw: int) -> str:
@@ -71,7 +83,7 @@ def stage_micro_kernel(mr: int, nr: int, vw: int) -> str:
             else:
                 body.append(f"    kk_vf b{v} = *(const kk_vfu*)(bp + o{v});")
         fmas = _fmas(mr, nv, vw, lambda i: f"a[p*{mr} + {i}]", "    ")
-        return ["  for (long long p = 0; p < kc; ++p) {", *body, *fmas, "  }"]
+        return [*_k_loop("  "), *body, *fmas, "  }"]
     for v in range(-1, nv):
         lines += [f"  {'if' if v == -1 else 'else if'} (kk_sv == {v}) {{", *["  " + x for x in loop(v)], "  }"]
     return "\n".join(lines + _finish(mr, nv, vw))
@@ -99,7 +111,7 @@ def astage_micro_kernel(mr: int, nr: int, vw: int, unit: bool = False) -> str:
     at = (lambda i: f"[u{i}]" if i else "[0]") if unit else (lambda i: f"[{i}]")
     for j in range(1, mr + 1):
         lines += [f"  {'default' if j == mr else f'case {j}'}:",
-                  "    for (long long p = 0; p < kc; ++p) {",
+                  *_k_loop("    "),
                   "      const float* KUMIKO_RESTRICT ap = a + ko[p];"]
         if j < mr:
             lines.append("      const float* KUMIKO_RESTRICT ap2 = ap + d2;")
@@ -130,7 +142,7 @@ def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = F
         for i in range(mr):
             lines.append(f"  const float* KUMIKO_RESTRICT a{i}r = a + {i}*lda;")
     lines += _start(mr, nr, nv)
-    lines.append("  for (long long p = 0; p < kc; ++p) {")
+    lines += _k_loop("  ")
     for v in range(nv):
         lines.append(f"    kk_vf b{v} = *(const kk_vfu*)(b + p*ldb + {v * vw});" if b_ld else
                      f"    kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});")
