@@ -50,19 +50,9 @@ def _assigned(body: tuple) -> set:
 
 
 def _kinds_ok(body: tuple) -> bool:
-    for s in body:
-        if isinstance(s, For):
-            if s.parallel or s.workshare or not _kinds_ok(s.body):
-                return False
-        elif isinstance(s, If):
-            if not (_kinds_ok(s.then) and _kinds_ok(s.other)):
-                return False
-        elif isinstance(s, Block):
-            if not _kinds_ok(s.body):
-                return False
-        elif not isinstance(s, (Decl, Assign, Store, VecStore, Comment)):
-            return False            # Scratch (each copy would declare it), Raw (names unknown), Parallel
-    return True
+    """No Scratch (each copy would declare it), Raw (the names it declares are unknown) or threads."""
+    return all(isinstance(s, (For, If, Block, Decl, Assign, Store, VecStore, Comment))
+               and not (isinstance(s, For) and (s.parallel or s.workshare)) for s in _walk(body))
 
 
 def jam(body: tuple, axis: str, base: str, copies: int, keep: frozenset) -> tuple:

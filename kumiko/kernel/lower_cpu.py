@@ -277,7 +277,7 @@ class CpuLowering(VectorEmitter, RegionEmitter):
         loop; the outer loops stay one perfect nest for the threads), and not around scratch arrays (each copy
         would declare them).
 
-        Where the body reads a window along ``it``'s axis (``_window_axis``), the loop also steps JAM points at
+        Where the body reads a window along ``it``'s axis (``_jam_points``), the loop also steps JAM points at
         a time: a run of JAM interior points runs as one jammed copy (``kumiko.kernel.jam``: the points' taps
         merged, so each input vector of a window row is loaded once for all of them), other runs point by
         point as above."""
@@ -303,7 +303,11 @@ class CpuLowering(VectorEmitter, RegionEmitter):
             return [axis_loop(a, self.trip(a), split)]
         base = f"{a}_jam"
         keep = frozenset(self.iters) | frozenset(self.red_trip)
-        ends = " && ".join(f"({_rename_axis(cond, a, f'({base} + {k}LL)')})" for k in (0, u - 1))
+        # a run is inside when its first and last points are (the interior is convex along the axis)
+        along = [w for w in ctx.assumed if a in Expr.lift(w).symbols()]
+        ends = " && ".join([f"({C.index(w, axes)} >= 0)" for w in ctx.assumed if w not in along] +
+                           [f"({_rename_axis(C.index(w, axes), a, f'({base} + {k}LL)')} >= 0)"
+                            for k in (0, u - 1) for w in along])
         last = f"kumiko_min_ll({base} + {u}LL, {n})"
         # the runs start where the interior does, when that is known when compiling (a pad of 1: the runs are
         # 1..4, 5..8, ...; from 0 a 7-wide row had no run of 4 inside and a 14-wide one two of its three)
