@@ -348,8 +348,9 @@ class ContractionLowering(PanelPacking):
         epilogue, so a block is one thread's from start to end (no barrier between K blocks). In mode 0 the
         threads take the blocks as they come (``kk_dyn``, ``kk_take``: a thread's own share of the blocks first,
         so it keeps the rows, and the caches, a fixed split would give it; then the rest of the others' shares),
-        in each batch point and N block (which every thread walks alike, with barriers between them: they share
-        the C scratch's rows); else each thread walks its own range in order. ``block``: the M block's size,
+        in each batch point and N block (which every thread walks alike, with barriers between them: the
+        counters are reset there); else each thread walks its own range in order. A thread's C scratch holds the
+        rows of the block it works on (``c_row0``). ``block``: the M block's size,
         then its K block's work."""
         return [Decl("const long long", "kk_nmbk", "(kk_m1 - kk_m0 + kk_mblk - 1) / kk_mblk"),
                 Raw("for (long long kk_bi = 0;;) {"), Raw("long long kk_blk;"), Raw(next_block("kk_dyn")),
@@ -357,7 +358,7 @@ class ContractionLowering(PanelPacking):
                 Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"),
                 Decl("const long long", "kk_kcb", "kk_K - kk_pc < kk_kstep ? kk_K - kk_pc : kk_kstep"),
                 *block[1:], Raw("}"), *epi_code, Raw("}"),
-                # the next batch point or N block uses the same rows of the C scratch: all threads done first,
+                # the next batch point or N block deals its blocks afresh: all threads done with this one first,
                 # then each resets its own counter before any thread takes from it
                 Raw("if (kk_dyn && (kk_jc + kk_nc < kk_n1 || kk_b + 1 < kk_b1)) {\n#pragma omp barrier\n"
                     "kk_cnt[8 * kk_t] = 0; kk_vic = kk_t;\n#pragma omp barrier\n}")]
