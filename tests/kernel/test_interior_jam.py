@@ -50,7 +50,7 @@ def _checked(g, monkeypatch) -> str:
     return exe._run.source
 
 
-@pytest.mark.parametrize("w", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13])
+@pytest.mark.parametrize("w", [1, 2, 3, 5, 6, 7, 9, 13])
 def test_depthwise_rows_of_every_length(w, monkeypatch):
     src = _checked(_dw_last(1, 6, w, 16), monkeypatch)
     assert ("i2_jam" in src) == (w > 1)                 # the output columns' loop steps JAM points at a time
@@ -58,9 +58,9 @@ def test_depthwise_rows_of_every_length(w, monkeypatch):
 
 @pytest.mark.parametrize("stride,pad,dil,k", [(1, 0, 1, 3), (1, 2, 1, 3), (2, 1, 1, 3), (2, 0, 1, 3),
                                               (1, 2, 2, 3), (1, 2, 1, 5), (2, 2, 1, 5)])
-@pytest.mark.parametrize("n,c", [(1, 8), (3, 13)])
-def test_depthwise_windows(stride, pad, dil, k, n, c, monkeypatch):
-    for h, w in [(9, 11), (14, 14), (7, 22)]:
+@pytest.mark.parametrize("n,c,sizes", [(1, 8, [(9, 11), (14, 14)]), (3, 13, [(7, 22)])])
+def test_depthwise_windows(stride, pad, dil, k, n, c, sizes, monkeypatch):
+    for h, w in sizes:
         _checked(_dw_last(n, h, w, c, k=k, stride=stride, pad=pad, dil=dil), monkeypatch)
 
 
