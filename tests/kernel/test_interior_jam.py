@@ -5,7 +5,7 @@ The loop around the innermost loops of a padded window (a depthwise conv, a pool
 point, at its weakest tap, and runs a copy of its body without the per-tap guards where they all hold; where
 the window slides along that loop's axis it also runs JAM interior points at once, their taps merged so each
 input vector is loaded once for all of them. Checked against the evaluator on random inputs with the outputs
-poisoned, at the sizes where the runs of points change: rows of 1 to 13 points (no interior, an interior
+poisoned, at the sizes where the runs of points change: rows of 1 to 13 points (no loop, an interior
 shorter than JAM, runs of JAM with 0 to 3 points after them), stride 2, padding 0 to 2, dilation 2, 5x5
 windows, batch 3, channels-last and channels-first, pools; and against the plain emitter bit for bit (the
 jammed copy adds in the same order). The jam's renaming and merging are unit-tested on the kernel IR."""
@@ -51,7 +51,7 @@ def _checked(g, monkeypatch) -> str:
 
 
 @pytest.mark.parametrize("w", [1, 2, 3, 5, 6, 7, 9, 13])
-def test_depthwise_rows_of_every_length(w, monkeypatch):
+def test_depthwise_rows_around_the_run_length(w, monkeypatch):
     src = _checked(_dw_last(1, 6, w, 16), monkeypatch)
     assert ("i2_jam" in src) == (w > 1)                 # the output columns' loop steps JAM points at a time
 
