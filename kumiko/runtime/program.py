@@ -342,8 +342,16 @@ class CpuProgram:
         static = all(self.constants.get(src) is not None for st, _ in packs for pk in st.packs for src in pk.sources)
         return Frame(tuple(inputs), outputs, calls, syms, raw, bool(plan.slots), views, packs, static)
 
+    def _poisoning(self) -> tuple[bool, bool]:
+        """(poison the outputs, refill the arena before every call), from one read of ``KUMIKO_SPEC`` (1: the
+        first, 2: both); ``poison`` overrides it (True: both, False: neither)."""
+        if self.poison is not None:
+            return self.poison, self.poison
+        spec = knobs.spec()
+        return spec >= 1, spec >= 2
+
     def place(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int], state: CallState,
-              do_poison: bool) -> tuple[Frame, list[np.ndarray], dict[str, np.ndarray], bool]:
+              do_poison: bool, refill: bool = False) -> tuple[Frame, list[np.ndarray], dict[str, np.ndarray], bool]:
         """Make ready one run in ``state``: the inputs checked (copied where they must be), the outputs taken
         (and poisoned), the arena poisoned, every address written into the frame's argument arrays. Returns
         the frame, the arrays the kernels read for the inputs (in ``program.inputs`` order: keep them alive
@@ -389,7 +397,7 @@ class CpuProgram:
             outs[name] = poison(arr) if do_poison else arr
             for a, j in places:
                 a[j] = ptr
-        if do_poison and frame.poison_arena and (frame.arena_fresh or self.poison is True or knobs.spec() >= 2):
+        if do_poison and frame.poison_arena and (frame.arena_fresh or refill):
             # (before every call only when asked: MobileNetV2 at batch 1 ran 1.028x the time with its 6 MiB
             # refilled each call, IQR 1.009-1.061, in-process A/B with pauses; ResNet-50 1.011)
             frame.raw.fill(0xFF)
@@ -403,8 +411,7 @@ class CpuProgram:
 
         Outputs come from the output pool (an array no caller can still see) unless ``reuse_outputs`` is
         off; poisoning, when on, covers reused arrays too."""
-        do_poison = self.poison if self.poison is not None else knobs.spec() >= 1
-        frame, arrays, outs, _ = self.place(inputs, env, state, do_poison)
+        frame, arrays, outs, _ = self.place(inputs, env, state, *self._poisoning())
         bufs = {n: a for (n, *_), a in zip(frame.inputs, arrays)}
         bufs.update(outs)
         bufs.update(frame.views)
@@ -474,11 +481,11 @@ class CpuProgram:
         return panels
 
     def __call__(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
-        do_poison = self.poison if self.poison is not None else knobs.spec() >= 1
+        do_poison, refill = self._poisoning()
         timed = enabled(2)
         state = self._checkout()
         try:
-            frame, arrays, outs, overridden = self.place(inputs, env, state, do_poison)
+            frame, arrays, outs, overridden = self.place(inputs, env, state, do_poison, refill)
             if frame.packs and (overridden or not frame.packed_own):
                 self._place_packs(frame, inputs, arrays, outs, overridden, env, state)
             syms = frame.syms
