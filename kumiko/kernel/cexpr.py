@@ -45,6 +45,14 @@ _SMALL_INT = re.compile(r"^\(?\s*(-?[1-4])(?:\.0*)?f?\s*\)?$")
 #: a float literal as ``literal`` spells it (never NaN)
 _FLOAT_LIT = re.compile(r"^(?:-?\d+(?:\.\d*)?(?:e[+-]?\d+)?f|INFINITY|\(-INFINITY\))$")
 _VEC_LIT = re.compile(r"^kv_broadcast\((.*)\)$")
+IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+
+def rename(text: str | None, subst: dict) -> str | None:
+    """The C expression ``text`` with each identifier that is a key of ``subst`` replaced by its value."""
+    if text is None:
+        return None
+    return IDENT.sub(lambda m: subst.get(m.group(0), m.group(0)), text)
 
 
 def _lit_value(s: str) -> float | None:

@@ -18,15 +18,13 @@ jammed (``jammable``).
 from __future__ import annotations
 
 import dataclasses
-import re
 
+from kumiko.kernel.cexpr import rename as _sub
 from kumiko.kernel.loops import Assign, Block, Comment, Decl, For, If, Store, VecStore
 
 #: constant loops inside a jammed body with at most this many iterations are unrolled (a window row's taps),
 #: so that the copies' loads of one address land in one block
 UNROLL_TRIPS = 4
-
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 
 
 def jammable(body: tuple) -> bool:
@@ -69,12 +67,6 @@ def jam(body: tuple, axis: str, base: str, copies: int, keep: frozenset) -> tupl
 
 def _declared(body: tuple) -> set:
     return {s.name for s in _walk(body) if isinstance(s, Decl)}
-
-
-def _sub(text: str | None, subst: dict) -> str | None:
-    if text is None:
-        return None
-    return _IDENT.sub(lambda m: subst.get(m.group(0), m.group(0)), text)
 
 
 def _rename(body: tuple, subst: dict) -> tuple:

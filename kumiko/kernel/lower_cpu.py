@@ -30,7 +30,6 @@ packing and epilogue) gets scalar C with the CPU's math.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 
 from kumiko import dtypes, ops
@@ -306,7 +305,7 @@ class CpuLowering(VectorEmitter, RegionEmitter):
         # a run is inside when its first and last points are (the interior is convex along the axis)
         along = [w for w in ctx.assumed if a in Expr.lift(w).symbols()]
         ends = " && ".join([f"({C.index(w, axes)} >= 0)" for w in ctx.assumed if w not in along] +
-                           [f"({_rename_axis(C.index(w, axes), a, f'({base} + {k}LL)')} >= 0)"
+                           [f"({C.rename(C.index(w, axes), {a: f'({base} + {k}LL)'})} >= 0)"
                             for k in (0, u - 1) for w in along])
         last = f"kumiko_min_ll({base} + {u}LL, {n})"
         # the runs start where the interior does, when that is known when compiling (a pad of 1: the runs are
@@ -482,7 +481,7 @@ def _enough_work(s: For) -> str:
     level: list[For] = [s]
     while level:
         lo, hi = level[0].lo, level[-1].hi
-        if any(x.var != level[0].var for x in level) or (extents and inner & set(_IDENT.findall(lo + " " + hi))):
+        if any(x.var != level[0].var for x in level) or (extents and inner & set(C.IDENT.findall(lo + " " + hi))):
             break
         extents.append(f"({hi} - ({lo}))")
         taps = max(_taps(x.body) for x in level)
@@ -513,19 +512,12 @@ def _loops(body: tuple) -> list:
     return [x for b in body for x in ((b,) if isinstance(b, For) else _loops(b.then) if isinstance(b, If) else ())]
 
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
-
 #: the points of a window's output axis one jammed copy computes (``CpuLowering._interior_split``): a 3x3
 #: depthwise conv over 112x112 x 32 channels ran 0.35-0.45 of its time point by point in a C model of the
 #: kernel on a 2-core Zen 3 (each input vector loaded once for the 4 points, not 3 times each)
 JAM = 4
 #: ... with at most this many vector accumulators in all (JAM x the window's rows, ``_split_axis``)
 JAM_ACCUMULATORS = 12
-
-
-def _rename_axis(text: str, axis: str, repl: str) -> str:
-    """The C expression ``text`` with the identifier ``axis`` replaced by ``repl``."""
-    return _IDENT.sub(lambda m: repl if m.group(0) == axis else m.group(0), text)
 
 
 def _interior_start(assumed: list, axis: str) -> int:

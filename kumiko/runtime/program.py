@@ -150,6 +150,9 @@ class CpuProgram:
 
     #: call states kept for reuse once their call is done (more concurrent calls make temporary ones)
     KEEP_STATES = 8
+    #: all of a run's kernels in one C call (``kumiko_run_steps``, kumiko_cpu.h); None for runners that call
+    #: ``setup`` alone and launch their kernels some other way
+    run_steps = None
 
     def __init__(self, program: Program, module: CModule, fn_names: Mapping[str, str], *,
                  poison: bool | None = None, steps: tuple[Step, ...] | None = None, reuse_outputs: bool = True,
@@ -162,7 +165,7 @@ class CpuProgram:
         self.setup(program, steps if steps is not None else region_steps(program, fn_names), poison,
                    reuse_outputs=reuse_outputs)
         self.kernels = [(st, module.fn(st.fn)) for st in self.steps]
-        self.run_steps = module.steps_fn()       # all of a run's kernels in one C call (kumiko_cpu.h)
+        self.run_steps = module.steps_fn()
         self.constants = dict(constants or {})
         self._pack_fns = {pk.fn: module.fn(pk.fn) for st in self.steps for pk in st.packs}
 
@@ -489,10 +492,9 @@ class CpuProgram:
             if frame.packs and (overridden or not frame.packed_own):
                 self._place_packs(frame, inputs, arrays, outs, overridden, env, state)
             syms = frame.syms
-            run_steps = getattr(self, "run_steps", None)
-            if run_steps is not None and frame.batch is not None and not timed:    # every kernel in one C call
+            if self.run_steps is not None and frame.batch is not None and not timed:   # every kernel in one C call
                 n, fns, argv, failed = frame.batch
-                rc = run_steps(n, fns, argv, syms, ctypes.byref(failed))
+                rc = self.run_steps(n, fns, argv, syms, ctypes.byref(failed))
                 if rc:
                     step, fn, _ = frame.calls[failed.value]
                     self._failed(step, fn, rc, env)
