@@ -89,6 +89,7 @@ KUMIKO_KERNEL name(void** b, const long long* s) { \
 }
 KUMIKO_TEST_VS(exp2v, kv_exp2, kumiko_exp2)
 KUMIKO_TEST_VS(erfv, kv_erf, kumiko_erff)
+KUMIKO_TEST_VS(exp2le0v, kv_exp2_le0, kumiko_exp2_le0)
 /* exp2 of dead lanes (x <= -150: a masked score's -inf) and of the smallest live ones, vector and scalar:
  * out[0] = 1 when computing the dead ones raised the underflow flag (an assist per vector on Intel cores) */
 KUMIKO_KERNEL exp2uf(void** b, const long long* s) {
@@ -373,6 +374,23 @@ def test_exp2_accuracy_and_tail_agreement(mod):
     assert y[x == np.inf][0] == np.inf and y[x == -np.inf][0] == 0.0
     assert np.isnan(y[np.isnan(x)]).all()
     assert y[x == np.float32(128.0)][0] == np.inf
+
+
+def test_exp2_le0_is_normal_and_accurate(mod):
+    """erf's 2^q for q <= 0: within 2 ulp of 2^q down to -126, 2^-126 (normal, no underflow) below it, 1 at
+    0, NaN kept, and the vector lanes equal to the scalar twin bit for bit."""
+    rng = np.random.default_rng(3)
+    x = np.concatenate([[0.0, -0.0, -0.5, -126.0, -126.4, -126.6, -127.0, -149.0, -1e30, -np.inf, np.nan],
+                        rng.uniform(-126, 0, 30000), rng.uniform(-30, 0, 30000)]).astype(np.float32)
+    x = x[: x.size - x.size % 16 + 7]
+    y, z = np.full(x.size, 7.0, np.float32), np.full(x.size, 7.0, np.float32)
+    _run(mod, "exp2le0v", [x, y, z], [x.size])
+    assert np.array_equal(y.view(np.uint32), z.view(np.uint32)), "vector and scalar must agree bit for bit"
+    live = x >= -126
+    err = _ulp_error(y[live], np.exp2(x[live].astype(np.float64)))
+    assert err.max() <= 2.0, f"max {err.max():.2f} ulp at x={x[live][err.argmax()]}"
+    assert (y[x < -126] == np.float32(2.0 ** -126)).all() and y[x == 0][0] == 1.0
+    assert np.isnan(y[np.isnan(x)]).all()
 
 
 def test_erf_accuracy_and_tail_agreement(mod):
