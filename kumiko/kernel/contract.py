@@ -134,6 +134,11 @@ class ContractionLowering(PanelPacking):
                        lo.cname[self.a.table.tensor], self.mr, bool(self.a.table.guards), key="a")
             # phase planes on the A side ran 1.15-1.95x slower than packing (stride-2 convs to 14x14, 7x7)
             self.astage = st if st.ok and st.unit and not st.split else None
+        #: the rows of M's last tile when MR does not divide M (known when compiling), else 0: that tile runs
+        #: a micro-kernel of those rows alone (``micro_kernel``'s rows), not MR rows of which some are padding
+        #: (M = 49, a 7x7 conv's pixels: 9 tiles of 6 rows had been 54 rows' work; 128: 132)
+        m = prod([lo.sizes[a] for a in self.a.rows])
+        self.m_tail = m % self.mr if isinstance(m, int) else 0
 
     def size(self, axes) -> str:
         return C.index(prod([self.lo.sizes[a] for a in axes]) if axes else 1, set())
@@ -432,6 +437,7 @@ class ContractionLowering(PanelPacking):
               Decl("const long long", "kk_nbuf", "kk_mode ? kk_T : 1")]
         fills: list = []
         stg, astg = self.stage, self.astage
+        lo.m_tail = self.m_tail   # the program needs the tail micro-kernels of these rows
         pre_a, pre_b = "a" in self.pre, "b" in self.pre
         for sd in (A, B):
             if sd.table is not None and sd.key not in self.pre:
@@ -528,19 +534,25 @@ class ContractionLowering(PanelPacking):
         # pre-packed B: panel p of all of K at p*NR*K (kk_jc is a multiple of NR: NC and the N splits are)
         b_at = (f"{self.pre['b']} + (kk_jc + kk_jr*{nr})*kk_K + kk_pc*{nr}" if pre_b else
                 f"kk_Bc + kk_jr*{nr}*kk_kcb")
-        call = Raw(f"{micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, {b_at}, "
-                   f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);")
-        if stg is not None:     # B from the stage: the panel's first row's offset, the K offsets, its two runs
-            call = If("kk_dir && kk_jr < kk_nfull" if in_place else "kk_dir", (Raw(
-                f"{stage_micro_name(mr, nr, self.vw)}(kk_kcb, kk_Ac + kk_ir*kk_lda, "
-                f"kk_S + kk_bsb + kk_brso[kk_jc + kk_jr*{nr}], kk_bkso + kk_pc, kk_ps[kk_jr], kk_pd[kk_jr], "
-                f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
-        if astg is not None:    # A from its stage: the panel's first row's offset, the K offsets, its two runs
-            call = If("kk_adir", (Raw(
-                f"{astage_micro_name(mr, nr, self.vw, astg.rdim is not None)}(kk_kcb, "
-                f"kk_S + kk_asb + kk_arso[kk_ic + kk_ir], kk_akso + kk_pc, kk_aps[(kk_ic + kk_ir) / {mr}], "
-                f"kk_apd[(kk_ic + kk_ir) / {mr}], {'kk_asu, ' if astg.rdim is not None else ''}{b_at}, "
-                f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
+        def tile(rows: int | None):
+            """The micro-kernel call of one MR x NR tile, of its first ``rows`` rows only when given."""
+            call = Raw(f"{micro_name(mr, nr, self.vw, rows=rows)}(kk_kcb, kk_Ac + kk_ir*kk_lda, {b_at}, "
+                       f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);")
+            if stg is not None:     # B from the stage: the panel's first row's offset, the K offsets, its two runs
+                call = If("kk_dir && kk_jr < kk_nfull" if in_place else "kk_dir", (Raw(
+                    f"{stage_micro_name(mr, nr, self.vw, rows)}(kk_kcb, kk_Ac + kk_ir*kk_lda, "
+                    f"kk_S + kk_bsb + kk_brso[kk_jc + kk_jr*{nr}], kk_bkso + kk_pc, kk_ps[kk_jr], kk_pd[kk_jr], "
+                    f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
+            if astg is not None:    # A from its stage: the panel's first row's offset, the K offsets, its two runs
+                call = If("kk_adir", (Raw(
+                    f"{astage_micro_name(mr, nr, self.vw, astg.rdim is not None, rows)}(kk_kcb, "
+                    f"kk_S + kk_asb + kk_arso[kk_ic + kk_ir], kk_akso + kk_pc, kk_aps[(kk_ic + kk_ir) / {mr}], "
+                    f"kk_apd[(kk_ic + kk_ir) / {mr}], {'kk_asu, ' if astg.rdim is not None else ''}{b_at}, "
+                    f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
+            return call
+        call = tile(None)
+        if self.m_tail:         # the last tile of M: its rows alone, not MR (``micro.micro_kernel``'s rows)
+            call = If(f"kk_ic + kk_ir + {mr} <= kk_M", (call,), (tile(self.m_tail),))
         micro = For("kk_jr", "0", "kk_np", (For("kk_ir", "0", "kk_mcb", (call,), step=str(mr)),))
         block = [Decl("const long long", "kk_mcb", "kk_m1 - kk_ic < kk_mblk ? kk_m1 - kk_ic : kk_mblk"),
                  *([] if pre_a else [If(f"(!kk_ares || (kk_pc == 0 && kk_jc == kk_n0)){no_astage}", tuple(pack_a))]),

@@ -99,6 +99,7 @@ class CpuLowering(VectorEmitter, RegionEmitter):
         self.a_staged: bool | str = False        # a contraction reads A from a stage (A-stage micro-kernel;
         #                                          "u": its rows a unit apart, kumiko.kernel.stage's rdim)
         self.b_ld = False                        # a skinny contraction reads B in place (kumiko.kernel.skinny)
+        self.m_tail = 0                          # rows of a contraction's last M tile, when MR does not divide M
         self.vectorize = True                    # kv_* loops where safe
         self._nest = False                       # emitting a loop nest (vector loops may be made)
         self._vctx: VectorCtx | None = None      # the vector loop (or reduction) being emitted

@@ -18,8 +18,14 @@ from __future__ import annotations
 MICRO_UNROLL = 4
 
 
-def micro_name(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = False) -> str:
-    return f"kk_micro_{'rows_' if a_rows else ''}{'bld_' if b_ld else ''}{mr}x{nr}_v{vw}"
+def _rows(mr: int, rows: int | None) -> str:
+    """The name suffix of a tail micro-kernel: ``rows`` of an MR-row tile computed (the last tile of an M
+    that MR does not divide), its A panel still MR rows wide."""
+    return f"_r{rows}" if rows is not None and rows != mr else ""
+
+
+def micro_name(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = False, rows: int | None = None) -> str:
+    return f"kk_micro_{'rows_' if a_rows else ''}{'bld_' if b_ld else ''}{mr}x{nr}_v{vw}{_rows(mr, rows)}"
 
 
 def _fmas(mr: int, nv: int, vw: int, src, indent: str) -> list:
@@ -53,21 +59,21 @@ def _k_loop(indent: str) -> list:
     return [f"{indent}#pragma GCC unroll {MICRO_UNROLL}", f"{indent}for (long long p = 0; p < kc; ++p) {{"]
 
 
-def stage_micro_name(mr: int, nr: int, vw: int) -> str:
-    return f"kk_micro_stage_{mr}x{nr}_v{vw}"
+def stage_micro_name(mr: int, nr: int, vw: int, rows: int | None = None) -> str:
+    return f"kk_micro_stage_{mr}x{nr}_v{vw}{_rows(mr, rows)}"
 
 
-def stage_micro_kernel(mr: int, nr: int, vw: int) -> str:
+def stage_micro_kernel(mr: int, nr: int, vw: int, rows: int | None = None) -> str:
     """An MR x NR micro-kernel whose B is read in place from a padded copy of the operand (a stage, see
     ``kumiko.kernel.contract``), not from a packed panel: lane j of the panel at k is
     ``b[ko[k] + j]`` for j < s and ``b[ko[k] + d2 + j]`` from s on (a row of pixels that wraps: two runs).
     At most one vector holds both runs; it is the blend of two loads, every other vector one load, so
     the loop is generated once per position of that vector (and once for none)."""
-    nv = nr // vw
+    nv, mt = nr // vw, rows or mr
     iota = ", ".join(str(j) for j in range(vw))
-    lines = [f"static void {stage_micro_name(mr, nr, vw)}(long long kc, const float* KUMIKO_RESTRICT a, "
+    lines = [f"static void {stage_micro_name(mr, nr, vw, rows)}(long long kc, const float* KUMIKO_RESTRICT a, "
              "const float* KUMIKO_RESTRICT b, const long long* KUMIKO_RESTRICT ko, long long s, long long d2, "
-             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {", *_start(mr, nr, nv),
+             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {", *_start(mt, nr, nv),
              f"  const long long kk_sv = s >= {nr} || s % {vw} == 0 ? -1 : s / {vw};   /* the vector with both runs */",
              f"  const int kk_s1 = (int)(s % {vw});   /* its lanes below kk_s1 are in the first run */",
              f"  const kk_vmi kk_mk = (kk_vmi){{{iota}}} < (kk_vmi){{{', '.join(['kk_s1'] * vw)}}};"]
@@ -82,49 +88,51 @@ def stage_micro_kernel(mr: int, nr: int, vw: int) -> str:
                 body.append(f"    kk_vf b{v} = (kk_vf)((kk_x{v} & kk_mk) | (kk_y{v} & ~kk_mk));")
             else:
                 body.append(f"    kk_vf b{v} = *(const kk_vfu*)(bp + o{v});")
-        fmas = _fmas(mr, nv, vw, lambda i: f"a[p*{mr} + {i}]", "    ")
+        fmas = _fmas(mt, nv, vw, lambda i: f"a[p*{mr} + {i}]", "    ")
         return [*_k_loop("  "), *body, *fmas, "  }"]
     for v in range(-1, nv):
         lines += [f"  {'if' if v == -1 else 'else if'} (kk_sv == {v}) {{", *["  " + x for x in loop(v)], "  }"]
-    return "\n".join(lines + _finish(mr, nv, vw))
+    return "\n".join(lines + _finish(mt, nv, vw))
 
 
-def astage_micro_name(mr: int, nr: int, vw: int, unit: bool = False) -> str:
-    return f"kk_micro_astage_{'u_' if unit else ''}{mr}x{nr}_v{vw}"
+def astage_micro_name(mr: int, nr: int, vw: int, unit: bool = False, rows: int | None = None) -> str:
+    return f"kk_micro_astage_{'u_' if unit else ''}{mr}x{nr}_v{vw}{_rows(mr, rows)}"
 
 
-def astage_micro_kernel(mr: int, nr: int, vw: int, unit: bool = False) -> str:
+def astage_micro_kernel(mr: int, nr: int, vw: int, unit: bool = False, rows: int | None = None) -> str:
     """An MR x NR micro-kernel whose A is read in place from a padded copy of its operand (a stage on the A
     side, see ``kumiko.kernel.contract``), B from a packed panel: row i of the tile at k is ``a[ko[k] + i]``
     for i < s and ``a[ko[k] + d2 + i]`` from s on (a panel of pixels that wraps an output row: two runs;
     s = MR, one). Each row's broadcast is a load at a constant offset from one of two pointers, so the loop
     is generated once per s. ``unit``: rows ``u`` elements apart (an argument: a channels-last conv's pixels,
-    each its channels), row i at ``a[ko[k] + i*u]`` and ``a[ko[k] + d2 + i*u]``."""
-    nv = nr // vw
-    lines = [f"static void {astage_micro_name(mr, nr, vw, unit)}(long long kc, const float* KUMIKO_RESTRICT a, "
+    each its channels), row i at ``a[ko[k] + i*u]`` and ``a[ko[k] + d2 + i*u]``. ``rows``: the tile's first
+    ``rows`` rows only (``micro_kernel``), the loop once per s below ``rows`` and once for the rest."""
+    nv, mt = nr // vw, rows or mr
+    lines = [f"static void {astage_micro_name(mr, nr, vw, unit, rows)}(long long kc, const float* KUMIKO_RESTRICT a, "
              "const long long* KUMIKO_RESTRICT ko, long long s, long long d2, "
              f"{'long long u, ' if unit else ''}const float* KUMIKO_RESTRICT b, "
-             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {", *_start(mr, nr, nv)]
+             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {", *_start(mt, nr, nv)]
     if unit:
-        lines += [f"  const long long u{i} = {i} * u;" for i in range(1, mr)]
+        lines += [f"  const long long u{i} = {i} * u;" for i in range(1, mt)]
     lines.append("  switch (s) {")
     at = (lambda i: f"[u{i}]" if i else "[0]") if unit else (lambda i: f"[{i}]")
-    for j in range(1, mr + 1):
-        lines += [f"  {'default' if j == mr else f'case {j}'}:",
+    for j in range(1, mt + 1):       # from s = rows on, every row computed is in the first run
+        lines += [f"  {'default' if j == mt else f'case {j}'}:",
                   *_k_loop("    "),
                   "      const float* KUMIKO_RESTRICT ap = a + ko[p];"]
-        if j < mr:
+        if j < mt:
             lines.append("      const float* KUMIKO_RESTRICT ap2 = ap + d2;")
         lines += [f"      kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});" for v in range(nv)]
         if unit:
             lines += [f"      KK_PIN{4 * vw}(b{v});" for v in range(nv)]
-        lines += _fmas(mr, nv, vw, lambda i, j=j: f"ap{at(i)}" if i < j else f"ap2{at(i)}", "      ")
+        lines += _fmas(mt, nv, vw, lambda i, j=j: f"ap{at(i)}" if i < j else f"ap2{at(i)}", "      ")
         lines += ["    }", "    break;"]
     lines.append("  }")
-    return "\n".join(lines + _finish(mr, nv, vw))
+    return "\n".join(lines + _finish(mt, nv, vw))
 
 
-def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = False) -> str:
+def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = False,
+                 rows: int | None = None) -> str:
     """An MR x NR register-blocked micro-kernel: C[MR][NR] (+)= sum_p A[p][MR] * B[p][NR].
 
     The accumulators start at zero and C is added at the end (``acc``), its rows prefetched at the start:
@@ -132,23 +140,25 @@ def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = F
     not a packed panel but MR rows of a row-major tile (``a[i*lda + p]``, an extra ``lda`` argument): the
     row-block pipeline (``kumiko.kernel.stream``) stores P along its rows and multiplies it in place. With
     ``b_ld`` B is not a packed panel but NR consecutive elements of each of kc rows ``ldb`` apart, read in
-    place with unaligned loads (an extra ``ldb`` argument: the skinny path's unpacked weights)."""
-    nv = nr // vw
+    place with unaligned loads (an extra ``ldb`` argument: the skinny path's unpacked weights). With ``rows``
+    (< MR) only the tile's first ``rows`` rows are computed and stored, A still a panel of MR rows: the last
+    tile of an M that MR does not divide (128 rows: 21 tiles of 6 and one of 2) multiplies no padding rows."""
+    nv, mt = nr // vw, rows or mr
     a_arg = "const float* KUMIKO_RESTRICT a, long long lda" if a_rows else "const float* KUMIKO_RESTRICT a"
     b_arg = "const float* KUMIKO_RESTRICT b, long long ldb" if b_ld else "const float* KUMIKO_RESTRICT b"
-    lines = [f"static void {micro_name(mr, nr, vw, a_rows, b_ld)}(long long kc, {a_arg}, {b_arg}, "
+    lines = [f"static void {micro_name(mr, nr, vw, a_rows, b_ld, rows)}(long long kc, {a_arg}, {b_arg}, "
              "float* KUMIKO_RESTRICT c, long long ldc, int acc) {"]
     if a_rows:
-        for i in range(mr):
+        for i in range(mt):
             lines.append(f"  const float* KUMIKO_RESTRICT a{i}r = a + {i}*lda;")
-    lines += _start(mr, nr, nv)
+    lines += _start(mt, nr, nv)
     lines += _k_loop("  ")
     for v in range(nv):
         lines.append(f"    kk_vf b{v} = *(const kk_vfu*)(b + p*ldb + {v * vw});" if b_ld else
                      f"    kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});")
-    lines += _fmas(mr, nv, vw, (lambda i: f"a{i}r[p]") if a_rows else (lambda i: f"a[p*{mr} + {i}]"), "    ")
+    lines += _fmas(mt, nv, vw, (lambda i: f"a{i}r[p]") if a_rows else (lambda i: f"a[p*{mr} + {i}]"), "    ")
     lines.append("  }")
-    return "\n".join(lines + _finish(mr, nv, vw))
+    return "\n".join(lines + _finish(mt, nv, vw))
 
 
 #: what the contraction kernels need besides kumiko_cpu.h: the OpenMP thread queries (stubs without OpenMP)

@@ -93,7 +93,8 @@ class CpuSource:
 class _Piece:
     kernel: Kernel
     micros: tuple       # (kind, mr, nr, vw) of the micro-kernels it calls: kind "p" packed, "r" a_rows, "s" stage,
-    #                     "w<m>" Winograd F(m x m, 3x3)'s transforms
+    #                     "l" B in place, "a"/"au" A from a stage, "w<m>" Winograd F(m x m, 3x3)'s transforms;
+    #                     "pt", "st", "at", "aut": (kind, mr, nr, vw, rows), a tail kernel of the last M tile
     vw: int             # the vector width of its types (kk_vf)
     kind: str = "loops"     # its unit's kind (``CpuSource.unit_kinds``)
 
@@ -156,9 +157,11 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             kern, prepacks = lower_contraction_kernels(lo, plan, constants, _LOWERINGS.get(plan.algo))
             m = (*plan.register_block, plan.vector_width)
             micros = ((("p", *m),) + ((("s", *m),) if lo.staged else ()) + ((("l", *m),) if lo.b_ld else ())
-                      + ((("a", *m),) if lo.a_staged is True else (("au", *m),) if lo.a_staged else ())
-                      + ((("r", *m), (f"w{plan.get('algo_choice', 'tile', 2)}", *m)) if plan.algo == "winograd"
-                         else ()))
+                      + ((("a", *m),) if lo.a_staged is True else (("au", *m),) if lo.a_staged else ()))
+            if lo.m_tail:       # the packed path's kinds for the last M tile's rows (kind + "t", the rows last)
+                micros += tuple((k + "t", *m, lo.m_tail) for k, *_ in micros if k in ("p", "s", "a", "au"))
+            if plan.algo == "winograd":
+                micros += (("r", *m), (f"w{plan.get('algo_choice', 'tile', 2)}", *m))
             for pk in prepacks:
                 pieces.append(_Piece(pk.kernel, (("p", *m),), plan.vector_width, "pack"))
                 packs.append((len(pieces) - 1, pk, f"{r.name}.pack_{pk.key}"))
@@ -260,13 +263,16 @@ def _blank(m: re.Match) -> str:
 
 def _micro_texts(micros) -> list[str]:
     """The micro-kernels, in the order one translation unit has always had them: packed, a_rows, stage, B in
-    place, then A from a stage."""
+    place, A from a stage, then the tail kernels of these kinds (the last M tile's rows)."""
     out = [micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "p")]
     out += [micro_kernel(*m[1:], a_rows=True) for m in sorted(m for m in micros if m[0] == "r")]
     out += [stage_micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "s")]
     out += [micro_kernel(*m[1:], b_ld=True) for m in sorted(m for m in micros if m[0] == "l")]
     out += [astage_micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "a")]
     out += [astage_micro_kernel(*m[1:], unit=True) for m in sorted(m for m in micros if m[0] == "au")]
+    tails = {"pt": micro_kernel, "st": stage_micro_kernel, "at": astage_micro_kernel,
+             "aut": lambda *a, rows: astage_micro_kernel(*a, unit=True, rows=rows)}
+    out += [tails[m[0]](*m[1:4], rows=m[4]) for m in sorted(m for m in micros if m[0] in tails)]
     for kind, vw in sorted({(m[0], m[3]) for m in micros if m[0].startswith("w")}):   # "w<m>": F(m x m, 3x3)
         bt, _, at = TRANSFORMS[int(kind[1:])]
         out.append(winograd_helpers(int(kind[1:]), vw, bt, at))
