@@ -401,7 +401,8 @@ class Tensor:
             raise _err("E1013", "graph", "output names and the graph's name are strings; outputs= maps names to "
                        "Tensors")
         outs = dict(outputs or {})
-        outs = {(names[0] if names else "out"): self, **outs}
+        if names or not any(t is self for t in outs.values()):     # already among outputs=: not named twice
+            outs = {(names[0] if names else "out"): self, **outs}
         return build_graph(outs, name=name, symbols=symbols)
 
     def numpy(self) -> np.ndarray:
@@ -484,7 +485,12 @@ def build_graph(outputs: Mapping[str, Tensor], name: str = "main", symbols: Mapp
             state[id(t)] = 1
             stack.append((t, True))
             stack.extend((s, False) for s in reversed(t.srcs) if isinstance(s, Tensor) and id(s) not in state)
-    out_name = {id(t): n for n, t in outputs.items()}
+    out_name: dict[int, str] = {}
+    for n, t in outputs.items():
+        if id(t) in out_name:
+            raise _err("E1013", "graph", f"outputs {out_name[id(t)]!r} and {n!r} are one tensor",
+                       suggestion="Name each tensor once among the outputs (a copy under a second name: t + 0).")
+        out_name[id(t)] = n
     names: dict[int, str] = {}
     inputs, tensors, nodes, params = [], {}, [], {}
     used: set[str] = set()

@@ -304,6 +304,7 @@ def _tensor_cases():
         "no_data_no_shape": ("E1010", lambda: Tensor()),
         "output_is_an_input": ("E1013", lambda: x.graph("o")),
         "output_not_a_tensor": ("E1013", lambda: (x + 1).graph("o", outputs={"p": 3})),
+        "output_named_twice": ("E1013", lambda: (y := x + 1).graph("o", outputs={"p": y})),
         "numpy_without_data": ("E1015", lambda: (x + 1).numpy()),
     }
 
@@ -326,3 +327,7 @@ def test_tensor_api_documented_conversions_still_work():
     assert x.squeeze(0).shape == (2, 3)                                # a size that is not 1 stays (PyTorch)
     assert (x + np.float32(2)).shape == (2, 3)
     assert (Tensor(np.ones(3, np.float32)) + 1).numpy().tolist() == [2.0, 2.0, 2.0]
+    y = x.relu()          # listed among outputs= (no name of its own): one output, that name
+    assert y.graph(outputs={"a": y, "b": y * 2}).outputs == ("a", "b")
+    with pytest.raises(KumikoError, match="outputs 'o' and 'a' are one tensor"):
+        y.graph("o", outputs={"a": y})
