@@ -534,21 +534,22 @@ class ContractionLowering(PanelPacking):
         # pre-packed B: panel p of all of K at p*NR*K (kk_jc is a multiple of NR: NC and the N splits are)
         b_at = (f"{self.pre['b']} + (kk_jc + kk_jr*{nr})*kk_K + kk_pc*{nr}" if pre_b else
                 f"kk_Bc + kk_jr*{nr}*kk_kcb")
+        c_at = f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"   # C and acc
+
         def tile(rows: int | None):
             """The micro-kernel call of one MR x NR tile, of its first ``rows`` rows only when given."""
-            call = Raw(f"{micro_name(mr, nr, self.vw, rows=rows)}(kk_kcb, kk_Ac + kk_ir*kk_lda, {b_at}, "
-                       f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);")
+            call = Raw(f"{micro_name(mr, nr, self.vw, rows=rows)}(kk_kcb, kk_Ac + kk_ir*kk_lda, {b_at}, {c_at}")
             if stg is not None:     # B from the stage: the panel's first row's offset, the K offsets, its two runs
                 call = If("kk_dir && kk_jr < kk_nfull" if in_place else "kk_dir", (Raw(
                     f"{stage_micro_name(mr, nr, self.vw, rows)}(kk_kcb, kk_Ac + kk_ir*kk_lda, "
                     f"kk_S + kk_bsb + kk_brso[kk_jc + kk_jr*{nr}], kk_bkso + kk_pc, kk_ps[kk_jr], kk_pd[kk_jr], "
-                    f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
+                    f"{c_at}"),), (call,))
             if astg is not None:    # A from its stage: the panel's first row's offset, the K offsets, its two runs
                 call = If("kk_adir", (Raw(
                     f"{astage_micro_name(mr, nr, self.vw, astg.rdim is not None, rows)}(kk_kcb, "
                     f"kk_S + kk_asb + kk_arso[kk_ic + kk_ir], kk_akso + kk_pc, kk_aps[(kk_ic + kk_ir) / {mr}], "
                     f"kk_apd[(kk_ic + kk_ir) / {mr}], {'kk_asu, ' if astg.rdim is not None else ''}{b_at}, "
-                    f"kk_Ct + (kk_ic + kk_ir - {self.c_row0})*kk_ldc + kk_jr*{nr}, kk_ldc, kk_pc > 0);"),), (call,))
+                    f"{c_at}"),), (call,))
             return call
         call = tile(None)
         if self.m_tail:         # the last tile of M: its rows alone, not MR (``micro.micro_kernel``'s rows)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kumiko.kernel.cexpr import rename as _sub
+from kumiko.kernel.cexpr import rename
 from kumiko.kernel.loops import Assign, Block, Comment, Decl, For, If, Store, VecStore
 
 #: constant loops inside a jammed body with at most this many iterations are unrolled (a window row's taps),
@@ -73,17 +73,17 @@ def _rename(body: tuple, subst: dict) -> tuple:
     out = []
     for s in body:
         if isinstance(s, Decl):
-            s = Decl(s.ctype, subst.get(s.name, s.name), _sub(s.init, subst))
+            s = Decl(s.ctype, subst.get(s.name, s.name), rename(s.init, subst))
         elif isinstance(s, Assign):
-            s = Assign(subst.get(s.name, s.name), _sub(s.value, subst))
+            s = Assign(subst.get(s.name, s.name), rename(s.value, subst))
         elif isinstance(s, Store):
-            s = Store(s.buf, _sub(s.offset, subst), _sub(s.value, subst))
+            s = Store(s.buf, rename(s.offset, subst), rename(s.value, subst))
         elif isinstance(s, VecStore):
-            s = VecStore(s.fn, s.buf, _sub(s.offset, subst), _sub(s.value, subst))
+            s = VecStore(s.fn, s.buf, rename(s.offset, subst), rename(s.value, subst))
         elif isinstance(s, For):
-            s = dataclasses.replace(s, lo=_sub(s.lo, subst), hi=_sub(s.hi, subst), body=_rename(s.body, subst))
+            s = dataclasses.replace(s, lo=rename(s.lo, subst), hi=rename(s.hi, subst), body=_rename(s.body, subst))
         elif isinstance(s, If):
-            s = If(_sub(s.cond, subst), _rename(s.then, subst), _rename(s.other, subst))
+            s = If(rename(s.cond, subst), _rename(s.then, subst), _rename(s.other, subst))
         elif isinstance(s, Block):
             s = Block(_rename(s.body, subst), s.unrolled)
         out.append(s)

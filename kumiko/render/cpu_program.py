@@ -261,18 +261,19 @@ def _blank(m: re.Match) -> str:
     return " " + "\n" * m.group().count("\n")
 
 
+#: micro-kernel kinds (``_Piece.micros``), in the order one translation unit has always had them: the generator
+#: and its arguments; kind + "t" is the kind's tail kernel of the last M tile's rows
+_MICROS = {"p": (micro_kernel, {}), "r": (micro_kernel, {"a_rows": True}), "s": (stage_micro_kernel, {}),
+           "l": (micro_kernel, {"b_ld": True}), "a": (astage_micro_kernel, {}),
+           "au": (astage_micro_kernel, {"unit": True})}
+
+
 def _micro_texts(micros) -> list[str]:
     """The micro-kernels, in the order one translation unit has always had them: packed, a_rows, stage, B in
     place, A from a stage, then the tail kernels of these kinds (the last M tile's rows)."""
-    out = [micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "p")]
-    out += [micro_kernel(*m[1:], a_rows=True) for m in sorted(m for m in micros if m[0] == "r")]
-    out += [stage_micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "s")]
-    out += [micro_kernel(*m[1:], b_ld=True) for m in sorted(m for m in micros if m[0] == "l")]
-    out += [astage_micro_kernel(*m[1:]) for m in sorted(m for m in micros if m[0] == "a")]
-    out += [astage_micro_kernel(*m[1:], unit=True) for m in sorted(m for m in micros if m[0] == "au")]
-    tails = {"pt": micro_kernel, "st": stage_micro_kernel, "at": astage_micro_kernel,
-             "aut": lambda *a, rows: astage_micro_kernel(*a, unit=True, rows=rows)}
-    out += [tails[m[0]](*m[1:4], rows=m[4]) for m in sorted(m for m in micros if m[0] in tails)]
+    out = [_MICROS[k][0](*m[1:], **_MICROS[k][1]) for k in _MICROS for m in sorted(m for m in micros if m[0] == k)]
+    out += [_MICROS[m[0][:-1]][0](*m[1:4], rows=m[4], **_MICROS[m[0][:-1]][1])
+            for m in sorted(m for m in micros if m[0][:-1] in _MICROS and m[0].endswith("t"))]
     for kind, vw in sorted({(m[0], m[3]) for m in micros if m[0].startswith("w")}):   # "w<m>": F(m x m, 3x3)
         bt, _, at = TRANSFORMS[int(kind[1:])]
         out.append(winograd_helpers(int(kind[1:]), vw, bt, at))
