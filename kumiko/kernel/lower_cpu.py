@@ -100,6 +100,7 @@ class CpuLowering(VectorEmitter, RegionEmitter):
         #                                          "u": its rows a unit apart, kumiko.kernel.stage's rdim)
         self.b_ld = False                        # a skinny contraction reads B in place (kumiko.kernel.skinny)
         self.m_tail = 0                          # rows of a contraction's last M tile, when MR does not divide M
+        self.tile_epilogue = False               # its epilogue runs on the micro-kernels' accumulators (``_o`` kinds)
         self.vectorize = True                    # kv_* loops where safe
         self._nest = False                       # emitting a loop nest (vector loops may be made)
         self._vctx: VectorCtx | None = None      # the vector loop (or reduction) being emitted

@@ -18,88 +18,144 @@ from __future__ import annotations
 MICRO_UNROLL = 4
 
 
-def _rows(mr: int, rows: int | None) -> str:
+def _rows(mr: int, rows: int | None, out: bool = False) -> str:
     """The name suffix of a tail micro-kernel: ``rows`` of an MR-row tile computed (the last tile of an M
-    that MR does not divide), its A panel still MR rows wide."""
-    return f"_r{rows}" if rows is not None and rows != mr else ""
+    that MR does not divide), its A panel still MR rows wide; ``_o``: the accumulators handed back (``out``)."""
+    return (f"_r{rows}" if rows is not None and rows != mr else "") + ("_o" if out else "")
 
 
-def micro_name(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = False, rows: int | None = None) -> str:
-    return f"kk_micro_{'rows_' if a_rows else ''}{'bld_' if b_ld else ''}{mr}x{nr}_v{vw}{_rows(mr, rows)}"
+def micro_name(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = False, rows: int | None = None,
+               out: bool = False) -> str:
+    return f"kk_micro_{'rows_' if a_rows else ''}{'bld_' if b_ld else ''}{mr}x{nr}_v{vw}{_rows(mr, rows, out)}"
 
 
-def _fmas(mr: int, nv: int, vw: int, src, indent: str) -> list:
-    """The multiply-adds of one k: each A element broadcast against the B vectors ``b0..``."""
+#: independent multiply-add chains a micro-kernel keeps in flight, at least: a multiply-add's latency (4 cycles
+#: on Zen 3 and Skylake) times the two a cycle issue. A tail kernel of fewer rows (``rows``) has fewer
+#: accumulators than that, each one chain over all of k: it splits k among several sets of them (``chains``)
+FMA_CHAINS = 8
+
+
+def chains(rows: int, nv: int, vw: int) -> int:
+    """How many sets of accumulators a tile of ``rows`` x ``nv`` vectors of ``vw`` floats splits k among (1 for
+    the plans' full tiles): at least ``FMA_CHAINS`` chains in flight where the registers allow (16 of them, 32
+    on AVX-512: the accumulators, the B vectors and a broadcast). A 7x7 conv's 49 pixels end in a tile of one
+    row: its two accumulators' chains over all of K (2048 in ResNet-50's last stage) had run a multiply-add
+    every 2 cycles, not 2 a cycle."""
+    regs = 32 if vw == 16 else 16
+    h = -(-FMA_CHAINS // (rows * nv))
+    while h > 1 and rows * nv * h + nv + 1 > regs:
+        h -= 1
+    return max(h, 1)
+
+
+def _acc(i: int, v: int, h: int) -> str:
+    """The accumulator of row i, vector v, of the h-th set of them (``chains``)."""
+    return f"c{i}_{v}" + (f"_{h}" if h else "")
+
+
+def _fmas(mr: int, nv: int, vw: int, src, indent: str, h: int = 0) -> list:
+    """The multiply-adds of one k: each A element broadcast against the B vectors ``b0..``, into the h-th set
+    of accumulators."""
     lines = []
     for i in range(mr):
         lines.append(f"{indent}{{ const float s{i} = {src(i)}; kk_vf a{i} = (kk_vf){{{', '.join([f's{i}'] * vw)}}};")
-        lines.append(f"{indent}  " + " ".join(f"c{i}_{v} = kk_vfma(a{i}, b{v}, c{i}_{v});" for v in range(nv)) + " }")
+        lines.append(f"{indent}  " + " ".join(f"{_acc(i, v, h)} = kk_vfma(a{i}, b{v}, {_acc(i, v, h)});"
+                                                for v in range(nv)) + " }")
     return lines
 
 
-def _start(mr: int, nr: int, nv: int) -> list:
-    """Prefetch the C tile's rows and zero the accumulators."""
+def _head(name: str, args: str, out: bool) -> str:
+    """A micro-kernel's first line: its C tile and ``acc`` last, and, ``out``, the vectors it hands back
+    (always inlined: the caller's epilogue takes them from registers)."""
+    if out:
+        return (f"static inline __attribute__((always_inline)) void {name}({args}, const float* KUMIKO_RESTRICT c, "
+                "long long ldc, int acc, kk_vf* KUMIKO_RESTRICT o) {")
+    return f"static void {name}({args}, float* KUMIKO_RESTRICT c, long long ldc, int acc) {{"
+
+
+def _start(mr: int, nr: int, nv: int, nh: int = 1, out: bool = False) -> list:
+    """Prefetch the C tile's rows (``out``: only when it is added) and zero the accumulators (``nh`` sets)."""
     lines = [f"  __builtin_prefetch(c + {i}*ldc, 0, 3); __builtin_prefetch(c + {i}*ldc + {nr - 1}, 0, 3);"
              for i in range(mr)]
-    return lines + ["  " + " ".join(f"kk_vf c{i}_{v} = (kk_vf){{0}};" for v in range(nv)) for i in range(mr)]
+    if out:
+        lines = ["  if (acc) {", *["  " + x for x in lines], "  }"]
+    return lines + ["  " + " ".join(f"kk_vf {_acc(i, v, h)} = (kk_vf){{0}};" for v in range(nv))
+                    for h in range(nh) for i in range(mr)]
 
 
-def _finish(mr: int, nv: int, vw: int) -> list:
-    """Add the C tile when ``acc``, store the accumulators, close the function."""
-    lines = ["  if (acc) {"]
+def _finish(mr: int, nv: int, vw: int, nh: int = 1, out: bool = False) -> list:
+    """Sum the sets of accumulators, add the C tile when ``acc``, then store the accumulators into it or,
+    ``out``, hand them back (``o[i*NV + v]``); close the function."""
+    lines = [f"  {_acc(i, v, 0)} += " + " + ".join(_acc(i, v, h) for h in range(1, nh)) + ";"
+             for i in range(mr) for v in range(nv)] if nh > 1 else []
+    lines.append("  if (acc) {")
     lines += [f"    c{i}_{v} += *(const kk_vfu*)(c + {i}*ldc + {v * vw});" for i in range(mr) for v in range(nv)]
     lines.append("  }")
+    if out:
+        return lines + [f"  o[{i * nv + v}] = c{i}_{v};" for i in range(mr) for v in range(nv)] + ["}"]
     lines += [f"  *(kk_vfu*)(c + {i}*ldc + {v * vw}) = c{i}_{v};" for i in range(mr) for v in range(nv)]
     return lines + ["}"]
 
 
-def _k_loop(indent: str) -> list:
-    """The micro-kernels' loop over k, unrolled MICRO_UNROLL times (gcc left it rolled: one compare and branch,
-    and the pointer steps, per 12 multiply-adds)."""
-    return [f"{indent}#pragma GCC unroll {MICRO_UNROLL}", f"{indent}for (long long p = 0; p < kc; ++p) {{"]
+def _k_loop(indent: str, body, nh: int = 1) -> list:
+    """The micro-kernels' loop over k, ``body(p, h)`` the lines of one k (``p``, C) into accumulator set h.
+    One set: unrolled MICRO_UNROLL times (gcc left it rolled: one compare and branch, and the pointer steps,
+    per 12 multiply-adds). ``nh`` sets (``chains``): k in steps of ``nh``, each k of a step into its own set,
+    the rest of k into the first."""
+    if nh == 1:
+        return [f"{indent}#pragma GCC unroll {MICRO_UNROLL}", f"{indent}for (long long p = 0; p < kc; ++p) {{",
+                *body("p", 0), f"{indent}}}"]
+    lines = [f"{indent}{{ long long p = 0;", f"{indent}for (; p + {nh} <= kc; p += {nh}) {{"]
+    for h in range(nh):
+        lines += [f"{indent}  {{ const long long q = p + {h};", *body("q", h), f"{indent}  }}"]
+    return lines + [f"{indent}}}", f"{indent}for (; p < kc; ++p) {{", *body("p", 0), f"{indent}}} }}"]
 
 
-def stage_micro_name(mr: int, nr: int, vw: int, rows: int | None = None) -> str:
-    return f"kk_micro_stage_{mr}x{nr}_v{vw}{_rows(mr, rows)}"
+def stage_micro_name(mr: int, nr: int, vw: int, rows: int | None = None, out: bool = False) -> str:
+    return f"kk_micro_stage_{mr}x{nr}_v{vw}{_rows(mr, rows, out)}"
 
 
-def stage_micro_kernel(mr: int, nr: int, vw: int, rows: int | None = None) -> str:
+def stage_micro_kernel(mr: int, nr: int, vw: int, rows: int | None = None, out: bool = False) -> str:
     """An MR x NR micro-kernel whose B is read in place from a padded copy of the operand (a stage, see
     ``kumiko.kernel.contract``), not from a packed panel: lane j of the panel at k is
     ``b[ko[k] + j]`` for j < s and ``b[ko[k] + d2 + j]`` from s on (a row of pixels that wraps: two runs).
     At most one vector holds both runs; it is the blend of two loads, every other vector one load, so
     the loop is generated once per position of that vector (and once for none)."""
     nv, mt = nr // vw, rows or mr
+    nh = chains(mt, nv, vw)
     iota = ", ".join(str(j) for j in range(vw))
-    lines = [f"static void {stage_micro_name(mr, nr, vw, rows)}(long long kc, const float* KUMIKO_RESTRICT a, "
-             "const float* KUMIKO_RESTRICT b, const long long* KUMIKO_RESTRICT ko, long long s, long long d2, "
-             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {", *_start(mt, nr, nv),
+    lines = [_head(stage_micro_name(mr, nr, vw, rows, out), "long long kc, const float* KUMIKO_RESTRICT a, "
+                   "const float* KUMIKO_RESTRICT b, const long long* KUMIKO_RESTRICT ko, long long s, long long d2",
+                   out), *_start(mt, nr, nv, nh, out),
              f"  const long long kk_sv = s >= {nr} || s % {vw} == 0 ? -1 : s / {vw};   /* the vector with both runs */",
              f"  const int kk_s1 = (int)(s % {vw});   /* its lanes below kk_s1 are in the first run */",
              f"  const kk_vmi kk_mk = (kk_vmi){{{iota}}} < (kk_vmi){{{', '.join(['kk_s1'] * vw)}}};"]
     lines += [f"  const long long o{v} = {v * vw} >= s ? d2 + {v * vw} : {v * vw};" for v in range(nv)]
 
     def loop(blend: int) -> list:
-        body = ["    const float* KUMIKO_RESTRICT bp = b + ko[p];"]
-        for v in range(nv):
-            if v == blend:
-                body.append(f"    const kk_vmi kk_x{v} = (kk_vmi)*(const kk_vfu*)(bp + {v * vw}), "
-                            f"kk_y{v} = (kk_vmi)*(const kk_vfu*)(bp + d2 + {v * vw});")
-                body.append(f"    kk_vf b{v} = (kk_vf)((kk_x{v} & kk_mk) | (kk_y{v} & ~kk_mk));")
-            else:
-                body.append(f"    kk_vf b{v} = *(const kk_vfu*)(bp + o{v});")
-        fmas = _fmas(mt, nv, vw, lambda i: f"a[p*{mr} + {i}]", "    ")
-        return [*_k_loop("  "), *body, *fmas, "  }"]
+        def body(p: str, h: int) -> list:
+            lines = [f"    const float* KUMIKO_RESTRICT bp = b + ko[{p}];"]
+            for v in range(nv):
+                if v == blend:
+                    lines.append(f"    const kk_vmi kk_x{v} = (kk_vmi)*(const kk_vfu*)(bp + {v * vw}), "
+                                 f"kk_y{v} = (kk_vmi)*(const kk_vfu*)(bp + d2 + {v * vw});")
+                    lines.append(f"    kk_vf b{v} = (kk_vf)((kk_x{v} & kk_mk) | (kk_y{v} & ~kk_mk));")
+                else:
+                    lines.append(f"    kk_vf b{v} = *(const kk_vfu*)(bp + o{v});")
+            return lines + _fmas(mt, nv, vw, lambda i: f"a[{p}*{mr} + {i}]", "    ", h)
+        return _k_loop("  ", body, nh)
     for v in range(-1, nv):
         lines += [f"  {'if' if v == -1 else 'else if'} (kk_sv == {v}) {{", *["  " + x for x in loop(v)], "  }"]
-    return "\n".join(lines + _finish(mt, nv, vw))
+    return "\n".join(lines + _finish(mt, nv, vw, nh, out))
 
 
-def astage_micro_name(mr: int, nr: int, vw: int, unit: bool = False, rows: int | None = None) -> str:
-    return f"kk_micro_astage_{'u_' if unit else ''}{mr}x{nr}_v{vw}{_rows(mr, rows)}"
+def astage_micro_name(mr: int, nr: int, vw: int, unit: bool = False, rows: int | None = None,
+                      out: bool = False) -> str:
+    return f"kk_micro_astage_{'u_' if unit else ''}{mr}x{nr}_v{vw}{_rows(mr, rows, out)}"
 
 
-def astage_micro_kernel(mr: int, nr: int, vw: int, unit: bool = False, rows: int | None = None) -> str:
+def astage_micro_kernel(mr: int, nr: int, vw: int, unit: bool = False, rows: int | None = None,
+                        out: bool = False) -> str:
     """An MR x NR micro-kernel whose A is read in place from a padded copy of its operand (a stage on the A
     side, see ``kumiko.kernel.contract``), B from a packed panel: row i of the tile at k is ``a[ko[k] + i]``
     for i < s and ``a[ko[k] + d2 + i]`` from s on (a panel of pixels that wraps an output row: two runs;
@@ -108,31 +164,31 @@ def astage_micro_kernel(mr: int, nr: int, vw: int, unit: bool = False, rows: int
     each its channels), row i at ``a[ko[k] + i*u]`` and ``a[ko[k] + d2 + i*u]``. ``rows``: the tile's first
     ``rows`` rows only (``micro_kernel``), the loop once per s below ``rows`` and once for the rest."""
     nv, mt = nr // vw, rows or mr
-    lines = [f"static void {astage_micro_name(mr, nr, vw, unit, rows)}(long long kc, const float* KUMIKO_RESTRICT a, "
-             "const long long* KUMIKO_RESTRICT ko, long long s, long long d2, "
-             f"{'long long u, ' if unit else ''}const float* KUMIKO_RESTRICT b, "
-             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {", *_start(mt, nr, nv)]
+    nh = chains(mt, nv, vw)
+    lines = [_head(astage_micro_name(mr, nr, vw, unit, rows, out), "long long kc, const float* KUMIKO_RESTRICT a, "
+                   "const long long* KUMIKO_RESTRICT ko, long long s, long long d2, "
+                   f"{'long long u, ' if unit else ''}const float* KUMIKO_RESTRICT b", out),
+             *_start(mt, nr, nv, nh, out)]
     if unit:
         lines += [f"  const long long u{i} = {i} * u;" for i in range(1, mt)]
     lines.append("  switch (s) {")
     at = (lambda i: f"[u{i}]" if i else "[0]") if unit else (lambda i: f"[{i}]")
     for j in range(1, mt + 1):       # from s = rows on, every row computed is in the first run
-        lines += [f"  {'default' if j == mt else f'case {j}'}:",
-                  *_k_loop("    "),
-                  "      const float* KUMIKO_RESTRICT ap = a + ko[p];"]
-        if j < mt:
-            lines.append("      const float* KUMIKO_RESTRICT ap2 = ap + d2;")
-        lines += [f"      kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});" for v in range(nv)]
-        if unit:
-            lines += [f"      KK_PIN{4 * vw}(b{v});" for v in range(nv)]
-        lines += _fmas(mt, nv, vw, lambda i, j=j: f"ap{at(i)}" if i < j else f"ap2{at(i)}", "      ")
-        lines += ["    }", "    break;"]
+        def body(p: str, h: int, j=j) -> list:
+            lines = [f"      const float* KUMIKO_RESTRICT ap = a + ko[{p}];"]
+            if j < mt:
+                lines.append("      const float* KUMIKO_RESTRICT ap2 = ap + d2;")
+            lines += [f"      kk_vf b{v} = *(const kk_vf*)(b + {p}*{nr} + {v * vw});" for v in range(nv)]
+            if unit:
+                lines += [f"      KK_PIN{4 * vw}(b{v});" for v in range(nv)]
+            return lines + _fmas(mt, nv, vw, lambda i: f"ap{at(i)}" if i < j else f"ap2{at(i)}", "      ", h)
+        lines += [f"  {'default' if j == mt else f'case {j}'}:", *_k_loop("    ", body, nh), "    break;"]
     lines.append("  }")
-    return "\n".join(lines + _finish(mt, nv, vw))
+    return "\n".join(lines + _finish(mt, nv, vw, nh, out))
 
 
 def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = False,
-                 rows: int | None = None) -> str:
+                 rows: int | None = None, out: bool = False) -> str:
     """An MR x NR register-blocked micro-kernel: C[MR][NR] (+)= sum_p A[p][MR] * B[p][NR].
 
     The accumulators start at zero and C is added at the end (``acc``), its rows prefetched at the start:
@@ -142,23 +198,26 @@ def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = F
     ``b_ld`` B is not a packed panel but NR consecutive elements of each of kc rows ``ldb`` apart, read in
     place with unaligned loads (an extra ``ldb`` argument: the skinny path's unpacked weights). With ``rows``
     (< MR) only the tile's first ``rows`` rows are computed and stored, A still a panel of MR rows: the last
-    tile of an M that MR does not divide (128 rows: 21 tiles of 6 and one of 2) multiplies no padding rows."""
+    tile of an M that MR does not divide (128 rows: 21 tiles of 6 and one of 2) multiplies no padding rows.
+    With ``out`` (every variant has it, name suffix ``_o``) C is only read (added when ``acc``) and the sums are
+    handed back in ``o`` (``o[i*NV + v]``), the function always inlined: the caller's epilogue runs on them in
+    registers (``ContractionLowering._tile_epilogue``; gcc scalarises ``o``)."""
     nv, mt = nr // vw, rows or mr
     a_arg = "const float* KUMIKO_RESTRICT a, long long lda" if a_rows else "const float* KUMIKO_RESTRICT a"
     b_arg = "const float* KUMIKO_RESTRICT b, long long ldb" if b_ld else "const float* KUMIKO_RESTRICT b"
-    lines = [f"static void {micro_name(mr, nr, vw, a_rows, b_ld, rows)}(long long kc, {a_arg}, {b_arg}, "
-             "float* KUMIKO_RESTRICT c, long long ldc, int acc) {"]
+    lines = [_head(micro_name(mr, nr, vw, a_rows, b_ld, rows, out), f"long long kc, {a_arg}, {b_arg}", out)]
     if a_rows:
         for i in range(mt):
             lines.append(f"  const float* KUMIKO_RESTRICT a{i}r = a + {i}*lda;")
-    lines += _start(mt, nr, nv)
-    lines += _k_loop("  ")
-    for v in range(nv):
-        lines.append(f"    kk_vf b{v} = *(const kk_vfu*)(b + p*ldb + {v * vw});" if b_ld else
-                     f"    kk_vf b{v} = *(const kk_vf*)(b + p*{nr} + {v * vw});")
-    lines += _fmas(mt, nv, vw, (lambda i: f"a{i}r[p]") if a_rows else (lambda i: f"a[p*{mr} + {i}]"), "    ")
-    lines.append("  }")
-    return "\n".join(lines + _finish(mt, nv, vw))
+    nh = chains(mt, nv, vw)
+
+    def body(p: str, h: int) -> list:
+        lines = [f"    kk_vf b{v} = *(const kk_vfu*)(b + {p}*ldb + {v * vw});" if b_ld else
+                 f"    kk_vf b{v} = *(const kk_vf*)(b + {p}*{nr} + {v * vw});" for v in range(nv)]
+        return lines + _fmas(mt, nv, vw, (lambda i: f"a{i}r[{p}]") if a_rows else (lambda i: f"a[{p}*{mr} + {i}]"),
+                             "    ", h)
+    lines += _start(mt, nr, nv, nh, out) + _k_loop("  ", body, nh)
+    return "\n".join(lines + _finish(mt, nv, vw, nh, out))
 
 
 #: what the contraction kernels need besides kumiko_cpu.h: the OpenMP thread queries (stubs without OpenMP)

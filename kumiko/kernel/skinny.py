@@ -37,7 +37,7 @@ class SkinnyLowering(ContractionLowering):
                          and unit_rows(self.b.rows, t))
         lo.b_ld = lo.b_ld or self.in_place
 
-    def emit(self, epilogue) -> list:
+    def emit(self, epilogue, fuse: bool = False) -> list:     # (its epilogue runs after the units: no tile epilogue)
         c, lo, A, B = self.c, self.lo, self.a, self.b
         mr, nr = self.mr, self.nr
         k_axes = tuple(a.name for a in c.k_axes)

@@ -99,7 +99,7 @@ class WinogradLowering(ContractionLowering):
         return body
 
     # the kernel -----------------------------------------------------------------------------------------
-    def emit(self, epilogue) -> list:
+    def emit(self, epilogue, fuse: bool = False) -> list:     # (its epilogue follows the inverse transform)
         c, lo, A, g = self.c, self.lo, self.a, self.geom
         mr, nr, vw, m = self.mr, self.nr, self.vw, self.m
         n = m + 2

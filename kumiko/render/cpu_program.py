@@ -158,8 +158,11 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             m = (*plan.register_block, plan.vector_width)
             micros = ((("p", *m),) + ((("s", *m),) if lo.staged else ()) + ((("l", *m),) if lo.b_ld else ())
                       + ((("a", *m),) if lo.a_staged is True else (("au", *m),) if lo.a_staged else ()))
+            if lo.tile_epilogue:    # the kinds that hand their accumulators back (kind + "o")
+                micros += tuple((k + "o", *m) for k, *_ in micros if k in ("p", "s", "a", "au"))
             if lo.m_tail:       # the packed path's kinds for the last M tile's rows (kind + "t", the rows last)
-                micros += tuple((k + "t", *m, lo.m_tail) for k, *_ in micros if k in ("p", "s", "a", "au"))
+                micros += tuple((k + "t", *m, lo.m_tail) for k, *_ in micros
+                                if k in ("p", "s", "a", "au", "po", "so", "ao", "auo"))
             if plan.algo == "winograd":
                 micros += (("r", *m), (f"w{plan.get('algo_choice', 'tile', 2)}", *m))
             for pk in prepacks:
@@ -262,10 +265,13 @@ def _blank(m: re.Match) -> str:
 
 
 #: micro-kernel kinds (``_Piece.micros``), in the order one translation unit has always had them: the generator
-#: and its arguments; kind + "t" is the kind's tail kernel of the last M tile's rows
+#: and its arguments (the "o" kinds hand their accumulators back to an epilogue on them); kind + "t" is the kind's
+#: tail kernel of the last M tile's rows
 _MICROS = {"p": (micro_kernel, {}), "r": (micro_kernel, {"a_rows": True}), "s": (stage_micro_kernel, {}),
            "l": (micro_kernel, {"b_ld": True}), "a": (astage_micro_kernel, {}),
-           "au": (astage_micro_kernel, {"unit": True})}
+           "au": (astage_micro_kernel, {"unit": True}), "po": (micro_kernel, {"out": True}),
+           "so": (stage_micro_kernel, {"out": True}), "ao": (astage_micro_kernel, {"out": True}),
+           "auo": (astage_micro_kernel, {"unit": True, "out": True})}
 
 
 def _micro_texts(micros) -> list[str]:

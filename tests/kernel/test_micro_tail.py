@@ -76,3 +76,29 @@ def test_convs_with_stages(layout, hw, cin, cout):
     mr = plan.register_block[0]
     # M is the pixels or the output channels (the chooser picks the sides)
     assert tails <= {hw * hw % mr, cout % mr} - {0} and len(tails) <= 1
+
+
+@pytest.mark.parametrize("rows,nh", [(1, 4), (2, 2), (3, 2), (4, 1), (5, 1)])
+def test_a_short_tail_splits_k_among_accumulator_sets(rows, nh):
+    """A tail of few rows keeps FMA_CHAINS multiply-add chains in flight: k in steps of ``nh``, each step's k
+    into its own set of accumulators, the rest of k into the first, the sets summed before the store."""
+    assert micro.chains(rows, 2, 8) == nh and micro.chains(6, 2, 8) == 1 and micro.chains(12, 2, 16) == 1
+    for variant in _VARIANTS:
+        text = variant(rows)
+        sets = {int(h) for h in re.findall(r"kk_vf c0_0_(\d+) =", text)}
+        assert sets == set(range(1, nh))
+        assert (f"p + {nh} <= kc; p += {nh}" in text) == (nh > 1)
+        if nh > 1:
+            assert "c0_0 += " + " + ".join(f"c0_0_{h}" for h in range(1, nh)) + ";" in text
+
+
+@pytest.mark.parametrize("k", [2, 3, 7, 301])
+def test_chained_tails_at_every_remainder_of_k(k):
+    """M of 49 and 50 (tails of 1 and 2 rows: 4 and 2 sets) with K not a multiple of the steps."""
+    rng = np.random.default_rng(k)
+    for m in (49, 50):
+        x = Tensor.input("x", (m, k))
+        w = Tensor(rng.standard_normal((k, 40)).astype(np.float32), name="w", role="param")
+        _, plan, tails = _check((x @ w).graph("y"))
+        if plan.algo == "packed":
+            assert tails == {m % plan.register_block[0]} - {0}
