@@ -76,6 +76,11 @@ class Backend:
         answers): start what the build will need and can begin now (the ``cpu`` target's precompiled
         header). Nothing by default."""
 
+    def formation(self) -> dict[str, Any]:
+        """The region formation's options for this target (``kumiko.region.form.form_regions``' keyword
+        arguments). None by default."""
+        return {}
+
     def choose_plans(self, comp) -> dict[str, Plan]:
         raise NotImplementedError(f"the {self.name} target has no plan stage")
 

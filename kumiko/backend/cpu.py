@@ -19,6 +19,7 @@ from kumiko.plan.plan import Plan
 from kumiko.plan.tune import cached_winner, median_time
 from kumiko.plan.tune import tune as tune_plans
 from kumiko.plan.validate import validate
+from kumiko.region.form import GLOBAL_POOL_POINTS
 from kumiko.region.ssa import Program
 from kumiko.render.c import render_unit
 from kumiko.render.cpu_program import CpuKernels, CpuSource, lower_cpu_kernels, render_cpu_kernels
@@ -57,6 +58,11 @@ class CpuBackend(Backend):
             raise KumikoError("E1010", at="compile (target cpu)", why=f"layout={options.layout!r} is not a layout "
                               "the cpu target knows", suggestion=f"use one of: {', '.join(LAYOUTS)}")
         return options.layout == "auto"
+
+    def formation(self) -> dict:
+        """R-pool on: a conv pooled whole over fewer than ``GLOBAL_POOL_POINTS`` pixels runs apart from its pool
+        (fused, the pixels were the micro-kernel's lanes, 49 of 64)."""
+        return {"pool_points": GLOBAL_POOL_POINTS}
 
     def prepare(self, comp) -> None:
         """A program of at least ``PCH_EARLY_REDUCES`` reductions (a network: units enough for the build to

@@ -134,7 +134,7 @@ STAGE_FNS = {
     "tiny": lambda c: c.frontend.tiny,
     "indexbook": lambda c: stage_indexbook(c.frontend or c.tiny),
     "poly_view": lambda c: poly_view(c.indexbook),
-    "region": lambda c: form_regions(c.tiny),
+    "region": lambda c: form_regions(c.tiny, **(c.backend.formation() if c.backend is not None else {})),
     "plan": lambda c: c.backend.choose_plans(c),
     "kernel": lambda c: c.backend.lower(c),
     "source": lambda c: c.backend.render(c),

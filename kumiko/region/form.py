@@ -23,6 +23,10 @@ stated, deterministic rules (each recorded in the region's notes for ``kumiko ex
              no recompute (buffer class ``reg``: Conv -> ReLU -> MaxPool 2x2/2); otherwise (overlapping
              windows) it is materialised. Where Poly Core cannot analyse the pair (non-SCoP), the same
              criterion is applied to the index map directly (injective over the consumer's box).
+- R-pool     (the cpu target's) a value holding a contraction, summed whole over 2 to ``pool_points`` - 1 (a
+             global average pool over a conv's 7x7 pixels: each reduce axis the plain index of a dimension of
+             its size, not a window's ``oh + kh``), is materialised: fused, the pool's points were the
+             micro-kernel's lanes (49 of 64), and apart ran 0.74-0.76 of the time.
 - R-gather   the data operand of a GATHER is read through a data-dependent index (non-SCoP): it must
              be a MemRef.
 - R-fanout   a value that several regions need is recomputed in each when it is cheap (no reduction,
@@ -90,6 +94,12 @@ MAX_DEPTH = 96
 #: the most terms (floor numerators included) one source index of a movement op may have (R-index);
 #: the examples' indices have fewer than 10
 MAX_INDEX_TERMS = 256
+#: the cpu target's R-pool bound (``form_regions``' ``pool_points``): a contraction pooled whole (a global
+#: average pool over all of its pixels) over fewer points than this is materialised: fused, the pool's points
+#: are the micro-kernel's lanes (7 x 7: 49 of 64), and the conv and the pool apart ran 0.74-0.76 of the time of
+#: the fused kernel (ResNet-50's and MobileNetV2's last convs, 2-core Zen 3); over 14 x 14 and 56 x 56 pixels
+#: fused is the faster. The GPU targets keep the pool fused (their window tiles: ``kumiko.plan.gpu``)
+GLOBAL_POOL_POINTS = 64
 
 
 def _neutral(op: str, dt) -> object:
@@ -174,8 +184,9 @@ def _top_level(index: tuple, shape: tuple, iters: tuple) -> bool:
 
 
 class Former:
-    def __init__(self, g: TinyGraph):
+    def __init__(self, g: TinyGraph, pool_points: int = 0):
         self.g = g
+        self.pool_points = pool_points      # R-pool's bound (0: the rule is off; the target's choice)
         self.users = self._compute_users()
         self.out_names: dict[str, list] = {}
         # an output that *is* the input of the same name needs no kernel (the executable returns the input)
@@ -289,6 +300,10 @@ class Former:
                             f"axes it lacks ({', '.join(missing)}): it is a contraction operand",
                             deferred=len(self.users[nid]) == 1 and nid not in self.out_names)
         consumer = b.consumers[-1] if b.consumers else None
+        pooled = self.pooled_whole(b, nid, index, scope, consumer)
+        if pooled is not None and 1 < pooled < self.pool_points and self.holds_contraction(nid):
+            raise NeedsRoot(nid, "R-pool", f"{nid} holds a contraction pooled whole by {consumer} over "
+                            f"{pooled} points (< {self.pool_points}): the conv and the pool run apart")
         verdict = self.poly_verdict(nid, consumer) if consumer is not None else None
         if verdict is not None:
             ok, why = verdict
@@ -298,6 +313,45 @@ class Former:
         elif not injective(_unit_free(index, self.g.nodes[nid].shape, b.sizes), {a: b.sizes[a] for a in scope}):
             raise NeedsRoot(nid, "R-window", f"{nid} holds a reduction and is read through an overlapping "
                             "window; fusing would recompute it")
+
+    def pooled_whole(self, b: _Build, nid: str, index: tuple, scope: tuple, consumer: str | None) -> int | None:
+        """The points a sum (an average pool) over whole dimensions of ``nid`` covers, where ``consumer`` is
+        one: each of its reduce axes (the last of ``scope``) is the plain index of a dimension of ``nid`` of
+        its size, it sums no product of two values and ``nid`` is not itself the sum (a conv's activation, bias or
+        residual between them); None otherwise (a conv sums the products of a view of its input, its taps or
+        channels whole dimensions of that view; a window's taps are ``oh + kh``)."""
+        if consumer is None:
+            return None
+        cn = self.g.nodes[consumer]
+        if cn.uop != "REDUCE" or cn.arg["op"] != "SUM" or not cn.arg["axes"] or self.g.nodes[nid].uop == "REDUCE":
+            return None        # (a sum of a sum: SRNF's R0 merges them into one reduction)
+        src = self.g.nodes[cn.src[0]]
+        if src.uop == "MUL" and len(set(src.refs)) == 2:
+            return None        # a sum of products: the consumer is a contraction (a conv over its input's view)
+        axes, shape = scope[-len(cn.arg["axes"]):], self.g.nodes[nid].shape
+        points = 1
+        for a in axes:
+            dims = [d for d, x in enumerate(index) if Expr.lift(x) == Expr.sym(a)]
+            size = Expr.lift(b.sizes[a]).as_int()
+            if not dims or size is None or Expr.lift(shape[dims[0]]).as_int() != size:
+                return None
+            points *= size
+        return points
+
+    def holds_contraction(self, nid: str) -> bool:
+        """Does ``nid``, inlined down to roots, compute a sum of products of two different values (a conv or a
+        matmul; not a square, a variance's)?"""
+        seen, stack = set(), [nid]
+        while stack:
+            top = stack.pop()
+            n = self.g.nodes[top]
+            if n.uop == "REDUCE":
+                src = self.g.nodes[n.src[0]]
+                if n.arg["op"] == "SUM" and src.uop == "MUL" and len(set(src.refs)) == 2:
+                    return True
+            stack += [s for s in n.refs if s not in seen and s not in self.roots]
+            seen.update(n.refs)
+        return False
 
     def poly_verdict(self, producer: str, consumer: str) -> tuple[bool, str] | None:
         """Poly Core's compute-at report: legal and no recompute (buffer class ``reg``: each producer
@@ -590,6 +644,7 @@ class Former:
         return Program(self.g.name, regions, ins, outs, bufs, dict(self.g.symbols))
 
 
-def form_regions(g: TinyGraph) -> Program:
-    """Partition a TinyGraph into regions in execution order (producers before consumers)."""
-    return Former(g).form()
+def form_regions(g: TinyGraph, pool_points: int = 0) -> Program:
+    """Partition a TinyGraph into regions in execution order (producers before consumers); ``pool_points``:
+    R-pool's bound, a target's (``Backend.formation``; 0, the default, turns the rule off)."""
+    return Former(g, pool_points).form()

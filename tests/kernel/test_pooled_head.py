@@ -1,10 +1,10 @@
 """A network's head on the packed path against the Tiny IR evaluator: the last 1x1 conv (bias, residual add,
-ReLU or ReLU6) with the global average pool fused into its window epilogue (ResNet-50's and MobileNetV2's
-last block), at odd channel counts and pixel grids, batch 1 and 3, the weights bound (pre-packed once, as
-without the pool) or a plain input; a local average pool (windows that are not a whole group) and a global
-max pool (no vector reduction across a window: NaN must survive); then the classifier (the skinny path) at
-1 and 3 rows. The runtime poisons every output (NaN) before each call, so an element the epilogue skips
-fails the comparison."""
+ReLU or ReLU6) with the global average pool fused into its window epilogue over 64 pixels or more (apart
+below that, R-pool: ResNet-50's and MobileNetV2's 7 x 7 last blocks), at odd channel counts and pixel grids,
+batch 1 and 3, the weights bound (pre-packed once, as without the pool) or a plain input; a local average pool
+(windows that are not a whole group) and a global max pool (no vector reduction across a window: NaN must
+survive); then the classifier (the skinny path) at 1 and 3 rows. The runtime poisons every output (NaN)
+before each call, so an element the epilogue skips fails the comparison."""
 import re
 from dataclasses import replace
 
@@ -14,6 +14,7 @@ import pytest
 import kumiko
 from kumiko import Tensor
 from kumiko.accuracy import rel_l2
+from kumiko.region.form import GLOBAL_POOL_POINTS
 from tests.kernel.test_skinny import two_calls_match
 
 
@@ -49,11 +50,17 @@ def _head(n, ci, co, hw, bound, act="relu", residual=True, pool="mean", seed=0):
 
 
 @pytest.mark.parametrize("n", [1, 3])
-@pytest.mark.parametrize("ci,co,hw", [(37, 70, (7, 7)), (64, 131, (5, 3)), (19, 13, (1, 1))])
+@pytest.mark.parametrize("ci,co,hw", [(37, 70, (8, 8)), (64, 131, (9, 11)), (37, 70, (7, 7)), (19, 13, (1, 1))])
 @pytest.mark.parametrize("bound", [True, False], ids=["bound", "input"])
 def test_conv_residual_relu_global_avg_pool(n, ci, co, hw, bound):
+    """Pooled over 64 pixels or more (or one), the pool is fused into the conv's window epilogue; over fewer
+    (7 x 7: 49 of 64 lanes) the conv and the pool run apart (R-pool), the conv's epilogue on its accumulators."""
     exe = _check(_head(n, ci, co, hw, bound))
     src = exe._run.source
+    if 1 < hw[0] * hw[1] < GLOBAL_POOL_POINTS:
+        assert "kk_G" not in src and sorted(p.algo for p in exe._run.plans.values()) == ["loops", "packed"]
+        assert any("R-pool" in note for r in exe._run.program.regions for note in r.notes)
+        return
     assert "kk_G" in src                      # the pool is fused: one window group per channel and image
     packs = sum(len(st.packs) for st in exe._run.runner.steps)
     assert (packs > 0) == bound               # the bound weights are packed once, as without the pool
@@ -66,8 +73,8 @@ def test_conv_residual_relu_global_avg_pool(n, ci, co, hw, bound):
 def test_global_pool_epilogue_with_several_row_and_k_blocks(blocks):
     """Small cache blocks: each thread's rows in several M blocks (the window epilogue runs after each one's
     last K block, on its rows only), and N blocks of whole groups (one image per block)."""
-    _check(_head(3, 40, 77, (7, 7), True, act="relu6", residual=False), blocks)
-    _check(_head(2, 40, 77, (3, 5), False), blocks)
+    _check(_head(3, 40, 77, (8, 8), True, act="relu6", residual=False), blocks)
+    _check(_head(2, 40, 77, (8, 9), False), blocks)
 
 
 _THREADS_SCRIPT = """
@@ -76,7 +83,7 @@ sys.path.insert(0, {tests!r})
 from test_pooled_head import _check, _head
 for n in (1, 3):
     for co in (13, 200):
-        _check(_head(n, 48, co, (7, 7), True))
+        _check(_head(n, 48, co, (8, 8), True))
 print("OK")
 """
 
@@ -94,7 +101,8 @@ def test_global_pool_epilogue_with_thread_counts(threads):
 
 
 def test_mobilenet_head_relu6_global_avg_pool():
-    _check(_head(1, 32, 160, (7, 7), True, act="relu6", residual=False))
+    _check(_head(1, 32, 160, (7, 7), True, act="relu6", residual=False))      # apart (R-pool)
+    _check(_head(1, 32, 160, (14, 14), True, act="relu6", residual=False))    # fused
 
 
 def test_local_avg_pool_keeps_the_windows_of_a_group_side_by_side():
@@ -131,7 +139,7 @@ def test_pooled_head_then_classifier(n):
     co, classes = 96, 201
     fw = Tensor(rng.standard_normal((classes, co)).astype(np.float32) * 0.1, name="fw", role="param")
     fb = Tensor(rng.standard_normal(classes).astype(np.float32), name="fb", role="param")
-    x, r = Tensor.input("x", (n, 40, 7, 7)), Tensor.input("r", (n, co, 7, 7))
+    x, r = Tensor.input("x", (n, 40, 8, 8)), Tensor.input("r", (n, co, 8, 8))
     w = Tensor(rng.standard_normal((co, 40, 1, 1)).astype(np.float32) * 0.2, name="w", role="param")
     b = Tensor(rng.standard_normal(co).astype(np.float32), name="b", role="param")
     pooled = (x.conv2d(w, b) + r).relu().mean((2, 3), keepdim=True).reshape((n, co))

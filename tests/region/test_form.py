@@ -221,10 +221,10 @@ def test_shortcut_block_runs_packed_and_right_on_cpu(n):
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_conv_then_global_mean_over_unit_batch_runs_packed(n):
-    """A 1x1 conv + ReLU6 whose global average pool is computed at it (Poly Core: each element used once):
-    with a batch of 1 the contraction's let has no batch axis, which kept it off the packed path (MobileNetV2's
-    last conv ran as scalar loops: 4.3 ms)."""
-    x = Tensor.input("x", [n, 24, 7, 7])
+    """A 1x1 conv + ReLU6 whose global average pool is computed at it (Poly Core: each element used once; over
+    8 x 8 pixels, as many as a vector panel's lanes, R-pool leaves it fused): with a batch of 1 the contraction's
+    let has no batch axis, which kept it off the packed path (MobileNetV2's last conv ran as scalar loops)."""
+    x = Tensor.input("x", [n, 24, 8, 8])
     w = Tensor.input("w", [40, 24, 1, 1], role="param")
     b = Tensor.input("b", [40], role="param")
     y = x.conv2d(w, b).relu().minimum(6.0).mean((2, 3))
@@ -283,3 +283,21 @@ def test_a_gemm_read_through_a_reshape_at_several_points_is_computed_once(batch)
     exe = kumiko.compile(g, target="cpu")
     ins = exe.random_inputs(1)
     assert _rel(exe(**ins)["y"], ref(**ins)["y"]) < 1e-5
+
+
+def test_r_pool_is_the_cpu_targets():
+    """A conv + ReLU pooled whole over 7 x 7 pixels: the cpu target forms the conv and the pool apart (R-pool),
+    target-neutral formation (the GPU targets') keeps them one kernel; a sum of a matmul (SRNF R0 merges the
+    two sums), a conv's own sum over its taps or channels and a pool over 8 x 8 pixels are never split."""
+    from kumiko.region.form import GLOBAL_POOL_POINTS
+    x, w = Tensor.input("x", [1, 16, 7, 7]), Tensor.input("w", [24, 16, 3, 3], role="param")
+    g = x.conv2d(w, padding=1).relu().mean((2, 3)).graph("y")
+    apart = form_regions(g.tiny, pool_points=GLOBAL_POOL_POINTS)
+    assert len(apart.regions) == 2 and any("R-pool" in n for n in apart.regions[0].notes)
+    assert len(form_regions(g.tiny).regions) == 1
+    assert [p.algo for p in kumiko.compile(g, "cpu")._run.plans.values()] == ["packed", "loops"]
+    x8 = Tensor.input("x", [1, 16, 8, 8])
+    assert len(form_regions(x8.conv2d(w, padding=1).relu().mean((2, 3)).graph("y").tiny,
+                            pool_points=GLOBAL_POOL_POINTS).regions) == 1
+    a, m = Tensor.input("a", (3, 4)), Tensor.input("m", (4, 5))
+    assert len(form_regions((a @ m).sum(axis=1).graph("y").tiny, pool_points=GLOBAL_POOL_POINTS).regions) == 1

@@ -10,7 +10,7 @@ import pytest
 
 import kumiko
 from kumiko import Tensor
-from kumiko.backend.cpu import choose_cpu_plans
+from kumiko.backend.cpu import CpuBackend, choose_cpu_plans
 from kumiko.diagnostics import KumikoError
 from kumiko.region import form_regions
 from kumiko.render.cpu_program import canonical_kernel, render_cpu_source
@@ -62,7 +62,7 @@ def functions(source: str) -> int:
 
 
 def rendered(g):
-    program = form_regions(g.tiny)
+    program = form_regions(g.tiny, **CpuBackend().formation())     # as the cpu target forms them
     return program, render_cpu_source(program, choose_cpu_plans(g.tiny, program, None, cpu_rt.cpu_features()))
 
 
@@ -368,7 +368,7 @@ def test_each_kind_of_unit_gets_its_flags(fresh_cache):
     h = (x @ w + b).relu()
     s = (h @ w2).softmax(-1)
     g = (s.exp() * 2.0).sum(axis=0).graph("y")
-    program = form_regions(g.tiny)
+    program = form_regions(g.tiny, **CpuBackend().formation())     # as the cpu target forms them
     consts = frozenset({"w2"})
     c = render_cpu_source(program, choose_cpu_plans(g.tiny, program, None, cpu_rt.cpu_features(),
                                                     constants=consts), constants=consts)
@@ -402,7 +402,7 @@ def test_the_pack_functions_of_a_program_share_one_unit(fresh_cache):
         h, c = h.conv2d(w, padding=1).relu(), co
     wl = Tensor((rng.standard_normal((16 * 144, 10)) / 48).astype(np.float32), name="wl", role="param")
     g = (h.reshape(1, 16 * 144) @ wl).graph("y")
-    program = form_regions(g.tiny)
+    program = form_regions(g.tiny, **CpuBackend().formation())     # as the cpu target forms them
     consts = frozenset({"w0", "w1", "w2", "wl"})
     c = render_cpu_source(program, choose_cpu_plans(g.tiny, program, None, cpu_rt.cpu_features(),
                                                     constants=consts), constants=consts)
