@@ -78,7 +78,7 @@ class Backend:
 
     def formation(self) -> dict[str, Any]:
         """The region formation's options for this target (``kumiko.region.form.form_regions``' keyword
-        arguments). None by default."""
+        arguments): none by default."""
         return {}
 
     def choose_plans(self, comp) -> dict[str, Plan]:
