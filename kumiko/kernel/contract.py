@@ -358,41 +358,43 @@ class ContractionLowering(PanelPacking):
         """
         lo, c, A, B = self.lo, self.c, self.a, self.b
         lane = B.rows[-1] if B.rows else None
-        n = Expr.lift(prod([lo.sizes[a] for a in B.rows])).as_int() if B.rows else None
+        n = self._known(B.rows) if B.rows else None
         if (c.outer is not None or not c.pointwise or lane is None or lo.r.iters[-1].name != lane or n is None
                 or n % self.nr or self._merged_cols() != len(B.rows) or self.vw != self.plan.vector_width
                 or any(_heavy(x.expr) for x in lo.r.lets if x.name != c.let)):
             return None
         nv, vw = self.nr // self.vw, self.vw
-        m_known = Expr.lift(prod([lo.sizes[a] for a in A.rows])).as_int() is not None
-        code: dict = {}
-        try:
-            for rows in {self.mr, self.m_tail or self.mr}:
-                tile = []
-                for i in range(rows):
-                    dm: list = []
-                    self.decompose(f"kk_ic + kk_ir + {i}", A.rows, dm)
-                    vecs = []
-                    for v in range(nv):
-                        dn = [Decl("const long long", a, "0") for a in B.rows[:-1]]
-                        dn.append(Decl("const long long", lane, f"kk_jc + kk_jr*{self.nr} + {v * vw}"))
-                        vecs.append(Block(tuple(dn) + (Decl("const kv_t", "kk_av", f"(kv_t)kk_o[{i * nv + v}]"),)
-                                          + tuple(self._vector_point(lane, "kk_av"))))
-                    row = Block(tuple(dm) + tuple(vecs))
-                    # M not known when compiling: the last tile may hold padding rows (no tail kernel)
-                    tile.append(row if m_known else If(f"kk_ic + kk_ir + {i} < kk_M", (row,)))
-                code[rows] = tile
+        m_known = self._known(A.rows) is not None
+        try:    # the same statements at every point of the tile: only its axes' declarations differ
+            point = tuple(self._vector_point(lane, "kk_av"))
         except NotVector:
             return None
+        code: dict = {}
+        for rows in {self.mr, self.m_tail or self.mr}:
+            tile = []
+            for i in range(rows):
+                dm: list = []
+                self.decompose(f"kk_ic + kk_ir + {i}", A.rows, dm)
+                vecs = []
+                for v in range(nv):
+                    dn = [Decl("const long long", a, "0") for a in B.rows[:-1]]
+                    dn.append(Decl("const long long", lane, f"kk_jc + kk_jr*{self.nr} + {v * vw}"))
+                    vecs.append(Block(tuple(dn) + (Decl("const kv_t", "kk_av", f"(kv_t)kk_o[{i * nv + v}]"),) + point))
+                row = Block(tuple(dm) + tuple(vecs))
+                # M not known when compiling: the last tile may hold padding rows (no tail kernel)
+                tile.append(row if m_known else If(f"kk_ic + kk_ir + {i} < kk_M", (row,)))
+            code[rows] = tile
         return code
+
+    def _known(self, axes) -> int | None:
+        """The extent of ``axes`` when it is known when compiling."""
+        return Expr.lift(prod([self.lo.sizes[a] for a in axes])).as_int()
 
     def _rows_outer(self) -> bool:
         """Do the tiles walk row tiles outermost (``emit``)? Where K is one block (at most KC) and the N
         block's B panels for it fit in L2 (``ROWS_OUTER_B_FLOATS``; known when compiling): each row tile
         then reads all of them (a 7x7 conv's 512 -> 2048, 4 MiB of panels, ran 1.05x the time)."""
-        lo = self.lo
-        k = Expr.lift(prod([lo.sizes[a.name] for a in self.c.k_axes])).as_int()
-        n = Expr.lift(prod([lo.sizes[a] for a in self.b.rows])).as_int()
+        k, n = self._known([a.name for a in self.c.k_axes]), self._known(self.b.rows)
         return k is not None and n is not None and k <= self.kc and k * min(n, self.nc) <= ROWS_OUTER_B_FLOATS
 
     def _vector_point(self, lane: str, acc: str) -> list:

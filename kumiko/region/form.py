@@ -325,9 +325,8 @@ class Former:
         cn = self.g.nodes[consumer]
         if cn.uop != "REDUCE" or cn.arg["op"] != "SUM" or not cn.arg["axes"] or self.g.nodes[nid].uop == "REDUCE":
             return None        # (a sum of a sum: SRNF's R0 merges them into one reduction)
-        src = self.g.nodes[cn.src[0]]
-        if src.uop == "MUL" and len(set(src.refs)) == 2:
-            return None        # a sum of products: the consumer is a contraction (a conv over its input's view)
+        if self.sums_products(consumer):
+            return None        # the consumer is a contraction (a conv over its input's view)
         axes, shape = scope[-len(cn.arg["axes"]):], self.g.nodes[nid].shape
         points = 1
         for a in axes:
@@ -338,20 +337,18 @@ class Former:
             points *= size
         return points
 
+    def sums_products(self, nid: str) -> bool:
+        """Is ``nid`` a sum of products of two different values (a conv or a matmul; not a square, a variance's)?"""
+        n = self.g.nodes[nid]
+        if n.uop != "REDUCE" or n.arg["op"] != "SUM":
+            return False
+        src = self.g.nodes[n.src[0]]
+        return src.uop == "MUL" and len(set(src.refs)) == 2
+
     def holds_contraction(self, nid: str) -> bool:
-        """Does ``nid``, inlined down to roots, compute a sum of products of two different values (a conv or a
-        matmul; not a square, a variance's)?"""
-        seen, stack = set(), [nid]
-        while stack:
-            top = stack.pop()
-            n = self.g.nodes[top]
-            if n.uop == "REDUCE":
-                src = self.g.nodes[n.src[0]]
-                if n.arg["op"] == "SUM" and src.uop == "MUL" and len(set(src.refs)) == 2:
-                    return True
-            stack += [s for s in n.refs if s not in seen and s not in self.roots]
-            seen.update(n.refs)
-        return False
+        """Does ``nid``, inlined down to roots, hold a sum of products (``sums_products``)?"""
+        below = reachable([nid], lambda u: [s for s in self.g.nodes[u].refs if s not in self.roots])
+        return any(self.sums_products(u) for u in below)
 
     def poly_verdict(self, producer: str, consumer: str) -> tuple[bool, str] | None:
         """Poly Core's compute-at report: legal and no recompute (buffer class ``reg``: each producer

@@ -94,7 +94,8 @@ class _Piece:
     kernel: Kernel
     micros: tuple       # (kind, mr, nr, vw) of the micro-kernels it calls: kind "p" packed, "r" a_rows, "s" stage,
     #                     "l" B in place, "a"/"au" A from a stage, "w<m>" Winograd F(m x m, 3x3)'s transforms;
-    #                     "pt", "st", "at", "aut": (kind, mr, nr, vw, rows), a tail kernel of the last M tile
+    #                     the packed path's kinds + "o": their sums handed back to an epilogue on them; any of
+    #                     those + "t": (kind, mr, nr, vw, rows), a tail kernel of the last M tile
     vw: int             # the vector width of its types (kk_vf)
     kind: str = "loops"     # its unit's kind (``CpuSource.unit_kinds``)
 
@@ -159,10 +160,9 @@ def lower_cpu_kernels(program: Program, plans: dict[str, Plan], fuse: bool = Tru
             micros = ((("p", *m),) + ((("s", *m),) if lo.staged else ()) + ((("l", *m),) if lo.b_ld else ())
                       + ((("a", *m),) if lo.a_staged is True else (("au", *m),) if lo.a_staged else ()))
             if lo.tile_epilogue:    # the kinds that hand their accumulators back (kind + "o")
-                micros += tuple((k + "o", *m) for k, *_ in micros if k in ("p", "s", "a", "au"))
+                micros += tuple((k + "o", *m) for k, *_ in micros if k in _PACKED)
             if lo.m_tail:       # the packed path's kinds for the last M tile's rows (kind + "t", the rows last)
-                micros += tuple((k + "t", *m, lo.m_tail) for k, *_ in micros
-                                if k in ("p", "s", "a", "au", "po", "so", "ao", "auo"))
+                micros += tuple((k + "t", *m, lo.m_tail) for k, *_ in micros if k.removesuffix("o") in _PACKED)
             if plan.algo == "winograd":
                 micros += (("r", *m), (f"w{plan.get('algo_choice', 'tile', 2)}", *m))
             for pk in prepacks:
@@ -272,6 +272,8 @@ _MICROS = {"p": (micro_kernel, {}), "r": (micro_kernel, {"a_rows": True}), "s": 
            "au": (astage_micro_kernel, {"unit": True}), "po": (micro_kernel, {"out": True}),
            "so": (stage_micro_kernel, {"out": True}), "ao": (astage_micro_kernel, {"out": True}),
            "auo": (astage_micro_kernel, {"unit": True, "out": True})}
+#: the packed path's kinds (packed A and B, B or A from a stage): each has an "o" and a tail twin
+_PACKED = ("p", "s", "a", "au")
 
 
 def _micro_texts(micros) -> list[str]:
