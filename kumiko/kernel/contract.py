@@ -339,10 +339,10 @@ class ContractionLowering(PanelPacking):
         """The epilogue on the micro-kernel's accumulators, in registers: {rows: the statements for a tile of
         that many rows} (MR, and M's last tile's rows), or None where it does not apply.
 
-        In the last K block each tile's accumulators (the partial sums of the earlier K blocks added from the
-        C tile) go straight into the rest of the region, KUMIKO_VW points at a time (``lower_vec``'s vector
-        emitter, the innermost N axis in the lanes), and into the output: no C tile stored and loaded again,
-        no second pass over the block (``kk_fuse``: where the header's KUMIKO_VW is the plan's width). The
+        K is one block (``_one_k_block``), so each tile's accumulators hold its whole sums: they go straight
+        into the rest of the region, KUMIKO_VW points at a time (``lower_vec``'s vector emitter, the innermost
+        N axis in the lanes), and into the output: no C tile stored and loaded again, no second pass over the
+        block (where the header's KUMIKO_VW is the plan's width; else both, chosen by the preprocessor). The
         code is written out for each row and vector of the tile (as one loop over them, the accumulators went
         through memory: 1x1 convs ran 1.13-1.54x the time), the accumulators kept in registers.
 
@@ -353,13 +353,16 @@ class ContractionLowering(PanelPacking):
         (``_epi_pointwise``) as before.
 
         On a 2-core Zen 3 (in-process A/Bs against the pass): 1x1 convs with K of 16, 24 and 64 ran 0.77-0.93
-        of the time, K of 128 and 256 0.92-0.95, K of 512-2048 within 1%; MobileNetV2 0.923, BERT 0.977,
-        ResNet-50 0.998.
+        of the time, K of 128 and 256 0.92-0.95; MobileNetV2 0.923, BERT 0.977, ResNet-50 0.998. Where K is
+        several blocks it paid nothing (1x1 convs with K of 512-2048 within 1%; BERT's 128 x 768 x 768 and
+        128 x 3072 x 768 GEMMs 1.000 and 1.020) and cost gcc time (each tile then needs the C-tile kernel for
+        the earlier blocks beside the inlined one for the last: ResNet-50 compiled 1.6-2.7 s longer cold).
         """
         lo, c, A, B = self.lo, self.c, self.a, self.b
         lane = B.rows[-1] if B.rows else None
         n = self._known(B.rows) if B.rows else None
         if (c.outer is not None or not c.pointwise or lane is None or lo.r.iters[-1].name != lane or n is None
+                or not self._one_k_block()
                 or n % self.nr or self._merged_cols() != len(B.rows) or self.vw != self.plan.vector_width
                 or any(_heavy(x.expr) for x in lo.r.lets if x.name != c.let)):
             return None
@@ -389,6 +392,30 @@ class ContractionLowering(PanelPacking):
     def _known(self, axes) -> int | None:
         """The extent of ``axes`` when it is known when compiling."""
         return Expr.lift(prod([self.lo.sizes[a] for a in axes])).as_int()
+
+    def _l1k(self) -> int:
+        """K rows of a B panel read from the stage that fit L1 (``kk_kl1``: its K blocks)."""
+        if self.stage is not None and not self.stage.in_place:
+            # a padded stage's rows start anywhere, so a row of NR floats shorter than two cache lines spans two:
+            # count it as 128 bytes (AVX2's 16 lanes: K blocks of 128 rows, not 256; 3x3 convs 64 -> 64 at 56x56
+            # and 128 -> 128 at 28x28 ran 0.955-0.966 of the time in in-process A/Bs on a 2-core Zen 3; a 1x1
+            # conv's panels read in place from their source keep the 256: MobileNetV2 ran 1.017x with 128)
+            return max(8, IN_PLACE_PANEL_BYTES // max(4 * self.nr, 128))
+        return max(8, IN_PLACE_PANEL_BYTES // (4 * self.nr))
+
+    def _one_k_block(self) -> bool:
+        """Is all of K one step of the K loop on every path (known when compiling)? K known and one block under
+        the plan's ``k_blocks`` (at most KC, or one block by rule) and, where B is read from a stage, one of the
+        blocks that fit L1 its panels step through K in (``kk_kl1``)."""
+        k = self._known([a.name for a in self.c.k_axes])
+        if k is None or (self.stage is not None and k > self._l1k()):
+            return False
+        rule = self.plan.k_blocks or "kc"
+        if rule == "one" or k <= self.kc:
+            return True
+        n = self._known(self.b.rows)
+        ncp = -(-min(n, self.nc) // self.nr) * self.nr if n is not None else None
+        return rule == "one_if_fits" and ncp is not None and ncp * k <= ONE_K_BLOCK_FLOATS
 
     def _rows_outer(self) -> bool:
         """Do the tiles walk row tiles outermost (``emit``)? Where K is one block (at most KC) and the N
@@ -461,13 +488,7 @@ class ContractionLowering(PanelPacking):
         region's pointwise rest, which may run on the accumulators (``_tile_epilogue``)."""
         c, lo, A, B = self.c, self.lo, self.a, self.b
         mr, nr, mc, nc, kc = self.mr, self.nr, self.mc, self.nc, self.kc
-        l1k = max(8, IN_PLACE_PANEL_BYTES // (4 * nr))      # K rows of an in-place B panel that fit L1
-        if self.stage is not None and not self.stage.in_place:
-            # a padded stage's rows start anywhere, so a row of NR floats shorter than two cache lines spans two:
-            # count it as 128 bytes (AVX2's 16 lanes: K blocks of 128 rows, not 256; 3x3 convs 64 -> 64 at 56x56
-            # and 128 -> 128 at 28x28 ran 0.955-0.966 of the time in in-process A/Bs on a 2-core Zen 3; a 1x1
-            # conv's panels read in place from their source keep the 256: MobileNetV2 ran 1.017x with 128)
-            l1k = max(8, IN_PLACE_PANEL_BYTES // max(4 * nr, 128))
+        l1k = self._l1k()
         k_axes = tuple(a.name for a in c.k_axes)
         lo.ty.add_axes(c.k_axes + (c.outer.axes if c.outer is not None else ()))
         win = c.outer is not None
@@ -625,8 +646,8 @@ class ContractionLowering(PanelPacking):
 
         def tile(rows: int | None, out: bool = False):
             """The micro-kernel call of one MR x NR tile, of its first ``rows`` rows only when given; ``out``:
-            its accumulators into ``kk_o``, then the epilogue on them (``_tile_epilogue``)."""
-            to = c_at[:-2] + ", kk_o);" if out else c_at
+            its sums into ``kk_o`` (no C tile: K is one block), then the epilogue on them (``_tile_epilogue``)."""
+            to = "kk_o);" if out else c_at
             call = Raw(f"{micro_name(mr, nr, self.vw, rows=rows, out=out)}(kk_kcb, kk_Ac + kk_ir*kk_lda, {b_at}, {to}")
             if stg is not None:     # B from the stage: the panel's first row's offset, the K offsets, its two runs
                 call = If("kk_dir && kk_jr < kk_nfull" if in_place else "kk_dir", (Raw(
@@ -642,12 +663,15 @@ class ContractionLowering(PanelPacking):
             if not out:
                 return call
             rows_ = rows or mr
-            return Block((Raw(f"#if KUMIKO_VW == {self.vw}"), Raw(f"kk_vf kk_o[{rows_ * (nr // self.vw)}];"), call,
-                          *fz[rows_], Raw("#endif")))
+            return Block((Raw(f"kk_vf kk_o[{rows_ * (nr // self.vw)}];"), call, *fz[rows_]))
 
         def either(rows: int | None):
-            """The tile with its epilogue on the accumulators in the last K block, else into C."""
-            return If("kk_fuse && kk_last", (tile(rows, True),), (tile(rows),)) if fz else tile(rows)
+            """The tile with its epilogue on the accumulators where the header's KUMIKO_VW is the plan's width,
+            else into C (the block's epilogue pass follows)."""
+            if not fz:
+                return tile(rows)
+            return Block((Raw(f"#if KUMIKO_VW == {self.vw}"), tile(rows, True), Raw("#else"), tile(rows),
+                          Raw("#endif")))
         fz = self._tile_epilogue() if fuse else None
         lo.tile_epilogue = lo.tile_epilogue or fz is not None
         call = either(None)
@@ -672,7 +696,7 @@ class ContractionLowering(PanelPacking):
             epi = self._epi_transposed if lo.r.iters[-1].name in A.rows[-1:] else self._epi_pointwise
             epi_code = epi(epilogue, "kk_ic", rows_end, "0", "kk_ncur")
         if fz:      # the tiles ran the epilogue on their accumulators: no pass over the block
-            epi_code = [If("!kk_fuse", tuple(epi_code))]
+            epi_code = [Raw(f"#if KUMIKO_VW != {self.vw}"), *epi_code, Raw("#endif")]
         if not dyn:
             block.append(If("kk_last", tuple(epi_code)))
         # the threads of mode 0 share the B panels they pack: none to share when B is pre-packed (each thread's A
@@ -700,9 +724,6 @@ class ContractionLowering(PanelPacking):
                        "kk_dir && kk_ares && kk_K > 0 && (kk_nfull == kk_np || kk_K <= kk_kc) ? kk_kl1 : kk_kc"
                        if in_place else "kk_dir && kk_ares && kk_K > 0 ? kk_kl1 : kk_kc" if stg is not None
                        else "kk_adir && kk_K > 0 ? kk_K : kk_kc" if one_k_a else "kk_kc"),
-                  # the tiles' epilogue on their accumulators in the last K block (``_tile_epilogue``)
-                  *([Raw(f"#if KUMIKO_VW == {self.vw}\nconst int kk_fuse = 1;\n#else\nconst int kk_fuse = 0;\n"
-                         "#endif")] if fz else []),
                   *(self._dealt_blocks(block, epi_code) if dyn else [
                       Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"), *kblock,
                       Raw("}")])]

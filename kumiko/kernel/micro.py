@@ -65,34 +65,31 @@ def _fmas(mr: int, nv: int, vw: int, src, indent: str, h: int = 0) -> list:
 
 
 def _head(name: str, args: str, out: bool) -> str:
-    """A micro-kernel's first line: its C tile and ``acc`` last, and, ``out``, the vectors it hands back
+    """A micro-kernel's first line: its C tile and ``acc`` last or, ``out``, the vectors it hands back instead
     (always inlined: the caller's epilogue takes them from registers)."""
     if out:
-        return (f"static inline __attribute__((always_inline)) void {name}({args}, const float* KUMIKO_RESTRICT c, "
-                "long long ldc, int acc, kk_vf* KUMIKO_RESTRICT o) {")
+        return f"static inline __attribute__((always_inline)) void {name}({args}, kk_vf* KUMIKO_RESTRICT o) {{"
     return f"static void {name}({args}, float* KUMIKO_RESTRICT c, long long ldc, int acc) {{"
 
 
 def _start(mr: int, nr: int, nv: int, nh: int = 1, out: bool = False) -> list:
-    """Prefetch the C tile's rows (``out``: only when it is added) and zero the accumulators (``nh`` sets)."""
-    lines = [f"  __builtin_prefetch(c + {i}*ldc, 0, 3); __builtin_prefetch(c + {i}*ldc + {nr - 1}, 0, 3);"
-             for i in range(mr)]
-    if out:
-        lines = ["  if (acc) {", *["  " + x for x in lines], "  }"]
+    """Prefetch the C tile's rows (not ``out``: no C tile) and zero the accumulators (``nh`` sets)."""
+    lines = [] if out else [f"  __builtin_prefetch(c + {i}*ldc, 0, 3); "
+                            f"__builtin_prefetch(c + {i}*ldc + {nr - 1}, 0, 3);" for i in range(mr)]
     return lines + ["  " + " ".join(f"kk_vf {_acc(i, v, h)} = (kk_vf){{0}};" for v in range(nv))
                     for h in range(nh) for i in range(mr)]
 
 
 def _finish(mr: int, nv: int, vw: int, nh: int = 1, out: bool = False) -> list:
-    """Sum the sets of accumulators, add the C tile when ``acc``, then store the accumulators into it or,
+    """Sum the sets of accumulators, then add the C tile when ``acc`` and store the accumulators into it or,
     ``out``, hand them back (``o[i*NV + v]``); close the function."""
     lines = [f"  {_acc(i, v, 0)} += " + " + ".join(_acc(i, v, h) for h in range(1, nh)) + ";"
              for i in range(mr) for v in range(nv)] if nh > 1 else []
+    if out:
+        return lines + [f"  o[{i * nv + v}] = c{i}_{v};" for i in range(mr) for v in range(nv)] + ["}"]
     lines.append("  if (acc) {")
     lines += [f"    c{i}_{v} += *(const kk_vfu*)(c + {i}*ldc + {v * vw});" for i in range(mr) for v in range(nv)]
     lines.append("  }")
-    if out:
-        return lines + [f"  o[{i * nv + v}] = c{i}_{v};" for i in range(mr) for v in range(nv)] + ["}"]
     lines += [f"  *(kk_vfu*)(c + {i}*ldc + {v * vw}) = c{i}_{v};" for i in range(mr) for v in range(nv)]
     return lines + ["}"]
 
@@ -199,9 +196,9 @@ def micro_kernel(mr: int, nr: int, vw: int, a_rows: bool = False, b_ld: bool = F
     place with unaligned loads (an extra ``ldb`` argument: the skinny path's unpacked weights). With ``rows``
     (< MR) only the tile's first ``rows`` rows are computed and stored, A still a panel of MR rows: the last
     tile of an M that MR does not divide (128 rows: 21 tiles of 6 and one of 2) multiplies no padding rows.
-    With ``out`` (every variant has it, name suffix ``_o``) C is only read (added when ``acc``) and the sums are
+    With ``out`` (every variant has it, name suffix ``_o``) there is no C tile: the sums of the kc products are
     handed back in ``o`` (``o[i*NV + v]``), the function always inlined: the caller's epilogue runs on them in
-    registers (``ContractionLowering._tile_epilogue``; gcc scalarises ``o``)."""
+    registers (``ContractionLowering._tile_epilogue``, where K is one block; gcc scalarises ``o``)."""
     nv, mt = nr // vw, rows or mr
     a_arg = "const float* KUMIKO_RESTRICT a, long long lda" if a_rows else "const float* KUMIKO_RESTRICT a"
     b_arg = "const float* KUMIKO_RESTRICT b, long long ldb" if b_ld else "const float* KUMIKO_RESTRICT b"

@@ -1,10 +1,10 @@
-"""The epilogue on the accumulators (``ContractionLowering._tile_epilogue``): in the last K block each micro-tile
-hands its accumulators back (the ``_o`` micro-kernels, the earlier K blocks' partial sums added from the C tile)
-and the rest of the region runs on them, KUMIKO_VW points at a time, into the output; no second pass. The
-kernels match the evaluator with poisoned outputs and the C-tile path bit for bit, at tile and non-tile sizes
-(M's last tile, a symbolic M), with one K block or several, the weights bound (pre-packed B, the dealt M blocks)
-or passed, A read in place or packed; where it does not apply (an N that NR does not divide, an output written
-along M) the kernel has none of it."""
+"""The epilogue on the accumulators (``ContractionLowering._tile_epilogue``): where K is one block each
+micro-tile hands its sums back (the ``_o`` micro-kernels, no C tile) and the rest of the region runs on them,
+KUMIKO_VW points at a time, into the output; no second pass. The kernels match the evaluator with poisoned
+outputs and the C-tile path bit for bit, at tile and non-tile sizes (M's last tile, a symbolic M), the weights
+bound (pre-packed B, the dealt M blocks) or passed, A read in place or packed, B read from a stage; where it does
+not apply (K of several blocks, an N that NR does not divide, an output written along M) the kernel has none of
+it."""
 import numpy as np
 import pytest
 
@@ -22,14 +22,14 @@ def _check(g, shapes=None, fused=True):
     """The kernel against the evaluator (two seeds) and against the C-tile path; its source."""
     exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
     src = exe._run.source
-    assert ("kk_fuse" in src) == fused and (("_o(kk_kcb" in src) == fused)
+    assert ("_o(kk_kcb" in src) == fused and ("#if KUMIKO_VW != " in src) == fused
     orig = CT.ContractionLowering._tile_epilogue
     try:
         CT.ContractionLowering._tile_epilogue = lambda self: None
         plain = kumiko.compile(g, "cpu")
     finally:
         CT.ContractionLowering._tile_epilogue = orig
-    assert "kk_fuse" not in plain._run.source
+    assert "_o(kk_kcb" not in plain._run.source
     for seed in (0, 1):
         ins = exe.random_inputs(seed, shapes)
         out, want, c_tile = exe(**ins), ref(**ins), plain(**ins)
@@ -97,13 +97,23 @@ def test_symbolic_m_guards_the_padding_rows():
 
 
 @pytest.mark.parametrize("k", [600, 1000])
-def test_several_k_blocks(k):
-    """K of 600 and 1000: blocks of at most KC, the epilogue on the last one's accumulators."""
+def test_not_with_several_k_blocks(k):
+    """K of 600 and 1000: blocks of at most KC, the C tile and the pass (the inlined tile beside the C-tile one
+    for the earlier blocks paid nothing and cost gcc time)."""
     rng = np.random.default_rng(k)
     x = Tensor.input("x", (50, k))
-    _check((x @ _param(rng, (k, 48), "w") + Tensor.input("r", (50, 48))).relu().graph("y"))
-    _check(_pointwise_conv(7, k, 32, True))
-    _check(_pointwise_conv(7, k, 32, False, bound=False))
+    _check((x @ _param(rng, (k, 48), "w") + Tensor.input("r", (50, 48))).relu().graph("y"), fused=False)
+    _check(_pointwise_conv(7, k, 32, True), fused=False)
+    _check(_pointwise_conv(7, k, 32, False, bound=False), fused=False)
+
+
+def test_the_sums_come_back_without_a_c_tile():
+    """The ``_o`` micro-kernels of every kind take no C tile and no ``acc``: K is one block."""
+    from kumiko.kernel import micro
+    for src in (micro.micro_kernel(6, 16, 8, out=True), micro.micro_kernel(6, 16, 8, rows=4, out=True),
+                micro.stage_micro_kernel(6, 16, 8, out=True), micro.astage_micro_kernel(6, 16, 8, True, out=True)):
+        head = src.splitlines()[0]
+        assert head.endswith("kk_vf* KUMIKO_RESTRICT o) {") and "acc" not in src and "ldc" not in src, head
 
 
 def test_not_where_it_does_not_apply():
