@@ -46,11 +46,14 @@ class Pack:
     """Panels of a constant operand that a step reads in place: packed by the C function ``fn`` (same ABI and
     ``bufs`` as its step) into the buffer ``buffer`` of ``floats`` floats (an Expr over the size symbols),
     from the constant inputs ``sources``. The runtime packs once per set of sizes while the call passes the
-    Executable's own arrays for every source, and again for a call that passes others."""
+    Executable's own arrays for every source, and again for a call that passes others. ``consts``: the
+    integer constants ``fn`` reads from one more buffer after the step's (int64; ``lift_constants`` in
+    ``kumiko.render.cpu_program``)."""
     fn: str
     buffer: str
     floats: object
     sources: tuple
+    consts: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ import threading
 import time
 from contextlib import contextmanager
 from operator import is_, itemgetter
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -477,7 +477,9 @@ class CpuProgram:
                                  else aligned_empty((n,), np.float32))
         view = {**bufs, **panels}
         for pk in step.packs:
-            self._run_step(Step(pk.fn, step.regions, step.buffers), self._pack_fns[pk.fn], view, syms, env)
+            # its integer constants, when it reads them (``Pack.consts``): one more buffer after the step's
+            extra = (np.asarray(pk.consts, dtype=np.int64),) if pk.consts else ()
+            self._run_step(Step(pk.fn, step.regions, step.buffers), self._pack_fns[pk.fn], view, syms, env, extra)
             self.pack_calls += 1
         for a in panels.values():
             a.setflags(write=False)
@@ -511,10 +513,11 @@ class CpuProgram:
         return outs
 
     def _run_step(self, step: Step, fn, bufs: Mapping[str, np.ndarray], syms: list[int],
-                  env: Mapping[str, int]) -> None:
-        """One ABI call with named buffers (the pack functions); its status as a diagnostic."""
+                  env: Mapping[str, int], extra: Sequence[np.ndarray] = ()) -> None:
+        """One ABI call with named buffers and then ``extra`` ones (the pack functions); its status as a
+        diagnostic."""
         try:
-            arrays = [bufs[n] for n in step.buffers]
+            arrays = [bufs[n] for n in step.buffers] + list(extra)
         except KeyError as e:
             raise KumikoError("E1703", at=f"region {' + '.join(step.regions)}", why=f"buffer {e.args[0]!r} is "
                               "neither a program input, output nor intermediate") from None

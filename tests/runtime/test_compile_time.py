@@ -13,7 +13,7 @@ from kumiko import Tensor
 from kumiko.backend.cpu import CpuBackend, choose_cpu_plans
 from kumiko.diagnostics import KumikoError
 from kumiko.region import form_regions
-from kumiko.render.cpu_program import canonical_kernel, render_cpu_source
+from kumiko.render.cpu_program import canonical_kernel, lift_constants, render_cpu_source
 from kumiko.runtime import cpu as cpu_rt
 from kumiko.runtime import host
 from kumiko.runtime.program import CpuProgram
@@ -417,3 +417,19 @@ def test_the_pack_functions_of_a_program_share_one_unit(fresh_cache):
     flags = [json.loads(o.with_suffix(".json").read_text())["flags"] for o in fresh_cache.glob("*.o")
              if o.with_suffix(".c").read_text() == packs[0]]
     assert flags and flags[0][-1:] == list(cpu_rt.UNIT_FLAGS["pack"])
+
+
+def test_lift_constants_takes_the_integer_literals_only():
+    """A pack function's ``NLL`` literals come from ``bufs[n]`` in order of appearance; preprocessor lines,
+    floats, plain ints and names that end in digits keep theirs."""
+    text = ("int kumiko_3_k(void** bufs, const long long* syms) {\n"
+            "  const long long kk_M = 64LL;\n"
+            "#if KUMIKO_VW == 8LL\n"
+            "  float v12LL = 1.5f; long long kk_lo = -(1LL << 62) + 147LL*kumiko_l3 + 2.0e10;\n"
+            "#endif\n"
+            "  int kk_r[6]; return 0;\n}")
+    out, values = lift_constants(text, "kumiko_3_k", 5)
+    assert values == (64, 1, 147)
+    assert "  const long long* KUMIKO_RESTRICT kk_cst = (const long long*)bufs[5];" in out.splitlines()[1]
+    assert "kk_M = kk_cst[0];" in out and "-(kk_cst[1] << 62) + kk_cst[2]*kumiko_l3 + 2.0e10" in out
+    assert "#if KUMIKO_VW == 8LL" in out and "v12LL = 1.5f" in out and "kk_r[6]" in out

@@ -138,3 +138,24 @@ def test_a_param_passed_in_place_of_a_constant_is_still_checked():
     with pytest.raises(KumikoError) as e:
         exe(x=x, w=np.ones((30, 50), np.float64))
     assert e.value.code == "E1015"
+
+
+def test_weights_of_other_sizes_share_one_pack_function():
+    """Dense layers of other sizes: their weights' pack functions read their sizes and strides from a buffer
+    of constants (``lift_constants``), so alike ones are one function, called with each one's own values;
+    every layer's panels are its own (the answers are the evaluator's)."""
+    rng = np.random.default_rng(7)
+    h, k = Tensor.input("x", (40, 37)), 37
+    for i, n in enumerate((70, 50, 33, 21)):
+        w = Tensor((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32), name=f"w{i}", role="param")
+        h, k = (h @ w).relu(), n
+    g = h.graph("y")
+    exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+    packs = [pk for st in _packer(exe).steps for pk in st.packs]
+    assert len(packs) == 4 and len({pk.fn for pk in packs}) < len(packs)
+    assert len({pk.consts for pk in packs}) == len(packs) and all(pk.consts for pk in packs)
+    source = exe._run.source
+    assert "kk_cst = (const long long*)bufs[" in source
+    for seed in range(2):
+        ins = {k: v for k, v in exe.random_inputs(seed).items() if k not in exe.params}
+        assert rel_l2(exe(**ins)["y"], ref(**ins)["y"]) < 1e-5
