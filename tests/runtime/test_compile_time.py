@@ -433,3 +433,5 @@ def test_lift_constants_takes_the_integer_literals_only():
     assert "  const long long* KUMIKO_RESTRICT kk_cst = (const long long*)bufs[5];" in out.splitlines()[1]
     assert "kk_M = kk_cst[0];" in out and "-(kk_cst[1] << 62) + kk_cst[2]*kumiko_l3 + 2.0e10" in out
     assert "#if KUMIKO_VW == 8LL" in out and "v12LL = 1.5f" in out and "kk_r[6]" in out
+    bare = "int kumiko_4_k(void** bufs, const long long* syms) {\n  return 0;\n}"
+    assert lift_constants(bare, "kumiko_4_k", 3) == (bare, ())        # nothing to lift: no buffer read
