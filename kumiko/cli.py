@@ -226,7 +226,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
     stages = [s.strip() for s in args.stage.split(",") if s.strip()]
     out_dir = Path(args.out) if args.out else None
     if args.format != "json":
-        return _dump_pictures(program, stages, args.format, out_dir)
+        return _dump_pictures(program, stages, args.format, out_dir, args.target)
     texts = dump(program, stages, out_dir, target=args.target)
     if out_dir is None:
         if len(texts) == 1:
@@ -239,12 +239,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dump_pictures(program, stages: list[str], fmt: str, out_dir: Path | None) -> int:
-    from kumiko.pipeline import draw_stages, write_dumps
+def _dump_pictures(program, stages: list[str], fmt: str, out_dir: Path | None, target: str | None = None) -> int:
+    from kumiko.pipeline import draw_target_stages, write_dumps
     if fmt == "svg" and out_dir is None and len(stages) > 1:
         raise KumikoError("E1010", at="dump --format svg", why="several SVG pictures cannot share stdout",
                           suggestion="pick one stage (--stage frontend) or write files with --out DIR")
-    texts = draw_stages(program, stages, fmt)      # written here, under a file name safe_stem made
+    texts = draw_target_stages(program, stages, fmt, target)     # written here, under a file name safe_stem made
     if out_dir is None:
         sys.stdout.write("".join(texts.values()))
     else:
@@ -461,8 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "each stage's JSON dump, in the seeds' shape; dumps are byte-identical across runs.")
     d.add_argument("--stage", default="frontend,tiny", help="comma-separated stages: "
                    f"{', '.join(n for n in DUMPS if n != 'c')} (default frontend,tiny)")
-    d.add_argument("--target", default=None, help="whose region, plan and gpu_ir stages to dump (default cpu, and "
-                   f"cuda-emu for gpu_ir; {targets}): --target cuda-emu --stage plan shows the GPU plans")
+    d.add_argument("--target", default=None, help="whose region, plan and gpu_ir stages to dump or draw (default "
+                   f"cpu, and cuda-emu for gpu_ir; {targets}): --target cuda-emu --stage plan shows the GPU plans")
     d.add_argument("--out", help="directory to write <name>.<stage>.<format> into (default: print to stdout)")
     d.add_argument("--format", choices=("json", "dot", "svg"), default="json",
                    help=f"json (default): the stage's dump; dot or svg: a picture of the stage "

@@ -170,6 +170,21 @@ def test_region_picture_exists(capsys):
     assert capsys.readouterr().out.startswith("digraph")
 
 
+def test_region_picture_is_the_targets(tmp_path, capsys):
+    """A conv + ReLU pooled whole over 7 x 7 pixels: the cpu target runs the pool apart (R-pool), the GPU
+    targets fused; each target's picture has as many regions as its JSON dump (it had drawn a target-neutral
+    formation whatever the target)."""
+    from kumiko import Tensor
+    x, w = Tensor.input("x", [1, 16, 7, 7]), Tensor.input("w", [24, 16, 3, 3], role="param")
+    src = tmp_path / "pool.json"
+    src.write_text(json.dumps(x.conv2d(w, padding=1).relu().mean((2, 3)).graph("y").to_json()))
+    for target, regions in (("cpu", 2), ("cuda-emu", 1)):
+        assert main(["dump", str(src), "--stage", "region", "--target", target]) == 0
+        assert len(json.loads(capsys.readouterr().out)["regions"]) == regions
+        assert main(["dump", str(src), "--stage", "region", "--format", "dot", "--target", target]) == 0
+        assert capsys.readouterr().out.count('subgraph "cluster_') == regions, target
+
+
 # 5. the cuda extra ---------------------------------------------------------------------------------------
 
 def test_missing_cuda_bindings_says_how_to_install_from_a_checkout(monkeypatch):

@@ -368,6 +368,15 @@ def stage_json(program: Graph | TinyGraph, name: str, target: str | None = None)
     return _stage_json(c, n)
 
 
+def draw_target_stages(program: Graph | TinyGraph, stages: Sequence[str], fmt: str,
+                       target: str | None = None) -> dict[str, str]:
+    """``draw_stages`` with the region stage's picture the ``target``'s (default cpu): the regions its driver
+    forms, as its JSON dump shows them (the cpu target's layout and R-pool), not a target-neutral formation."""
+    def region() -> Program:
+        return compile_program(program, target or "cpu", until="region", want=["region"]).region
+    return draw_stages(program, stages, fmt, region)
+
+
 def dump(program: Graph | TinyGraph, stages: list[str], out_dir: Path | None,
          target: str | None = None) -> dict[str, str]:
     """Render each stage's JSON (``target``'s: ``stage_json``); write ``<name>.<stage>.json`` into ``out_dir``

@@ -15,6 +15,7 @@ from kumiko.frontend.graph import Graph
 from kumiko.frontend.visualize import frontend_stage_drawing, tiny_stage_drawing
 from kumiko.region import form_regions
 from kumiko.region.draw import draw_program
+from kumiko.region.ssa import Program
 from kumiko.tiny.ir import TinyGraph
 from kumiko.util.drawing import Cluster, Drawing, render_dot, to_svg
 from kumiko.util.files import safe_stem, write_file
@@ -33,7 +34,8 @@ def to_tiny(program: Graph | TinyGraph) -> TinyGraph:
 DRAWINGS: dict[str, Callable[[Graph | TinyGraph], Drawing]] = {
     "frontend": frontend_stage_drawing,
     "tiny": tiny_stage_drawing,
-    "region": lambda p: draw_program(form_regions(to_tiny(p))),
+    # a Program: the target's regions as its driver formed them (``draw_stages``); a program: target-neutral
+    "region": lambda p: draw_program(p if isinstance(p, Program) else form_regions(to_tiny(p))),
 }
 #: what ``--dump`` / ``KUMIKO_DUMP`` write, in pipeline order: dump name -> the driver's stage it shows. Every
 #: one is JSON (``<name>.<dump>.json``) but ``c``: the generated source (``.c``, or ``.cu`` with the cubin
@@ -42,7 +44,7 @@ DUMPS: dict[str, str] = {"frontend": "frontend", "tiny": "tiny", "indexbook": "i
                          "region": "region", "plan": "plan", "gpu_ir": "kernel", "c": "source"}
 
 
-def to_dot(program: Graph | TinyGraph, stage: str | None = None, clusters: Sequence[Cluster] = ()) -> str:
+def to_dot(program: Graph | TinyGraph | Program, stage: str | None = None, clusters: Sequence[Cluster] = ()) -> str:
     """DOT text of a program at ``stage`` (default: frontend for a Graph, tiny for a TinyGraph);
     ``clusters`` draws boxes around groups of the drawing's nodes."""
     stage = stage or ("frontend" if isinstance(program, Graph) else "tiny")
@@ -56,7 +58,7 @@ def to_dot(program: Graph | TinyGraph, stage: str | None = None, clusters: Seque
     return render_dot(d)
 
 
-def draw(program: Graph | TinyGraph, stage: str, fmt: str) -> str:
+def draw(program: Graph | TinyGraph | Program, stage: str, fmt: str) -> str:
     """The picture of one stage as ``dot`` or ``svg`` text."""
     if fmt not in ("dot", "svg"):
         raise KumikoError("E1010", at="dump --format", why=f"unknown picture format {fmt!r}",
@@ -65,10 +67,12 @@ def draw(program: Graph | TinyGraph, stage: str, fmt: str) -> str:
     return to_svg(text) if fmt == "svg" else text
 
 
-def draw_stages(program: Graph | TinyGraph, stages: Sequence[str], fmt: str) -> dict[str, str]:
+def draw_stages(program: Graph | TinyGraph, stages: Sequence[str], fmt: str,
+                region: Callable[[], Program] | None = None) -> dict[str, str]:
     """Pictures of several stages: stage -> text, all drawn before the caller writes any (a failure writes
-    nothing; the CLI writes them under file names ``dump_path`` makes safe)."""
-    return {s: draw(program, s, fmt) for s in stages}
+    nothing; the CLI writes them under file names ``dump_path`` makes safe). ``region``: the target's region
+    stage (``kumiko.pipeline.draw_target_stages``), else target-neutral formation draws it."""
+    return {s: draw(region() if s == "region" and region is not None else program, s, fmt) for s in stages}
 
 
 def _fmt(v, indent: int) -> str:
