@@ -286,7 +286,9 @@ class Importer:
             raise KumikoError("E1012", at=where, why=f"int64 constant {name!r} holds values outside the i32 "
                               "range; kumiko narrows INT64 to i32")
         k = self.fresh_name(name)
-        self.params[k] = np.array(arr, dtype=dt.np, order="C")   # (ascontiguousarray makes 0-d 1-d)
+        # no copy when the constant is already C-ordered in its dtype (an initializer: its own array, never
+        # written; BERT-base's 440 MB of weights had been copied once more); ascontiguousarray makes 0-d 1-d
+        self.params[k] = np.asarray(arr, dtype=dt.np, order="C")
         self.kt[name] = k
         return self._input(k, TensorType(dt, tuple(int(d) for d in arr.shape)), "param", "const_pool")
 

@@ -132,6 +132,25 @@ def test_initializers_are_const_pool_params():
     np.testing.assert_allclose(out, np.full((1, 10), 0.1, np.float32), rtol=1e-6)
 
 
+def test_initializers_become_params_without_a_copy(monkeypatch):
+    """An initializer already C-ordered in its dtype is the param itself (BERT-base's 440 MB of weights had
+    been copied once more on import); the values are the initializers'."""
+    import kumiko.frontend.onnx_import as oi
+    made = {}
+
+    def spy(t, where):
+        made[t.name] = a = oi_tensor_array(t, where)
+        return a
+    oi_tensor_array = oi.tensor_array
+    monkeypatch.setattr(oi, "tensor_array", spy)
+    m = cnn()
+    g = kumiko.from_onnx(m)
+    for name in ("w1", "fc_w", "fc_b"):
+        assert np.shares_memory(g.params[name], made[name]), name
+        want = nh.to_array(next(t for t in m.graph.initializer if t.name == name))
+        assert np.array_equal(g.params[name], want)
+
+
 def test_shape_subgraph_is_folded():
     """Reshape(x, Concat(Shape(x)[0:1], [-1])), the exporters' flatten, leaves only a Reshape."""
     nodes = [
