@@ -89,6 +89,25 @@ def test_identical_layers_share_one_function(fresh_cache):
     assert functions(run.source) == 3
 
 
+def test_layers_whose_epilogue_reduces_share_one_function(fresh_cache):
+    """A matmul whose epilogue normalises its rows (a LayerNorm after a residual, BERT's) runs its sums into a
+    scratch array first: the array's name comes from the layer's nodes, yet the layers after the first are one
+    function (the name had been Raw text the canonical form does not see: BERT-base compiled each of its 12
+    layers' two such kernels apart, 30 units instead of 8)."""
+    rng = np.random.default_rng(3)
+    h = Tensor.input("x", (16, 32))
+    for i in range(3):
+        w = Tensor((rng.standard_normal((32, 32)) / 6).astype(np.float32), name=f"w{i}", role="param")
+        y = h @ w + h
+        d = y - y.mean(-1, keepdim=True)
+        h = d * ((d * d).mean(-1, keepdim=True) + 1e-5).rsqrt()
+    g = h.graph("y")
+    exe = kumiko.compile(g, "cpu")
+    fns = [s.fn for s in exe._run.runner.steps]
+    assert len(fns) == 3 and fns[1] == fns[2] and "kumiko_tmp_alloc" in exe._run.source
+    check_against_eval(g, exe)
+
+
 def test_shared_function_keeps_the_first_kernels_text():
     program, c = rendered(chain([4, 4, 4]))
     kept = c.steps[1].fn
