@@ -474,7 +474,6 @@ class ContractionLowering(PanelPacking):
                 Decl("const long long", "kk_ic", "kk_m0 + kk_blk * kk_mblk"), block[0],
                 Raw("for (long long kk_pc = 0; kk_pc < kk_K || kk_pc == 0; kk_pc += kk_kstep) {"),
                 Decl("const long long", "kk_kcb", "kk_K - kk_pc < kk_kstep ? kk_K - kk_pc : kk_kstep"),
-                Decl("const int", "kk_last", "kk_pc + kk_kcb >= kk_K"),
                 *block[1:], Raw("}"), *epi_code, Raw("}"),
                 # the next batch point or N block deals its blocks afresh: all threads done with this one first,
                 # then each resets its own counter before any thread takes from it
