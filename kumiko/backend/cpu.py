@@ -61,8 +61,9 @@ class CpuBackend(Backend):
 
     def formation(self) -> dict:
         """R-pool on: a conv pooled whole over fewer than ``GLOBAL_POOL_POINTS`` pixels runs apart from its pool
-        (fused, the pixels were the micro-kernel's lanes, 49 of 64)."""
-        return {"pool_points": GLOBAL_POOL_POINTS}
+        (fused, the pixels were the micro-kernel's lanes, 49 of 64); group axes split (a grouped conv runs as a
+        group-batched GEMM: ``kumiko.region.groups``)."""
+        return {"pool_points": GLOBAL_POOL_POINTS, "group_axes": True}
 
     def prepare(self, comp) -> None:
         """A program of at least ``PCH_EARLY_REDUCES`` reductions (a network: units enough for the build to

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from kumiko import dtypes, ops
+from kumiko.region.groups import split_groups
 from kumiko.region.index import injective, move_index
 from kumiko.region.pairview import compute_at_verdict
 from kumiko.region.srnf import children, normalize
@@ -655,7 +656,10 @@ class Former:
         return Program(self.g.name, regions, ins, outs, bufs, dict(self.g.symbols))
 
 
-def form_regions(g: TinyGraph, pool_points: int = 0) -> Program:
+def form_regions(g: TinyGraph, pool_points: int = 0, group_axes: bool = False) -> Program:
     """Partition a TinyGraph into regions in execution order (producers before consumers); ``pool_points``:
-    R-pool's bound, a target's (``Backend.formation``; 0, the default, turns the rule off)."""
-    return Former(g, pool_points).form()
+    R-pool's bound, a target's (``Backend.formation``; 0, the default, turns the rule off); ``group_axes``: an
+    output axis read in whole groups (a grouped conv's channel) split in two where that makes the region a
+    contraction (``kumiko.region.groups``; a target's, off by default)."""
+    p = Former(g, pool_points).form()
+    return split_groups(p) if group_axes else p

@@ -225,8 +225,13 @@ def play_region(r: Region, buffers: Mapping[str, np.ndarray], env: Mapping[str, 
 
 
 def play_program(p: Program, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> dict[str, np.ndarray]:
-    """Run every region in order, passing intermediates by name; returns the signature outputs."""
+    """Run every region in order, passing intermediates by name; returns the signature outputs. A region that
+    writes a buffer through a view of another shape (a split group axis: ``kumiko.region.groups``) hands it on
+    in the program's shape, the same row-major memory."""
     bufs: dict[str, np.ndarray] = dict(inputs)
+    shapes = dict((*p.buffers, *p.outputs))
     for r in p.regions:
-        bufs.update(play_region(r, bufs, env))
+        for name, arr in play_region(r, bufs, env).items():
+            m = shapes.get(name)
+            bufs[name] = arr.reshape([dim_eval(d, env) for d in m.shape]) if m is not None else arr
     return {name: bufs[name] for name, _ in p.outputs}

@@ -61,13 +61,13 @@ def map_children(e: RExpr, f: Callable[[RExpr], RExpr]) -> RExpr:
     return replace(e, **{n: f(k) for n, k in ((n, getattr(e, n)) for n in fields) if not isinstance(k, Guard)})
 
 
-def _map(e: RExpr, f: Callable[[RExpr], RExpr]) -> RExpr:
+def map_nodes(e: RExpr, f: Callable[[RExpr], RExpr]) -> RExpr:
     """Rebuild ``e`` bottom-up, applying ``f`` to every node after its children."""
-    return f(map_children(e, lambda k: _map(k, f)))
+    return f(map_children(e, lambda k: map_nodes(k, f)))
 
 
 def _on_lets(r: Region, f: Callable[[RExpr], RExpr]) -> Region:
-    return replace(r, lets=tuple(Let(x.name, _map(x.expr, f)) for x in r.lets))
+    return replace(r, lets=tuple(Let(x.name, map_nodes(x.expr, f)) for x in r.lets))
 
 
 def free_axes(e: RExpr, r: Region | None = None) -> set[str]:
@@ -87,7 +87,7 @@ def free_axes(e: RExpr, r: Region | None = None) -> set[str]:
         elif isinstance(x, BroadcastInDim):
             out.update(x.axes)
         return x
-    _map(e, visit)
+    map_nodes(e, visit)
     return out
 
 
@@ -142,7 +142,7 @@ def _typer(r: Region) -> Typer:
     ty = Typer(r.name, r.iters, tensors)
     ty.lets.update(types)
     for let in r.lets:
-        _map(let.expr, lambda x: (ty.add_axes(x.axes) if isinstance(x, Reduce) else None) or x)
+        map_nodes(let.expr, lambda x: (ty.add_axes(x.axes) if isinstance(x, Reduce) else None) or x)
     return ty
 
 
@@ -255,7 +255,7 @@ def _drop_dead(r: Region) -> Region:
     used = {y.src for y in r.yields}
     for let in reversed(r.lets):
         if let.name in used:
-            _map(let.expr, lambda x: (used.add(x.name) if isinstance(x, Ref) else None) or x)
+            map_nodes(let.expr, lambda x: (used.add(x.name) if isinstance(x, Ref) else None) or x)
     return replace(r, lets=tuple(x for x in r.lets if x.name in used))
 
 
