@@ -250,6 +250,28 @@ def test_pixels_read_in_place_keep_the_lanes_while_their_panel_fits_l1(c, co, hw
     assert np.linalg.norm(exe(**ins)["y"] - want) <= 1e-5 * np.linalg.norm(want)
 
 
+@pytest.mark.parametrize("hint,lanes", [(224, "m"), (28, "n"), (None, "n")])
+def test_symbolic_strided_conv_takes_its_lanes_at_the_example_sizes(hint, lanes):
+    """A stride-2 conv compiled for any image size reads its pixels in place from a phased stage (their lanes)
+    when the graph's example sizes give it at least ``MIN_PHASED_ROWS`` output pixels (224 -> 112x112), packs
+    them as A panels at small ones (28 -> 14x14) or with no example; each against the evaluator at sizes
+    large, odd and tiny (the stage is right at every size)."""
+    from kumiko.region.operands import MIN_PHASED_ROWS
+    rng = np.random.default_rng(5)
+    x = Tensor.input("x", ("N", 3, "H", "W"))
+    w = Tensor(rng.standard_normal((16, 3, 7, 7)).astype(np.float32) * 0.1, name="w", role="param")
+    y = x.conv2d(w, stride=2, padding=3).relu()
+    g = y.graph("y", symbols={"N": 1, "H": hint, "W": hint} if hint else None)
+    assert hint is None or ((hint // 2) ** 2 >= MIN_PHASED_ROWS) == (lanes == "m")
+    exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+    (plan,) = exe._run.plans.values()
+    assert plan.lanes == lanes
+    for n, h, wd in ((1, 96, 112), (2, 37, 53), (1, 5, 4), (1, 1, 1)):
+        ins = {"x": rng.standard_normal((n, 3, h, wd)).astype(np.float32)}
+        got, want = exe(**ins)["y"], ref(**ins)["y"]
+        assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+
+
 @pytest.mark.parametrize("c,co,hw,k", [(128, 48, 7, 3), (1024, 64, 5, 1), (32, 48, 7, 3), (8, 20, 17, 3),
                                       (64, 96, 14, 1), (16, 32, 8, 3)])
 def test_plan_says_which_side_the_lanes_hold_and_the_kernel_follows(c, co, hw, k):
