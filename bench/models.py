@@ -371,12 +371,12 @@ def _onnx_path(name: str, batch: int, args) -> Path:
     except ImportError:
         tv = "none"
     digest = hashlib.sha256((HERE / "netdefs.py").read_bytes() + tv.encode()).hexdigest()[:10]
-    tag = "-".join(f"{k}{v}" for k, v in sz.items())
+    tag = "-".join(f"{k}{v}" for k, v in sz.items()) + ("-dynbatch" if args.dynamic_batch else "")
     return Path(args.cache).expanduser() / f"{name}-b{batch}-{tag}-s{args.seed}-{digest}.onnx"
 
 
 def bench_model(name: str, batch: int, args) -> list[Row]:
-    label = f"{name} b{batch}"
+    label = f"{name} b{batch}{' (dynamic batch)' if args.dynamic_batch else ''}"
     path = _onnx_path(name, batch, args)
     feeds = netdefs.inputs(name, batch, args.seed, args.small)
     rows: list[Row] = []
@@ -384,7 +384,8 @@ def bench_model(name: str, batch: int, args) -> list[Row]:
     if not path.exists():
         progress(f"{label}: exporting to ONNX")
         try:
-            netdefs.export_onnx(name, batch, path, args.seed, small=args.small, layers=args.layers)
+            netdefs.export_onnx(name, batch, path, args.seed, small=args.small, layers=args.layers,
+                                dynamic_batch=args.dynamic_batch)
         except Exception as e:  # noqa: BLE001
             if args.verbose:
                 traceback.print_exc()
@@ -557,7 +558,9 @@ def results_markdown(rows: list[Row], args, m: dict) -> str:
              + "".join(f", {k} {v}" for k, v in m["peers"].items()) + f"; kumiko {m['kumiko_commit']}",
              f"- command: `python bench/models.py {' '.join(args.argv)}`; threads {args.threads} (onnxruntime "
              f"intra-op, torch{', kumiko through OMP_NUM_THREADS' if args.threads_set else ''}); models from "
-             "`bench/netdefs.py`, random weights, exported with torch.onnx (opset 17)",
+             "`bench/netdefs.py`, random weights, exported with torch.onnx (opset 17)"
+             + (" with a dynamic batch (the inputs' and outputs' first dimension a dim_param: kumiko compiles one "
+                "program for every batch size)" if args.dynamic_batch else ""),
              f"- sizes: {sizes}",
              f"- median and min of {args.reps} runs after {args.warmup} warm-up; ratio = kumiko's median / the "
              f"runner's (> 1: kumiko slower); paired = the median (and quartiles) over {args.pairs} rounds of "
@@ -605,6 +608,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cache", default="~/.cache/kumiko-bench", help="where exported ONNX files are kept "
                    "(default ~/.cache/kumiko-bench)")
     p.add_argument("--profile", action="store_true", help="print kumiko's per-kernel times (KUMIKO_DEBUG=2)")
+    p.add_argument("--dynamic-batch", action="store_true", help="export each model with a symbolic batch "
+                   "dimension (dim_param \"batch\", as exports for serving usually are) and run it at --batch: "
+                   "kumiko compiles it once for every batch size")
     p.add_argument("--append", dest="append", action="store_true", default=True,
                    help="append the table to the results file (default)")
     p.add_argument("--no-append", dest="append", action="store_false", help="do not append")

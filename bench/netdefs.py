@@ -349,8 +349,10 @@ def inputs(name: str, batch: int, seed: int = 0, small: bool = False) -> dict[st
 
 
 def export_onnx(name: str, batch: int, path: str | Path, seed: int = 0, *, small: bool = False,
-                layers: int | None = None, model: nn.Module | None = None) -> Path:
-    """Export the model at ``batch`` (static shapes) to ``path`` with the TorchScript exporter, opset 17."""
+                layers: int | None = None, model: nn.Module | None = None, dynamic_batch: bool = False) -> Path:
+    """Export the model at ``batch`` to ``path`` with the TorchScript exporter, opset 17: static shapes, or
+    (``dynamic_batch``) the inputs' and outputs' first dimension a ``dim_param`` "batch", as exports for
+    serving usually are."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = model if model is not None else build(name, seed, small, layers)
@@ -360,7 +362,9 @@ def export_onnx(name: str, batch: int, path: str | Path, seed: int = 0, *, small
         warnings.filterwarnings("ignore", message="It is recommended that constant folding be turned off")
         # PRESERVE (the model is in eval mode, so it exports for inference): the default, EVAL, folds each
         # BatchNorm into its Conv's weights inside the exporter, and the importer would never see one
+        dyn = {n: {0: "batch"} for n in (*input_names(name), *output_names(name))} if dynamic_batch else None
         torch.onnx.export(model, args, str(tmp), opset_version=17, dynamo=False, input_names=input_names(name),
-                          output_names=output_names(name), training=torch.onnx.TrainingMode.PRESERVE)
+                          output_names=output_names(name), training=torch.onnx.TrainingMode.PRESERVE,
+                          dynamic_axes=dyn)
     tmp.replace(path)
     return path

@@ -350,6 +350,13 @@ def bounds(e: "Expr", ranges: Mapping[str, Interval]) -> Interval:
     return lo, hi
 
 
+def least(e: "DimLike | Expr") -> int | float:
+    """The least value of ``e`` when every symbol in it (a size) is at least 1: a bound a choice of speed can
+    rely on for every size (a batch of images has at least the pixels of one); ``-inf`` when there is none."""
+    e = Expr.lift(e)
+    return bounds(e, {s: (1, _INF) for s in e.symbols()})[0]
+
+
 def iter_ranges(sizes: Mapping[str, "DimLike | Expr"]) -> dict[str, Interval]:
     """``0 <= name < size`` as inclusive intervals; a symbolic size bounds only from below."""
     out: dict[str, Interval] = {}

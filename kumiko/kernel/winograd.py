@@ -107,10 +107,10 @@ class WinogradLowering(ContractionLowering):
         tr, ncols = self.plan.cache_block.mc, self.plan.cache_block.nc
         astg = self.astage
         npan = (g.n + nr - 1) // nr
-        tw, trows = g.cols // m, g.rows // m
+        tw = g.cols // m
         ntp = (tr * tw + mr - 1) // mr * mr
         s: list = [Comment(f"Winograd F({m}x{m}, 3x3) contraction {c.let}: M {list(A.rows)} ({g.rows} x {g.cols} "
-                           f"pixels, {trows} x {tw} tiles, a padded stage read in place), N {list(self.b.rows)} "
+                           f"pixels, {g.rows // m} x {tw} tiles, a padded stage read in place), N {list(self.b.rows)} "
                            f"({g.n}, the transformed weights pre-packed), K {[a.name for a in c.k_axes]} "
                            f"({g.c} channels x 3 x 3); {nn} GEMMs a block of {tr} tile rows x {ncols} channels, "
                            f"micro {mr}x{nr} (A rows)"),
@@ -125,7 +125,9 @@ class WinogradLowering(ContractionLowering):
               Decl("const long long", "kk_T", "omp_get_max_threads() < 1 + kk_work ? omp_get_max_threads() : "
                    "1 + kk_work"),
               Decl("const long long", "kk_npart", f"(kk_N + {ncols - 1}) / {ncols}"),
-              Decl("const long long", "kk_nmbk", f"{(trows + tr - 1) // tr} * kk_npart"),
+              # tile rows of all images: counted at run time (the batch may be symbolic)
+              Decl("const long long", "kk_trows", f"kk_M / {g.cols * m}"),
+              Decl("const long long", "kk_nmbk", f"(kk_trows + {tr - 1}) / {tr} * kk_npart"),
               Raw("float* kk_C = (float*)kk_scratch(0, sizeof(float) * (size_t)(kk_Mp * kk_ldc));"),
               Raw(DEAL_COUNTERS)]
         par: list = [Decl("const int", "kk_t", "omp_get_thread_num()"),
@@ -146,7 +148,7 @@ class WinogradLowering(ContractionLowering):
                  Decl("const long long", "kk_tc", f"kk_u % {tw}"))
         block = [
             Decl("const long long", "kk_R0", f"kk_blk / kk_npart * {tr}"),
-            Decl("const long long", "kk_R1", f"kk_R0 + {tr} < {trows} ? kk_R0 + {tr} : {trows}"),
+            Decl("const long long", "kk_R1", f"kk_R0 + {tr} < kk_trows ? kk_R0 + {tr} : kk_trows"),
             Decl("const long long", "kk_wn", f"(kk_R1 - kk_R0) * {tw}"),
             Decl("const long long", "kk_wp", f"(kk_wn + {mr - 1}) / {mr} * {mr}"),
             Decl("const long long", "kk_jc", f"kk_blk % kk_npart * {ncols}"),

@@ -25,7 +25,7 @@ from kumiko.region.analysis import Contraction, RegionFacts, analyze
 from kumiko.region.operands import Orientation, lane_rows, orient, phase_count, stage_bounds, steps_last_dim
 from kumiko.region.srnf import epilogue
 from kumiko.region.ssa import Program, Region
-from kumiko.symbolic import Expr, dim_eval, prod
+from kumiko.symbolic import Expr, dim_eval, least, prod
 
 
 def machine_arch(features: dict) -> tuple[str, int]:
@@ -174,7 +174,8 @@ def _packed_rules(c: Contraction, facts: RegionFacts, o: Orientation, mr: int, n
         group = _extent(c, facts, o.b_rows[min(i for i, a in enumerate(o.b_rows) if a in wset):])
     ncp = None if n is None or (c.outer is not None and group is None) else n_block_padded(n, nc, nr, group)
     mp = None if m is None else (m + mr - 1) // mr * mr
-    return k_blocks_rule("a" in pre, ncp, k), split_rule("b" in pre, mp, k, n), k
+    m_least = least(prod([Expr.lift(facts.sizes[a]) for a in o.a_rows])) if m is None else None
+    return k_blocks_rule("a" in pre, ncp, k), split_rule("b" in pre, mp, k, n, m_least), k
 
 
 #: how much more of the multiply-adds must land on the output before the operands swap sides

@@ -93,13 +93,15 @@ def k_blocks_rule(pre_a: bool, ncp: int | None, k: int | None) -> str:
     return "one" if ncp * k <= ONE_K_BLOCK_FLOATS else "kc"
 
 
-def split_rule(pre_b: bool, mp: int | None, k: int | None, n: int | None = None) -> str:
+def split_rule(pre_b: bool, mp: int | None, k: int | None, n: int | None = None,
+               mp_least: int | float | None = None) -> str:
     """``bind.split``: N when A (Mp x K floats) is at most the limit (2 MiB under a pre-packed B, else what a
     thread keeps resident), decided when Mp and K are known, else at run time; M under a pre-packed B of ``n``
-    columns (when known) fewer than Mp (module docstring)."""
+    columns (when known) fewer than Mp, or than ``mp_least``, the least Mp of symbolic sizes (a batch of
+    images: at least one image's pixels) (module docstring)."""
     rule = "n_if_small_a" if pre_b else "n_if_a_resident"
+    if pre_b and n is not None and n < (mp if mp is not None else mp_least if mp_least is not None else 0):
+        return "m"
     if mp is None or k is None:
         return rule
-    if pre_b and n is not None and n < mp:
-        return "m"
     return "n" if mp * k <= SPLIT_LIMITS[rule] else "m"

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kumiko.region.operands import Orientation, phase_count, row_dim, stage_bounds
-from kumiko.symbolic import Expr
+from kumiko.symbolic import Expr, least
 
 #: the fewest 2x2 tiles per image for which the transforms pay (14x14 outputs: 49 tiles)
 MIN_TILES = 49
@@ -80,7 +80,8 @@ class Geometry:
     ci: str            # ... its last dimension (the input channels)
     dh: int            # the stage dimensions ``kh`` and ``kw`` move
     dw: int
-    rows: int          # output rows, all images (the M axes but the innermost, flat)
+    rows: int          # output rows, all images (the M axes but the innermost, flat); of one image where the
+    #                    batch is symbolic (the least it can be: the kernel counts the rows at run time)
     cols: int          # output columns
     c: int             # input channels
     n: int             # output channels (the N side, flat)
@@ -140,11 +141,11 @@ def winograd_geometry(c, o: Orientation, sizes: dict, vw: int, pre_b: bool) -> G
         return None
     cols = _known(sizes[ow])
     flat = 1
-    for a in rows[:-1]:
-        v = _known(sizes[a])
-        if v is None:
+    for a in rows[:-2]:         # the image axes (a symbolic batch: its least, 1)
+        v = least(sizes[a])
+        if v < 1:
             return None
-        flat *= v
+        flat *= int(v)
     n = 1
     for a in o.b_rows:
         v = _known(sizes[a])
@@ -154,6 +155,7 @@ def winograd_geometry(c, o: Orientation, sizes: dict, vw: int, pre_b: bool) -> G
     oh_n = _known(sizes[oh])
     if cols is None or oh_n is None or cols % 2 or oh_n % 2 or kdims[ci] % vw:
         return None
+    flat *= oh_n
     return Geometry(oh, ow, kh, kw, ci, dh, dw, flat, cols, kdims[ci], n, oh_n)
 
 

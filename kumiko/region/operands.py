@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from kumiko import dtypes
 from kumiko.region.analysis import Contraction
 from kumiko.region.ssa import Binary, BroadcastInDim, Cast, Const, Guard, Read, Ref, RExpr, Select, Transpose, Unary
-from kumiko.symbolic import Expr, FloorDiv, Sym, prod
+from kumiko.symbolic import Expr, FloorDiv, Sym, least, prod
 
 #: the largest stride of a row axis that a stage splits into phases (``kumiko.kernel.stage``)
 MAX_PHASES = 4
@@ -241,8 +241,8 @@ def row_dim(rows: tuple, dims: tuple) -> tuple[int, int] | None:
 def lane_rows(rows: tuple, t: TableForm | None, sizes: dict | None = None) -> bool:
     """The innermost row axis moves the operand by one element, or steps its source's last dimension alone
     by 2 to ``MAX_PHASES`` (a strided convolution's pixels: a stage splits that dimension into phases and
-    the rows are consecutive again) when there are at least ``MIN_PHASED_ROWS`` of them (``sizes``: axis
-    -> size)."""
+    the rows are consecutive again) when there are at least ``MIN_PHASED_ROWS`` of them at every size
+    (``sizes``: axis -> size)."""
     if t is None or not rows:
         return False
     if _stride(t.off[1], rows[-1]) == 1:
@@ -253,8 +253,8 @@ def lane_rows(rows: tuple, t: TableForm | None, sizes: dict | None = None) -> bo
     f = phase_count(rest, rp, rows)
     if f == 1 or not steps_last_dim(rows, t.dims, f) or any(a not in sizes for a in rows):
         return False
-    extent = Expr.lift(prod([Expr.lift(sizes[a]) for a in rows])).as_int()
-    return extent is not None and extent >= MIN_PHASED_ROWS
+    # symbolic sizes count at their least (a batch of images has at least the pixels of one)
+    return least(prod([Expr.lift(sizes[a]) for a in rows])) >= MIN_PHASED_ROWS
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,32 @@ def test_resnet(target, size):
     assert {"Conv2D", "MatMul"} <= ops_of(g) and "BatchNormalization" not in ops_of(g)
 
 
+@needs_gxx
+def test_resnet_dynamic_batch():
+    """A dynamic-batch export (the batch a dim_param, as exports for serving are): one cpu build runs 1 and 3
+    images, each against onnxruntime, and keeps the static build's algorithms for its convs (its 3x3 convs
+    Winograd: the plans count a symbolic batch at its least, one image)."""
+    m = resnet(1, 16, 28)
+    for v in (m.graph.input[0], m.graph.output[0]):
+        d = v.type.tensor_type.shape.dim[0]
+        d.ClearField("dim_value")
+        d.dim_param = "batch"
+    g = kumiko.from_onnx(m)
+    exe = kumiko.compile(g, "cpu")
+    static = kumiko.compile(kumiko.from_onnx(resnet(1, 16, 28)), "cpu")
+    # the same algorithm for every conv; the head's rows are the batch itself: packed, not the skinny GEMV
+    algo = {r: p.algo for r, p in static._run.plans.items()}
+    assert {r: p.algo for r, p in exe._run.plans.items()} == {r: "packed" if a == "skinny" else a
+                                                               for r, a in algo.items()}
+    assert "winograd" in algo.values()
+    rng = np.random.default_rng(7)
+    for n in (1, 3):
+        x = float_input(rng, (n, 16, 28, 28), "fp32")
+        (want,) = onnxruntime_run(m, {"x": x})
+        y = exe(x=x)["logits"]
+        assert y.shape == want.shape and rel_l2(y, want) <= bound(y.dtype)
+
+
 # ------------------------------------------------------------------------------------------------
 # 2. MobileNetV2 / EfficientNet inverted residual with squeeze-excitation
 

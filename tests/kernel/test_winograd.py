@@ -82,6 +82,20 @@ def test_matches_the_evaluator(h, c_in, c_out, batch, m):
     assert f"Winograd F({m}x{m}, 3x3) contraction" in exe._run.source
 
 
+@pytest.mark.parametrize("h,c,m", [(28, 16, 4), (14, 32, 2)])
+def test_symbolic_batch(h, c, m):
+    """A batch of any size (a dynamic-batch export): the plan is made for one image and the kernel counts the
+    tile rows of all images at run time; against the evaluator at 1, 2 and 3 images from one build."""
+    x = Tensor.input("x", ("N", h, h, c))
+    g = (conv_nhwc(x, param((c, c, 3, 3), "w")) + param((c,), "b")).relu().graph("y")
+    exe, ref = kumiko.compile(g, "cpu"), kumiko.compile(g, "eval")
+    assert algos(exe) == ["winograd"] and tile(exe) == m
+    for n in (1, 2, 3):
+        ins = {"x": rng.standard_normal((n, h, h, c)).astype(np.float32)}
+        out, want = exe(**ins)["y"], ref(**ins)["y"]
+        assert out.shape == want.shape and rel(out, want) < 3e-6, (n, rel(out, want))
+
+
 @pytest.mark.parametrize("what,graph", [
     # no padding: the source is its own stage, whatever the packed path's rules for reading it in place (more
     # than 256 columns) say
