@@ -14,13 +14,12 @@ of ``co`` is split in two: ``[N, 64, H, W]`` as ``[N, 8, 8, H, W]``, the same ro
 buffers keep their shapes; a later region reads them as before)."""
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from kumiko.region.analysis import analyze
 from kumiko.region.srnf import map_nodes
 from kumiko.region.ssa import Axis, BroadcastInDim, Gather, Guard, Let, Program, Read, Region, RExpr, Select, Transpose
-from kumiko.symbolic import Expr, FloorDiv, iter_ranges, simplify
+from kumiko.symbolic import Expr, FloorDiv, iter_ranges, prod, simplify
 
 #: the smallest group the split pays for (2-core Zen 3, bound weights, NCHW; time split / loop nest, median of
 #: 16 alternating rounds): N output channels and K = input channels x taps of one group. 8 groups of 8 -> 8 3x3
@@ -115,9 +114,9 @@ def _pays(facts) -> bool:
     """Does the group-batched GEMM beat the loop nest? Where each group's N (its output channels) and K
     (input channels x taps) are large enough: ``MIN_GROUP_N``, ``MIN_GROUP_K``."""
     c = facts.contraction
-    n = math.prod(facts.sizes[a] for a in c.n_axes)
-    k = math.prod(a.size for a in c.k_axes)
-    return isinstance(n, int) and isinstance(k, int) and n >= MIN_GROUP_N and k >= MIN_GROUP_K
+    n = Expr.lift(prod([facts.sizes[a] for a in c.n_axes])).as_int()
+    k = Expr.lift(prod([a.size for a in c.k_axes])).as_int()
+    return n is not None and k is not None and n >= MIN_GROUP_N and k >= MIN_GROUP_K
 
 
 def split_group(r: Region) -> Region:
@@ -140,4 +139,3 @@ def split_groups(p: Program) -> Program:
     """Every region of ``p`` through ``split_group``."""
     regions = tuple(split_group(r) for r in p.regions)
     return p if all(a is b for a, b in zip(regions, p.regions)) else replace(p, regions=regions)
-
