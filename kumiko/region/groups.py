@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kumiko.region.analysis import analyze
-from kumiko.region.srnf import map_nodes
-from kumiko.region.ssa import Axis, BroadcastInDim, Gather, Guard, Let, Program, Read, Region, RExpr, Select, Transpose
+from kumiko.region.srnf import map_lets, map_nodes
+from kumiko.region.ssa import Axis, BroadcastInDim, Gather, Guard, Program, Read, Region, RExpr, Select, Transpose
 from kumiko.symbolic import Expr, FloorDiv, iter_ranges, prod, simplify
 
 #: the smallest group the split pays for (2-core Zen 3, bound weights, NCHW; time split / loop nest, median of
@@ -101,13 +101,13 @@ def split_axis(r: Region, axis: str, q: int) -> Region | None:
             bad.append(e)
         return e
 
-    lets = tuple(Let(x.name, map_nodes(x.expr, f)) for x in r.lets)
+    mapped = map_lets(r, f)
     if bad:
         return None
     outs = tuple(replace(o, memref=replace(o.memref, shape=o.memref.shape[:k] + (size // q, q)
                                            + o.memref.shape[k + 1:])) for o in r.outputs)
     note = f"{axis} = {q}*{hi} + {lo}: read in groups of {q} (floor({axis}/{q})), a batch axis of the contraction"
-    return replace(r, iters=iters, lets=lets, outputs=outs, notes=r.notes + (note,))
+    return replace(mapped, iters=iters, outputs=outs, notes=r.notes + (note,))
 
 
 def _pays(facts) -> bool:

@@ -66,7 +66,8 @@ def map_nodes(e: RExpr, f: Callable[[RExpr], RExpr]) -> RExpr:
     return f(map_children(e, lambda k: map_nodes(k, f)))
 
 
-def _on_lets(r: Region, f: Callable[[RExpr], RExpr]) -> Region:
+def map_lets(r: Region, f: Callable[[RExpr], RExpr]) -> Region:
+    """``r`` with every let's expression rebuilt by ``map_nodes(expr, f)``."""
     return replace(r, lets=tuple(Let(x.name, map_nodes(x.expr, f)) for x in r.lets))
 
 
@@ -106,7 +107,7 @@ def merge_nested(r: Region) -> Region:
         if isinstance(e, Reduce) and isinstance(e.body, Reduce) and e.body.op == e.op and e.body.dtype is e.dtype:
             return merge_reduces(e, e.body)
         return e
-    return _on_lets(r, f)
+    return map_lets(r, f)
 
 
 # R1 -------------------------------------------------------------------------------------------------
@@ -132,7 +133,7 @@ def hoist_invariant(r: Region) -> Region:
             if gt is None or gt.dtype is e.dtype:
                 return Binary(e.body.fn, g, Reduce(e.op, e.axes, e.init, e.dtype, rest))
         return e
-    return _on_lets(r, f)
+    return map_lets(r, f)
 
 
 def _typer(r: Region) -> Typer:
@@ -154,7 +155,7 @@ def distribute(r: Region) -> Region:
             return Binary("add", Reduce("sum", e.axes, e.init, e.dtype, e.body.x),
                           Reduce("sum", e.axes, e.init, e.dtype, e.body.y))
         return e
-    return _on_lets(r, f)
+    return map_lets(r, f)
 
 
 # R3 -------------------------------------------------------------------------------------------------
@@ -244,7 +245,7 @@ def fold_guard_pred(r: Region) -> Region:
             if g is not None:
                 return Select(g, e.then, e.other)
         return e
-    return _drop_dead(_on_lets(r, f))
+    return _drop_dead(map_lets(r, f))
 
 
 def _is_bool(e: RExpr, v: bool) -> bool:
